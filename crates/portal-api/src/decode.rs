@@ -1,0 +1,176 @@
+//! Request bodies → normalized objects. A body is read as JSON or YAML, given
+//! the URL's `apiVersion`/`kind` when it lacks them (as Kubernetes does), then
+//! decoded through the kind's `k8s-openapi` type: wrong types are rejected,
+//! unknown fields are collected (an error under `fieldValidation=Strict`,
+//! dropped otherwise), and what comes out is the canonical JSON form.
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::resource::{Kind, Resource};
+
+/// How the body is encoded, from `Content-Type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Yaml,
+}
+
+impl Format {
+    /// The format for a `Content-Type` header, `None` if unsupported.
+    pub fn from_content_type(content_type: &str) -> Option<Format> {
+        let essence = content_type.split(';').next().unwrap_or("").trim();
+        match essence {
+            "" | "application/json" | "*/*" => Some(Format::Json),
+            "application/yaml" | "application/x-yaml" | "text/yaml" => Some(Format::Yaml),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not JSON/YAML, or a field of the wrong type.
+    #[error("{0}")]
+    Malformed(String),
+    /// `apiVersion`/`kind` in the body disagree with the URL.
+    #[error("{0}")]
+    WrongKind(String),
+    /// Fields the schema does not know, under strict validation.
+    #[error("strict decoding error: {}", .0.iter().map(|f| format!("unknown field {f:?}")).collect::<Vec<_>>().join(", "))]
+    UnknownFields(Vec<String>),
+}
+
+/// A decoded object and the unknown fields that were dropped from it.
+#[derive(Debug)]
+pub struct Decoded {
+    pub object: Value,
+    pub unknown_fields: Vec<String>,
+}
+
+/// Parses a body into a JSON value (any YAML is converted to JSON).
+pub fn parse_body(body: &[u8], format: Format) -> Result<Value, DecodeError> {
+    match format {
+        Format::Json => serde_json::from_slice(body)
+            .map_err(|e| DecodeError::Malformed(format!("couldn't get version/kind; json parse error: {e}"))),
+        Format::Yaml => {
+            let yaml: serde_yaml::Value =
+                serde_yaml::from_slice(body).map_err(|e| DecodeError::Malformed(format!("yaml: {e}")))?;
+            serde_json::to_value(yaml).map_err(|e| DecodeError::Malformed(format!("yaml: {e}")))
+        }
+    }
+}
+
+/// Decodes `value` as an object of `resource`, filling in a missing
+/// `apiVersion`/`kind` and rejecting mismatching ones.
+pub fn decode_object(resource: &Resource, mut value: Value) -> Result<Decoded, DecodeError> {
+    let Value::Object(map) = &mut value else {
+        return Err(DecodeError::Malformed("the body must be a JSON object".into()));
+    };
+    let api_version = resource.api_version();
+    match map.get("apiVersion").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("apiVersion".into(), Value::String(api_version.clone()));
+        }
+        Some(v) if v == api_version => {}
+        Some(v) => {
+            return Err(DecodeError::WrongKind(format!(
+                "the API version in the data ({v}) does not match the expected API version ({api_version})"
+            )))
+        }
+    }
+    match map.get("kind").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("kind".into(), Value::String(resource.kind_name.into()));
+        }
+        Some(k) if k == resource.kind_name => {}
+        Some(k) => {
+            return Err(DecodeError::WrongKind(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                resource.kind_name
+            )))
+        }
+    }
+    match resource.kind {
+        Kind::Namespace => typed::<core::Namespace>(value),
+        Kind::Pod => typed::<core::Pod>(value),
+        Kind::Service => typed::<core::Service>(value),
+        Kind::Endpoints => typed::<core::Endpoints>(value),
+        Kind::ReplicationController => typed::<core::ReplicationController>(value),
+        Kind::Node => typed::<core::Node>(value),
+        Kind::Event => typed::<core::Event>(value),
+        Kind::EndpointSlice => typed::<discovery::EndpointSlice>(value),
+    }
+}
+
+fn typed<T: DeserializeOwned + Serialize>(value: Value) -> Result<Decoded, DecodeError> {
+    let mut unknown_fields = Vec::new();
+    let object: T = serde_ignored::deserialize(value, |path| unknown_fields.push(field_path(&path)))
+        .map_err(|e| DecodeError::Malformed(format!("unable to decode object: {e}")))?;
+    let object = serde_json::to_value(object).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    Ok(Decoded { object, unknown_fields })
+}
+
+/// `spec.ports[0].extra`, the way Kubernetes names a field in errors.
+fn field_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => {
+            let parent = field_path(parent);
+            if parent.is_empty() {
+                key.clone()
+            } else {
+                format!("{parent}.{key}")
+            }
+        }
+        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => {
+            field_path(parent)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn svc() -> &'static Resource {
+        Resource::of(Kind::Service)
+    }
+
+    #[test]
+    fn fills_kind_and_collects_unknown_fields() {
+        let body = json!({"metadata": {"name": "web", "bogus": 1}, "spec": {"ports": [{"port": 80, "extra": true}]}, "top": 2});
+        let decoded = decode_object(svc(), body).unwrap();
+        assert_eq!(decoded.object["kind"], "Service");
+        assert_eq!(decoded.object["apiVersion"], "v1");
+        assert_eq!(decoded.object["spec"]["ports"][0]["port"], 80);
+        assert!(decoded.object.get("top").is_none(), "unknown fields are dropped");
+        let mut unknown = decoded.unknown_fields;
+        unknown.sort();
+        assert_eq!(unknown, ["metadata.bogus", "spec.ports[0].extra", "top"]);
+    }
+
+    #[test]
+    fn rejects_wrong_types_and_kinds() {
+        let wrong_type = json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": "eighty"}]}});
+        assert!(matches!(decode_object(svc(), wrong_type), Err(DecodeError::Malformed(_))));
+        let wrong_kind = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "web"}});
+        assert!(matches!(decode_object(svc(), wrong_kind), Err(DecodeError::WrongKind(_))));
+        assert!(matches!(decode_object(svc(), json!([1])), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn yaml_bodies() {
+        let value = parse_body(b"apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n", Format::Yaml).unwrap();
+        assert_eq!(decode_object(svc(), value).unwrap().object["metadata"]["name"], "web");
+        assert!(parse_body(b"{not json", Format::Json).is_err());
+        assert_eq!(Format::from_content_type("application/json; charset=utf-8"), Some(Format::Json));
+        assert_eq!(Format::from_content_type("application/vnd.kubernetes.protobuf"), None);
+    }
+}

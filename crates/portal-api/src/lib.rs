@@ -1,0 +1,16 @@
+//! Portal's I/O-free core of the Kubernetes API: which resources exist, how
+//! paths, bodies and selectors are parsed, how objects are validated, and the
+//! `Status` errors that report what is wrong. Everything here is a pure
+//! function, unit-tested and fuzzed without a network.
+
+pub mod decode;
+pub mod meta;
+pub mod name;
+pub mod path;
+pub mod resource;
+pub mod selector;
+pub mod status;
+
+pub use k8s_openapi;
+pub use resource::{Kind, Resource, RESOURCES};
+pub use status::{Cause, Status, Target};

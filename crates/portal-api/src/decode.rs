@@ -54,11 +54,12 @@ pub struct Decoded {
 /// Parses a body into a JSON value (any YAML is converted to JSON).
 pub fn parse_body(body: &[u8], format: Format) -> Result<Value, DecodeError> {
     match format {
-        Format::Json => serde_json::from_slice(body)
-            .map_err(|e| DecodeError::Malformed(format!("couldn't get version/kind; json parse error: {e}"))),
+        Format::Json => serde_json::from_slice(body).map_err(|e| {
+            DecodeError::Malformed(format!("couldn't get version/kind; json parse error: {e}"))
+        }),
         Format::Yaml => {
-            let yaml: serde_yaml::Value =
-                serde_yaml::from_slice(body).map_err(|e| DecodeError::Malformed(format!("yaml: {e}")))?;
+            let yaml: serde_yaml::Value = serde_yaml::from_slice(body)
+                .map_err(|e| DecodeError::Malformed(format!("yaml: {e}")))?;
             serde_json::to_value(yaml).map_err(|e| DecodeError::Malformed(format!("yaml: {e}")))
         }
     }
@@ -68,7 +69,9 @@ pub fn parse_body(body: &[u8], format: Format) -> Result<Value, DecodeError> {
 /// `apiVersion`/`kind` and rejecting mismatching ones.
 pub fn decode_object(resource: &Resource, mut value: Value) -> Result<Decoded, DecodeError> {
     let Value::Object(map) = &mut value else {
-        return Err(DecodeError::Malformed("the body must be a JSON object".into()));
+        return Err(DecodeError::Malformed(
+            "the body must be a JSON object".into(),
+        ));
     };
     let api_version = resource.api_version();
     match map.get("apiVersion").and_then(Value::as_str) {
@@ -108,10 +111,14 @@ pub fn decode_object(resource: &Resource, mut value: Value) -> Result<Decoded, D
 
 fn typed<T: DeserializeOwned + Serialize>(value: Value) -> Result<Decoded, DecodeError> {
     let mut unknown_fields = Vec::new();
-    let object: T = serde_ignored::deserialize(value, |path| unknown_fields.push(field_path(&path)))
-        .map_err(|e| DecodeError::Malformed(format!("unable to decode object: {e}")))?;
+    let object: T =
+        serde_ignored::deserialize(value, |path| unknown_fields.push(field_path(&path)))
+            .map_err(|e| DecodeError::Malformed(format!("unable to decode object: {e}")))?;
     let object = serde_json::to_value(object).map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    Ok(Decoded { object, unknown_fields })
+    Ok(Decoded {
+        object,
+        unknown_fields,
+    })
 }
 
 /// `spec.ports[0].extra`, the way Kubernetes names a field in errors.
@@ -128,9 +135,9 @@ fn field_path(path: &serde_ignored::Path<'_>) -> String {
                 format!("{parent}.{key}")
             }
         }
-        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => {
-            field_path(parent)
-        }
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => field_path(parent),
     }
 }
 
@@ -150,7 +157,10 @@ mod tests {
         assert_eq!(decoded.object["kind"], "Service");
         assert_eq!(decoded.object["apiVersion"], "v1");
         assert_eq!(decoded.object["spec"]["ports"][0]["port"], 80);
-        assert!(decoded.object.get("top").is_none(), "unknown fields are dropped");
+        assert!(
+            decoded.object.get("top").is_none(),
+            "unknown fields are dropped"
+        );
         let mut unknown = decoded.unknown_fields;
         unknown.sort();
         assert_eq!(unknown, ["metadata.bogus", "spec.ports[0].extra", "top"]);
@@ -158,19 +168,42 @@ mod tests {
 
     #[test]
     fn rejects_wrong_types_and_kinds() {
-        let wrong_type = json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": "eighty"}]}});
-        assert!(matches!(decode_object(svc(), wrong_type), Err(DecodeError::Malformed(_))));
+        let wrong_type =
+            json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": "eighty"}]}});
+        assert!(matches!(
+            decode_object(svc(), wrong_type),
+            Err(DecodeError::Malformed(_))
+        ));
         let wrong_kind = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "web"}});
-        assert!(matches!(decode_object(svc(), wrong_kind), Err(DecodeError::WrongKind(_))));
-        assert!(matches!(decode_object(svc(), json!([1])), Err(DecodeError::Malformed(_))));
+        assert!(matches!(
+            decode_object(svc(), wrong_kind),
+            Err(DecodeError::WrongKind(_))
+        ));
+        assert!(matches!(
+            decode_object(svc(), json!([1])),
+            Err(DecodeError::Malformed(_))
+        ));
     }
 
     #[test]
     fn yaml_bodies() {
-        let value = parse_body(b"apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n", Format::Yaml).unwrap();
-        assert_eq!(decode_object(svc(), value).unwrap().object["metadata"]["name"], "web");
+        let value = parse_body(
+            b"apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n",
+            Format::Yaml,
+        )
+        .unwrap();
+        assert_eq!(
+            decode_object(svc(), value).unwrap().object["metadata"]["name"],
+            "web"
+        );
         assert!(parse_body(b"{not json", Format::Json).is_err());
-        assert_eq!(Format::from_content_type("application/json; charset=utf-8"), Some(Format::Json));
-        assert_eq!(Format::from_content_type("application/vnd.kubernetes.protobuf"), None);
+        assert_eq!(
+            Format::from_content_type("application/json; charset=utf-8"),
+            Some(Format::Json)
+        );
+        assert_eq!(
+            Format::from_content_type("application/vnd.kubernetes.protobuf"),
+            None
+        );
     }
 }

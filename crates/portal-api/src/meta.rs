@@ -14,7 +14,10 @@ pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 /// `metadata` of an object, or an empty map.
 pub fn metadata(object: &Value) -> &Map<String, Value> {
     static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
-    object.get("metadata").and_then(Value::as_object).unwrap_or_else(|| EMPTY.get_or_init(Map::new))
+    object
+        .get("metadata")
+        .and_then(Value::as_object)
+        .unwrap_or_else(|| EMPTY.get_or_init(Map::new))
 }
 
 /// A string field of `metadata`.
@@ -54,7 +57,10 @@ pub fn validate(resource: &Resource, object: &Value) -> Vec<Cause> {
     let name = meta_str(object, "name").unwrap_or("");
     let generate_name = meta_str(object, "generateName").unwrap_or("");
     if name.is_empty() && generate_name.is_empty() {
-        causes.push(Cause::required("metadata.name", "name or generateName is required"));
+        causes.push(Cause::required(
+            "metadata.name",
+            "name or generateName is required",
+        ));
     }
     if !name.is_empty() {
         for err in validate_name(resource.name_rule, name) {
@@ -63,7 +69,10 @@ pub fn validate(resource: &Resource, object: &Value) -> Vec<Cause> {
     }
     if !generate_name.is_empty() {
         // The prefix is checked as if a suffix followed: a trailing '-' is fine.
-        let masked = format!("{}a", generate_name.strip_suffix('-').unwrap_or(generate_name));
+        let masked = format!(
+            "{}a",
+            generate_name.strip_suffix('-').unwrap_or(generate_name)
+        );
         for err in validate_name(resource.name_rule, &masked) {
             causes.push(Cause::invalid("metadata.generateName", generate_name, &err));
         }
@@ -76,7 +85,7 @@ pub fn validate(resource: &Resource, object: &Value) -> Vec<Cause> {
             }
             let value = value.as_str().unwrap_or("");
             for err in name::label_value(value) {
-                causes.push(Cause::invalid(&format!("metadata.labels"), value, &err));
+                causes.push(Cause::invalid("metadata.labels", value, &err));
             }
         }
     }
@@ -89,7 +98,10 @@ pub fn validate(resource: &Resource, object: &Value) -> Vec<Cause> {
             total += key.len() + value.as_str().map_or(0, str::len);
         }
         if total > TOTAL_ANNOTATION_SIZE_LIMIT {
-            causes.push(Cause::too_long("metadata.annotations", TOTAL_ANNOTATION_SIZE_LIMIT));
+            causes.push(Cause::too_long(
+                "metadata.annotations",
+                TOTAL_ANNOTATION_SIZE_LIMIT,
+            ));
         }
     }
     causes
@@ -132,7 +144,8 @@ pub fn selectable_fields(kind: Kind) -> &'static [&'static str] {
 
 /// Whether `field` may be used in a field selector on `kind`.
 pub fn is_selectable(kind: Kind, field: &str) -> bool {
-    matches!(field, "metadata.name" | "metadata.namespace") || selectable_fields(kind).contains(&field)
+    matches!(field, "metadata.name" | "metadata.namespace")
+        || selectable_fields(kind).contains(&field)
 }
 
 /// The value of a selectable field as a string ("" when absent), the way
@@ -148,7 +161,9 @@ pub fn field_value(kind: Kind, object: &Value, field: &str) -> String {
             Some(next) => current = next,
             None => {
                 return match (kind, field) {
-                    (Kind::Node, "spec.unschedulable") | (Kind::Pod, "spec.hostNetwork") => "false".into(),
+                    (Kind::Node, "spec.unschedulable") | (Kind::Pod, "spec.hostNetwork") => {
+                        "false".into()
+                    }
                     _ => String::new(),
                 }
             }
@@ -173,8 +188,13 @@ mod tests {
         let causes = validate(svc, &bad);
         assert_eq!(causes.len(), 1);
         assert_eq!(causes[0].field, "metadata.name");
-        assert!(causes[0].message.starts_with("Invalid value: \"1web\": a DNS-1035 label"));
-        assert!(validate(Resource::of(Kind::Pod), &bad).is_empty(), "pods allow a leading digit");
+        assert!(causes[0]
+            .message
+            .starts_with("Invalid value: \"1web\": a DNS-1035 label"));
+        assert!(
+            validate(Resource::of(Kind::Pod), &bad).is_empty(),
+            "pods allow a leading digit"
+        );
         let missing = validate(svc, &json!({"metadata": {}}));
         assert_eq!(missing[0].reason, "FieldValueRequired");
         assert!(validate(svc, &json!({"metadata": {"generateName": "web-"}})).is_empty());
@@ -193,7 +213,10 @@ mod tests {
     #[test]
     fn field_values() {
         let event = json!({"involvedObject": {"name": "web", "kind": "Service"}, "source": {"component": "portal"}});
-        assert_eq!(field_value(Kind::Event, &event, "involvedObject.name"), "web");
+        assert_eq!(
+            field_value(Kind::Event, &event, "involvedObject.name"),
+            "web"
+        );
         assert_eq!(field_value(Kind::Event, &event, "source"), "portal");
         assert_eq!(field_value(Kind::Event, &event, "reason"), "");
         assert!(is_selectable(Kind::Pod, "spec.nodeName"));

@@ -80,7 +80,11 @@ pub fn qualified_name(value: &str) -> Vec<String> {
         if prefix.is_empty() {
             errs.push("prefix part must be non-empty".into());
         } else {
-            errs.extend(dns1123_subdomain(prefix).into_iter().map(|e| format!("prefix part {e}")));
+            errs.extend(
+                dns1123_subdomain(prefix)
+                    .into_iter()
+                    .map(|e| format!("prefix part {e}")),
+            );
         }
     }
     if name.is_empty() {

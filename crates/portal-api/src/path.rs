@@ -32,7 +32,11 @@ pub fn parse(path: &str) -> Option<ApiPath> {
         Some("apis") if parts.len() >= 4 => (parts[1].clone(), &parts[3..]),
         _ => return None,
     };
-    let version = if group.is_empty() { parts[1].clone() } else { parts[2].clone() };
+    let version = if group.is_empty() {
+        parts[1].clone()
+    } else {
+        parts[2].clone()
+    };
     let (watch_prefix, mut rest) = match rest.first().map(String::as_str) {
         Some("watch") => (true, &rest[1..]),
         _ => (false, rest),
@@ -77,18 +81,38 @@ mod tests {
         let a = p("/api/v1/namespaces/default/services/web/status");
         assert_eq!((a.group.as_str(), a.version.as_str()), ("", "v1"));
         assert_eq!(a.namespace.as_deref(), Some("default"));
-        assert_eq!((a.resource.as_str(), a.name.as_deref(), a.subresource.as_deref()), ("services", Some("web"), Some("status")));
+        assert_eq!(
+            (
+                a.resource.as_str(),
+                a.name.as_deref(),
+                a.subresource.as_deref()
+            ),
+            ("services", Some("web"), Some("status"))
+        );
 
         let b = p("/apis/discovery.k8s.io/v1/endpointslices");
-        assert_eq!((b.group.as_str(), b.resource.as_str(), b.namespace), ("discovery.k8s.io", "endpointslices", None));
+        assert_eq!(
+            (b.group.as_str(), b.resource.as_str(), b.namespace),
+            ("discovery.k8s.io", "endpointslices", None)
+        );
     }
 
     #[test]
     fn namespaces_are_cluster_scoped_objects() {
         let a = p("/api/v1/namespaces/default");
-        assert_eq!((a.resource.as_str(), a.name.as_deref(), a.namespace), ("namespaces", Some("default"), None));
+        assert_eq!(
+            (a.resource.as_str(), a.name.as_deref(), a.namespace),
+            ("namespaces", Some("default"), None)
+        );
         let b = p("/api/v1/namespaces/kube-system/status");
-        assert_eq!((b.resource.as_str(), b.name.as_deref(), b.subresource.as_deref()), ("namespaces", Some("kube-system"), Some("status")));
+        assert_eq!(
+            (
+                b.resource.as_str(),
+                b.name.as_deref(),
+                b.subresource.as_deref()
+            ),
+            ("namespaces", Some("kube-system"), Some("status"))
+        );
         let c = p("/api/v1/namespaces");
         assert_eq!((c.resource.as_str(), c.name), ("namespaces", None));
     }
@@ -98,7 +122,16 @@ mod tests {
         let a = p("/api/v1/watch/namespaces/default/pods");
         assert!(a.watch_prefix);
         assert_eq!(a.resource, "pods");
-        for bad in ["/api", "/api/v1", "/apis/g/v1", "/api/v1/pods/a/b/c", "//api/v1/pods", "/api/v1//pods", "/healthz", "/api/v1/pods/%ff"] {
+        for bad in [
+            "/api",
+            "/api/v1",
+            "/apis/g/v1",
+            "/api/v1/pods/a/b/c",
+            "//api/v1/pods",
+            "/api/v1//pods",
+            "/healthz",
+            "/api/v1/pods/%ff",
+        ] {
             assert!(parse(bad).is_none(), "{bad}");
         }
     }

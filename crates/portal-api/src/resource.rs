@@ -63,25 +63,100 @@ macro_rules! resource {
 
 /// Every resource served, in discovery order.
 pub const RESOURCES: &[Resource] = &[
-    resource!(Namespace, "", "v1", "namespaces", "namespace", false, &["ns"], true, Label1123),
+    resource!(
+        Namespace,
+        "",
+        "v1",
+        "namespaces",
+        "namespace",
+        false,
+        &["ns"],
+        true,
+        Label1123
+    ),
     resource!(Pod, "", "v1", "pods", "pod", true, &["po"], true, Subdomain),
-    resource!(Service, "", "v1", "services", "service", true, &["svc"], true, Label1035),
-    resource!(Endpoints, "", "v1", "endpoints", "endpoints", true, &["ep"], false, Subdomain),
-    resource!(ReplicationController, "", "v1", "replicationcontrollers", "replicationcontroller", true, &["rc"], true, Subdomain),
-    resource!(Node, "", "v1", "nodes", "node", false, &["no"], true, Subdomain),
-    resource!(Event, "", "v1", "events", "event", true, &["ev"], false, Subdomain),
-    resource!(EndpointSlice, "discovery.k8s.io", "v1", "endpointslices", "endpointslice", true, &[], false, Subdomain),
+    resource!(
+        Service,
+        "",
+        "v1",
+        "services",
+        "service",
+        true,
+        &["svc"],
+        true,
+        Label1035
+    ),
+    resource!(
+        Endpoints,
+        "",
+        "v1",
+        "endpoints",
+        "endpoints",
+        true,
+        &["ep"],
+        false,
+        Subdomain
+    ),
+    resource!(
+        ReplicationController,
+        "",
+        "v1",
+        "replicationcontrollers",
+        "replicationcontroller",
+        true,
+        &["rc"],
+        true,
+        Subdomain
+    ),
+    resource!(
+        Node,
+        "",
+        "v1",
+        "nodes",
+        "node",
+        false,
+        &["no"],
+        true,
+        Subdomain
+    ),
+    resource!(
+        Event,
+        "",
+        "v1",
+        "events",
+        "event",
+        true,
+        &["ev"],
+        false,
+        Subdomain
+    ),
+    resource!(
+        EndpointSlice,
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        "endpointslice",
+        true,
+        &[],
+        false,
+        Subdomain
+    ),
 ];
 
 impl Resource {
     /// Finds a served resource by group, version and plural name.
     pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
-        RESOURCES.iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+        RESOURCES
+            .iter()
+            .find(|r| r.group == group && r.version == version && r.plural == plural)
     }
 
     pub fn of(kind: Kind) -> &'static Resource {
         // Every Kind has exactly one row; the fallback is never taken.
-        RESOURCES.iter().find(|r| r.kind == kind).unwrap_or(&RESOURCES[0])
+        RESOURCES
+            .iter()
+            .find(|r| r.kind == kind)
+            .unwrap_or(&RESOURCES[0])
     }
 
     /// `v1` or `group/version`, as in `apiVersion`.
@@ -95,7 +170,11 @@ impl Resource {
 
     /// The store key prefix of this resource: `/registry/<group>/<plural>/`.
     pub fn key_prefix(&self) -> String {
-        let group = if self.group.is_empty() { "core" } else { self.group };
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            self.group
+        };
         format!("/registry/{group}/{}/", self.plural)
     }
 
@@ -123,10 +202,19 @@ mod tests {
     #[test]
     fn keys_do_not_collide_across_namespaces_or_groups() {
         let svc = Resource::find("", "v1", "services").unwrap();
-        assert_eq!(svc.key(Some("default"), "web"), "/registry/core/services/default/web");
-        assert_eq!(svc.list_prefix(Some("default")), "/registry/core/services/default/");
+        assert_eq!(
+            svc.key(Some("default"), "web"),
+            "/registry/core/services/default/web"
+        );
+        assert_eq!(
+            svc.list_prefix(Some("default")),
+            "/registry/core/services/default/"
+        );
         let ns = Resource::of(Kind::Namespace);
-        assert_eq!(ns.key(Some("ignored"), "default"), "/registry/core/namespaces/default");
+        assert_eq!(
+            ns.key(Some("ignored"), "default"),
+            "/registry/core/namespaces/default"
+        );
         let slices = Resource::of(Kind::EndpointSlice);
         assert_eq!(slices.api_version(), "discovery.k8s.io/v1");
         assert!(Resource::find("", "v1", "endpointslices").is_none());

@@ -23,12 +23,24 @@ impl Cause {
     }
 
     pub fn required(field: &str, detail: &str) -> Self {
-        let message = if detail.is_empty() { "Required value".to_owned() } else { format!("Required value: {detail}") };
-        Cause { reason: "FieldValueRequired".into(), message, field: field.into() }
+        let message = if detail.is_empty() {
+            "Required value".to_owned()
+        } else {
+            format!("Required value: {detail}")
+        };
+        Cause {
+            reason: "FieldValueRequired".into(),
+            message,
+            field: field.into(),
+        }
     }
 
     pub fn forbidden(field: &str, detail: &str) -> Self {
-        Cause { reason: "FieldValueForbidden".into(), message: format!("Forbidden: {detail}"), field: field.into() }
+        Cause {
+            reason: "FieldValueForbidden".into(),
+            message: format!("Forbidden: {detail}"),
+            field: field.into(),
+        }
     }
 
     pub fn too_long(field: &str, max: usize) -> Self {
@@ -101,7 +113,12 @@ impl Target<'_> {
 
 impl Status {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Status { code, reason, message: message.into(), details: None }
+        Status {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -117,14 +134,22 @@ impl Status {
     }
 
     pub fn not_found(target: Target<'_>, name: &str) -> Self {
-        let mut status = Status::new(404, "NotFound", format!("{} \"{name}\" not found", target.qualified_resource()));
+        let mut status = Status::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", target.qualified_resource()),
+        );
         status.details = Some(target.details(name));
         status
     }
 
     /// A path or resource that does not exist at all.
     pub fn no_route() -> Self {
-        Status::new(404, "NotFound", "the server could not find the requested resource")
+        Status::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
     }
 
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
@@ -132,8 +157,11 @@ impl Status {
     }
 
     pub fn already_exists(target: Target<'_>, name: &str) -> Self {
-        let mut status =
-            Status::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", target.qualified_resource()));
+        let mut status = Status::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", target.qualified_resource()),
+        );
         status.details = Some(target.details(name));
         status
     }
@@ -166,9 +194,21 @@ impl Status {
     /// `The Service "x" is invalid: spec.ports[0].port: ...`.
     pub fn invalid(target: Target<'_>, name: &str, causes: Vec<Cause>) -> Self {
         let listed: Vec<String> = causes.iter().map(Cause::display).collect();
-        let summary = if listed.len() == 1 { listed[0].clone() } else { format!("[{}]", listed.join(", ")) };
-        let kind = if target.group.is_empty() { target.kind.to_owned() } else { format!("{}.{}", target.kind, target.group) };
-        let mut status = Status::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {summary}"));
+        let summary = if listed.len() == 1 {
+            listed[0].clone()
+        } else {
+            format!("[{}]", listed.join(", "))
+        };
+        let kind = if target.group.is_empty() {
+            target.kind.to_owned()
+        } else {
+            format!("{}.{}", target.kind, target.group)
+        };
+        let mut status = Status::new(
+            422,
+            "Invalid",
+            format!("{kind} \"{name}\" is invalid: {summary}"),
+        );
         status.details = Some(Details {
             name: Some(name.to_owned()),
             group: (!target.group.is_empty()).then(|| target.group.to_owned()),
@@ -180,7 +220,11 @@ impl Status {
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Status::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
+        Status::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
     }
 
     pub fn timeout(message: impl Into<String>) -> Self {
@@ -213,11 +257,23 @@ impl Status {
 mod tests {
     use super::*;
 
-    const SVC: Target<'static> = Target { group: "", resource: "services", kind: "Service" };
+    const SVC: Target<'static> = Target {
+        group: "",
+        resource: "services",
+        kind: "Service",
+    };
 
     #[test]
     fn invalid_reads_like_kubernetes() {
-        let status = Status::invalid(SVC, "x", vec![Cause::invalid("spec.ports[0].port", 0, "must be between 1 and 65535, inclusive")]);
+        let status = Status::invalid(
+            SVC,
+            "x",
+            vec![Cause::invalid(
+                "spec.ports[0].port",
+                0,
+                "must be between 1 and 65535, inclusive",
+            )],
+        );
         assert_eq!(status.message, "Service \"x\" is invalid: spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive");
         let json = status.to_json();
         assert_eq!(json["code"], 422);
@@ -229,7 +285,14 @@ mod tests {
         let status = Status::not_found(SVC, "web");
         assert_eq!(status.message, "services \"web\" not found");
         assert_eq!(status.to_json()["details"]["kind"], "services");
-        let slices = Target { group: "discovery.k8s.io", resource: "endpointslices", kind: "EndpointSlice" };
-        assert_eq!(Status::already_exists(slices, "a").message, "endpointslices.discovery.k8s.io \"a\" already exists");
+        let slices = Target {
+            group: "discovery.k8s.io",
+            resource: "endpointslices",
+            kind: "EndpointSlice",
+        };
+        assert_eq!(
+            Status::already_exists(slices, "a").message,
+            "endpointslices.discovery.k8s.io \"a\" already exists"
+        );
     }
 }

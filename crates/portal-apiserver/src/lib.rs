@@ -1,1 +1,220 @@
-//! placeholder
+//! The Portal API server: the Kubernetes v1 REST API over HTTPS, with
+//! bearer-token authentication, generic handlers for every resource in
+//! [`portal_api::RESOURCES`], a watch cache in front of the store, and
+//! Prometheus metrics.
+
+mod cache;
+mod discovery;
+mod http;
+mod metrics;
+mod namespace;
+pub mod pki;
+mod read;
+mod routes;
+mod strategy;
+mod watch;
+mod write;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use portal_api::{Resource, Status, Target};
+use portal_store::{EmbeddedOptions, EmbeddedStore, Store};
+use tokio::net::TcpListener;
+
+pub use metrics::Metrics;
+
+/// Events kept per resource in the watch cache's ring.
+const RING_CAPACITY: usize = 10_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] portal_store::Error),
+    #[error(transparent)]
+    Pki(#[from] pki::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// How to run the API server.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Keeps the store, the credentials and the kubeconfig.
+    pub data_dir: PathBuf,
+    /// Where to listen; port 0 picks a free one.
+    pub bind: SocketAddr,
+    /// Revisions of history the store keeps for watches to resume from.
+    pub history_revisions: u64,
+}
+
+/// What every handler shares.
+pub(crate) struct ApiState {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) cache: Arc<cache::WatchCache>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) token: String,
+    pub(crate) address: SocketAddr,
+}
+
+/// The resource and namespace a request addresses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scope<'a> {
+    pub(crate) resource: &'static Resource,
+    pub(crate) namespace: Option<&'a str>,
+}
+
+impl Scope<'_> {
+    pub(crate) fn cluster(resource: &'static Resource) -> Scope<'static> {
+        Scope {
+            resource,
+            namespace: None,
+        }
+    }
+
+    pub(crate) fn target(&self) -> Target<'static> {
+        Target {
+            group: self.resource.group,
+            resource: self.resource.plural,
+            kind: self.resource.kind_name,
+        }
+    }
+}
+
+/// A store failure as the client sees it: never a panic, never a hang.
+pub(crate) fn store_error(error: portal_store::Error) -> Status {
+    match error {
+        portal_store::Error::Closed => Status::service_unavailable("the store is shutting down"),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+/// A running API server.
+#[derive(Debug)]
+pub struct ApiServer {
+    /// The address it listens on.
+    pub address: SocketAddr,
+    /// The admin kubeconfig, written once the server answers.
+    pub kubeconfig: PathBuf,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Opens the store, fills the watch cache, makes or loads credentials,
+    /// starts listening and writes `DATA_DIR/kubeconfig`.
+    pub async fn start(config: Config) -> Result<Self, Error> {
+        let kubeconfig = config.data_dir.join("kubeconfig");
+        // A kubeconfig left by an earlier run must not signal readiness.
+        let _ = std::fs::remove_file(&kubeconfig);
+        let metrics = Arc::new(Metrics::new());
+        let observed = metrics.clone();
+        let options = EmbeddedOptions {
+            history_revisions: config.history_revisions,
+            commit_observer: Some(Arc::new(move |n, took| observed.observe_commit(n, took))),
+            ..EmbeddedOptions::default()
+        };
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(
+            &config.data_dir.join("store"),
+            options,
+        )?);
+        namespace::bootstrap(store.as_ref()).await?;
+        namespace::resume_terminations(store.clone()).await?;
+
+        let cache = cache::WatchCache::new(RING_CAPACITY);
+        tokio::spawn(cache.clone().run(store.clone()));
+        let current = store.current_revision().await?;
+        if cache.wait_for(current).await.is_err() {
+            tracing::warn!("watch cache slow to fill; serving anyway");
+        }
+
+        let listener = TcpListener::bind(config.bind)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.bind,
+                source,
+            })?;
+        let address = listener.local_addr().map_err(|source| Error::Bind {
+            addr: config.bind,
+            source,
+        })?;
+        let (names, ips) = pki::serving_names(address);
+        let credentials = pki::load_or_create(&config.data_dir, &names, &ips)?;
+        let state = Arc::new(ApiState {
+            store,
+            cache,
+            metrics,
+            token: credentials.token.clone(),
+            address,
+        });
+        let acceptor = tokio_rustls::TlsAcceptor::from(credentials.tls.clone());
+        let serving = tokio::spawn(serve(listener, acceptor, state));
+
+        let host = if address.ip().is_unspecified() {
+            "127.0.0.1".to_owned()
+        } else {
+            address.ip().to_string()
+        };
+        let host = if address.is_ipv6() && !address.ip().is_unspecified() {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let server = format!("https://{host}:{}", address.port());
+        pki::write_private(
+            &kubeconfig,
+            pki::kubeconfig(&server, &credentials.ca_pem, &credentials.token).as_bytes(),
+        )?;
+        tracing::info!(%address, kubeconfig = %kubeconfig.display(), "API server ready");
+        Ok(ApiServer {
+            address,
+            kubeconfig,
+            serving,
+        })
+    }
+
+    /// Serves until the listener fails.
+    pub async fn wait(self) {
+        if let Err(error) = self.serving.await {
+            tracing::error!(%error, "API server stopped");
+        }
+    }
+}
+
+async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, state: Arc<ApiState>) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let state = state.clone();
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(tcp).await {
+                Ok(tls) => tls,
+                Err(error) => {
+                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    return;
+                }
+            };
+            let service = hyper::service::service_fn(move |request| {
+                let state = state.clone();
+                async move { Ok::<_, std::convert::Infallible>(routes::handle(state, request).await) }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            if let Err(error) = builder.serve_connection(TokioIo::new(tls), service).await {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+}

@@ -52,9 +52,16 @@ pub enum Op {
     /// Write a key that must not exist.
     Create { key: String, value: Bytes },
     /// Overwrite a key whose `mod_revision` must equal `expected_revision`.
-    Update { key: String, value: Bytes, expected_revision: Revision },
+    Update {
+        key: String,
+        value: Bytes,
+        expected_revision: Revision,
+    },
     /// Remove a key; when `expected_revision` is given it must match.
-    Delete { key: String, expected_revision: Option<Revision> },
+    Delete {
+        key: String,
+        expected_revision: Option<Revision>,
+    },
 }
 
 impl Op {
@@ -103,7 +110,11 @@ pub enum Error {
     AlreadyExists { key: String },
     /// An `Update` or `Delete` found a different revision than expected.
     #[error("key {key:?} was modified: expected revision {expected}, found {found}")]
-    Conflict { key: String, expected: Revision, found: Revision },
+    Conflict {
+        key: String,
+        expected: Revision,
+        found: Revision,
+    },
     /// An `Update` or `Delete` found no key.
     #[error("key {key:?} not found")]
     NotFound { key: String },
@@ -112,7 +123,10 @@ pub enum Error {
     DuplicateKey { key: String },
     /// A watch asked for history that compaction has removed.
     #[error("revision {requested} has been compacted (oldest available is after {compacted})")]
-    Compacted { requested: Revision, compacted: Revision },
+    Compacted {
+        requested: Revision,
+        compacted: Revision,
+    },
     /// A watcher did not keep up with the stream of changes.
     #[error("watcher fell behind and was closed")]
     WatcherLagged,

@@ -46,14 +46,20 @@ fn unescape(value: &str) -> Result<String, String> {
     while let Some(c) = chars.next() {
         if c != '\\' {
             if c == '=' || c == ',' {
-                return Err(format!("invalid field selector value {value:?}: unescaped {c:?}"));
+                return Err(format!(
+                    "invalid field selector value {value:?}: unescaped {c:?}"
+                ));
             }
             out.push(c);
             continue;
         }
         match chars.next() {
             Some(e @ ('\\' | ',' | '=')) => out.push(e),
-            _ => return Err(format!("invalid field selector value {value:?}: invalid escape sequence")),
+            _ => {
+                return Err(format!(
+                    "invalid field selector value {value:?}: invalid escape sequence"
+                ))
+            }
         }
     }
     Ok(out)
@@ -76,13 +82,21 @@ impl FieldSelector {
             } else if let Some((f, v)) = term.split_once('=') {
                 (f, v, false)
             } else {
-                return Err(format!("invalid selector: '{input}'; can't understand '{term}'"));
+                return Err(format!(
+                    "invalid selector: '{input}'; can't understand '{term}'"
+                ));
             };
             let field = field.trim();
             if field.is_empty() {
-                return Err(format!("invalid selector: '{input}'; empty field in '{term}'"));
+                return Err(format!(
+                    "invalid selector: '{input}'; empty field in '{term}'"
+                ));
             }
-            requirements.push(FieldRequirement { field: field.to_owned(), value: unescape(value)?, negated });
+            requirements.push(FieldRequirement {
+                field: field.to_owned(),
+                value: unescape(value)?,
+                negated,
+            });
         }
         Ok(FieldSelector { requirements })
     }
@@ -94,13 +108,18 @@ impl FieldSelector {
     /// The value required for `field` by an equality term, if any (lets a
     /// server narrow a list by name or namespace before matching).
     pub fn required_value(&self, field: &str) -> Option<&str> {
-        self.requirements.iter().find(|r| r.field == field && !r.negated).map(|r| r.value.as_str())
+        self.requirements
+            .iter()
+            .find(|r| r.field == field && !r.negated)
+            .map(|r| r.value.as_str())
     }
 
     /// Whether the object's fields, looked up through `get` (absent fields
     /// read as ""), satisfy every term.
     pub fn matches(&self, get: impl Fn(&str) -> String) -> bool {
-        self.requirements.iter().all(|r| (get(&r.field) == r.value) != r.negated)
+        self.requirements
+            .iter()
+            .all(|r| (get(&r.field) == r.value) != r.negated)
     }
 }
 
@@ -110,7 +129,10 @@ mod tests {
 
     #[test]
     fn parses_and_matches() {
-        let s = FieldSelector::parse("involvedObject.name=web,involvedObject.kind==Service,status.phase!=Failed").unwrap();
+        let s = FieldSelector::parse(
+            "involvedObject.name=web,involvedObject.kind==Service,status.phase!=Failed",
+        )
+        .unwrap();
         assert_eq!(s.requirements.len(), 3);
         assert_eq!(s.required_value("involvedObject.name"), Some("web"));
         let get = |f: &str| match f {
@@ -119,7 +141,9 @@ mod tests {
             _ => String::new(),
         };
         assert!(s.matches(get));
-        assert!(!FieldSelector::parse("metadata.name=other").unwrap().matches(get));
+        assert!(!FieldSelector::parse("metadata.name=other")
+            .unwrap()
+            .matches(get));
     }
 
     #[test]

@@ -145,7 +145,10 @@ impl Parser {
         if errs.is_empty() {
             Ok(value)
         } else {
-            Err(format!("invalid label value: {value:?}: {}", errs.join("; ")))
+            Err(format!(
+                "invalid label value: {value:?}: {}",
+                errs.join("; ")
+            ))
         }
     }
 
@@ -171,7 +174,11 @@ impl Parser {
         if self.peek() == Some(&Token::Not) {
             self.next();
             let key = self.key()?;
-            return Ok(Requirement { key, operator: Operator::DoesNotExist, values: vec![] });
+            return Ok(Requirement {
+                key,
+                operator: Operator::DoesNotExist,
+                values: vec![],
+            });
         }
         let key = self.key()?;
         let (operator, values) = match self.peek() {
@@ -193,17 +200,31 @@ impl Parser {
                 (Operator::NotIn, self.set()?)
             }
             Some(op @ (Token::Gt | Token::Lt)) => {
-                let operator = if *op == Token::Gt { Operator::GreaterThan } else { Operator::LessThan };
+                let operator = if *op == Token::Gt {
+                    Operator::GreaterThan
+                } else {
+                    Operator::LessThan
+                };
                 self.next();
                 let value = self.value()?;
                 if value.parse::<i64>().is_err() {
-                    return Err(format!("for 'Gt', 'Lt' operators, the value must be an integer, got {value:?}"));
+                    return Err(format!(
+                        "for 'Gt', 'Lt' operators, the value must be an integer, got {value:?}"
+                    ));
                 }
                 (operator, vec![value])
             }
-            Some(other) => return Err(format!("found {other:?}, expected: in, notin, =, ==, !=, gt, lt")),
+            Some(other) => {
+                return Err(format!(
+                    "found {other:?}, expected: in, notin, =, ==, !=, gt, lt"
+                ))
+            }
         };
-        Ok(Requirement { key, operator, values })
+        Ok(Requirement {
+            key,
+            operator,
+            values,
+        })
     }
 }
 
@@ -213,7 +234,10 @@ impl LabelSelector {
         if input.len() > MAX_SELECTOR_LEN {
             return Err(format!("selector longer than {MAX_SELECTOR_LEN} bytes"));
         }
-        let mut parser = Parser { tokens: lex(input), pos: 0 };
+        let mut parser = Parser {
+            tokens: lex(input),
+            pos: 0,
+        };
         let mut requirements = Vec::new();
         if parser.peek().is_none() {
             return Ok(LabelSelector { requirements });
@@ -223,7 +247,9 @@ impl LabelSelector {
             match parser.next() {
                 None => return Ok(LabelSelector { requirements }),
                 Some(Token::Comma) => continue,
-                Some(other) => return Err(format!("found {other:?}, expected: ',' or 'end of string'")),
+                Some(other) => {
+                    return Err(format!("found {other:?}, expected: ',' or 'end of string'"))
+                }
             }
         }
     }
@@ -239,13 +265,24 @@ impl LabelSelector {
             match req.operator {
                 Operator::Exists => value.is_some(),
                 Operator::DoesNotExist => value.is_none(),
-                Operator::Equals | Operator::In => value.is_some_and(|v| req.values.iter().any(|w| w == v)),
-                Operator::NotEquals | Operator::NotIn => !value.is_some_and(|v| req.values.iter().any(|w| w == v)),
+                Operator::Equals | Operator::In => {
+                    value.is_some_and(|v| req.values.iter().any(|w| w == v))
+                }
+                Operator::NotEquals | Operator::NotIn => {
+                    !value.is_some_and(|v| req.values.iter().any(|w| w == v))
+                }
                 Operator::GreaterThan | Operator::LessThan => {
-                    let (Some(have), Ok(want)) = (value.and_then(|v| v.parse::<i64>().ok()), req.values[0].parse::<i64>()) else {
+                    let (Some(have), Ok(want)) = (
+                        value.and_then(|v| v.parse::<i64>().ok()),
+                        req.values[0].parse::<i64>(),
+                    ) else {
                         return false;
                     };
-                    if req.operator == Operator::GreaterThan { have > want } else { have < want }
+                    if req.operator == Operator::GreaterThan {
+                        have > want
+                    } else {
+                        have < want
+                    }
                 }
             }
         })
@@ -259,7 +296,9 @@ mod tests {
 
     fn matches(selector: &str, labels: &[(&str, &str)]) -> bool {
         let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
-        LabelSelector::parse(selector).unwrap().matches(|k| labels.get(k).copied())
+        LabelSelector::parse(selector)
+            .unwrap()
+            .matches(|k| labels.get(k).copied())
     }
 
     #[test]
@@ -276,7 +315,10 @@ mod tests {
         assert!(matches("!missing", &labels));
         assert!(!matches("!app", &labels));
         assert!(matches("", &labels));
-        assert!(matches("a!=b", &labels), "!= matches when the key is absent");
+        assert!(
+            matches("a!=b", &labels),
+            "!= matches when the key is absent"
+        );
     }
 
     #[test]
@@ -288,7 +330,19 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        for bad in ["a in ()", "a in (x", "a=b c", "=b", "a b", "a in x", "a=b=c", "a>x", "a=b,", "a=has space)", "Bad Key=1"] {
+        for bad in [
+            "a in ()",
+            "a in (x",
+            "a=b c",
+            "=b",
+            "a b",
+            "a in x",
+            "a=b=c",
+            "a>x",
+            "a=b,",
+            "a=has space)",
+            "Bad Key=1",
+        ] {
             assert!(LabelSelector::parse(bad).is_err(), "{bad:?} should fail");
         }
     }

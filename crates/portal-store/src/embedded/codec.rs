@@ -68,12 +68,22 @@ pub(super) fn decode_event(revision: u64, bytes: &[u8]) -> Result<Event> {
             let create_revision = reader.u64()?;
             let mod_revision = reader.u64()?;
             let value = Bytes::copy_from_slice(reader.bytes()?);
-            Some(KeyValue { key: key.clone(), value, create_revision, mod_revision })
+            Some(KeyValue {
+                key: key.clone(),
+                value,
+                create_revision,
+                mod_revision,
+            })
         }
     };
     Ok(Event {
         kind,
-        kv: KeyValue { key, value, create_revision, mod_revision: revision },
+        kv: KeyValue {
+            key,
+            value,
+            create_revision,
+            mod_revision: revision,
+        },
         prev,
     })
 }
@@ -90,7 +100,10 @@ struct Reader<'a>(&'a [u8]);
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.0.len() < n {
-            return Err(Error::Corrupt(format!("record truncated: need {n} bytes, have {}", self.0.len())));
+            return Err(Error::Corrupt(format!(
+                "record truncated: need {n} bytes, have {}",
+                self.0.len()
+            )));
         }
         let (head, tail) = self.0.split_at(n);
         self.0 = tail;
@@ -129,15 +142,27 @@ mod tests {
 
     #[test]
     fn event_round_trips() {
-        let event = Event { kind: EventKind::Put, kv: kv("/a", "new", 3, 9), prev: Some(kv("/a", "old", 3, 5)) };
+        let event = Event {
+            kind: EventKind::Put,
+            kv: kv("/a", "new", 3, 9),
+            prev: Some(kv("/a", "old", 3, 5)),
+        };
         assert_eq!(decode_event(9, &encode_event(&event)).unwrap(), event);
-        let created = Event { kind: EventKind::Put, kv: kv("/b", "x", 4, 4), prev: None };
+        let created = Event {
+            kind: EventKind::Put,
+            kv: kv("/b", "x", 4, 4),
+            prev: None,
+        };
         assert_eq!(decode_event(4, &encode_event(&created)).unwrap(), created);
     }
 
     #[test]
     fn truncated_records_are_errors() {
-        let event = Event { kind: EventKind::Delete, kv: kv("/a", "", 1, 2), prev: Some(kv("/a", "v", 1, 1)) };
+        let event = Event {
+            kind: EventKind::Delete,
+            kv: kv("/a", "", 1, 2),
+            prev: Some(kv("/a", "v", 1, 1)),
+        };
         let bytes = encode_event(&event);
         for cut in 0..bytes.len() {
             assert!(decode_event(2, &bytes[..cut]).is_err(), "cut at {cut}");

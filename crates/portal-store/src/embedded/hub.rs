@@ -35,7 +35,10 @@ struct Subscriber {
 impl Hub {
     pub(super) fn new(revision: Revision) -> Self {
         Hub {
-            state: Mutex::new(State { revision, subscribers: Vec::new() }),
+            state: Mutex::new(State {
+                revision,
+                subscribers: Vec::new(),
+            }),
             closed: AtomicBool::new(false),
         }
     }
@@ -45,7 +48,10 @@ impl Hub {
     pub(super) fn subscribe(&self, prefix: &str) -> (Revision, mpsc::Receiver<EventBatch>) {
         let (tx, rx) = mpsc::channel(WATCHER_QUEUE);
         let mut state = self.state.lock();
-        state.subscribers.push(Subscriber { prefix: prefix.to_owned(), tx });
+        state.subscribers.push(Subscriber {
+            prefix: prefix.to_owned(),
+            tx,
+        });
         (state.revision, rx)
     }
 
@@ -56,8 +62,11 @@ impl Hub {
         let mut state = self.state.lock();
         state.subscribers.retain(|sub| {
             for events in transactions {
-                let matching: Vec<Event> =
-                    events.iter().filter(|e| e.kv.key.starts_with(&sub.prefix)).cloned().collect();
+                let matching: Vec<Event> = events
+                    .iter()
+                    .filter(|e| e.kv.key.starts_with(&sub.prefix))
+                    .cloned()
+                    .collect();
                 if matching.is_empty() {
                     continue;
                 }

@@ -50,7 +50,11 @@ pub struct EmbeddedOptions {
 
 impl Default for EmbeddedOptions {
     fn default() -> Self {
-        EmbeddedOptions { history_revisions: 100_000, max_batch: 1024, commit_observer: None }
+        EmbeddedOptions {
+            history_revisions: 100_000,
+            max_batch: 1024,
+            commit_observer: None,
+        }
     }
 }
 
@@ -109,7 +113,8 @@ impl EmbeddedStore {
     /// Opens (or creates) the store in `dir/store.redb`. After a crash redb
     /// recovers to the last committed transaction.
     pub fn open(dir: &Path, options: EmbeddedOptions) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::Backend(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::Backend(format!("{}: {e}", dir.display())))?;
         let db = Database::create(dir.join("store.redb")).map_err(backend)?;
         let (revision, compacted) = {
             let txn = db.begin_write().map_err(backend)?;
@@ -139,7 +144,10 @@ impl EmbeddedStore {
             .spawn(move || writer::run(&writer_shared, rx, &options))
             .map_err(|e| Error::Backend(format!("cannot start writer thread: {e}")))?;
         tracing::info!(revision, compacted, "embedded store open");
-        let writer = Arc::new(Writer { requests: Some(requests), thread: Some(thread) });
+        let writer = Arc::new(Writer {
+            requests: Some(requests),
+            thread: Some(thread),
+        });
         Ok(EmbeddedStore { shared, writer })
     }
 
@@ -148,7 +156,10 @@ impl EmbeddedStore {
         self.shared.compacted.load(Ordering::SeqCst)
     }
 
-    async fn request<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request) -> Result<T> {
+    async fn request<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
+    ) -> Result<T> {
         let (tx, rx) = oneshot::channel();
         let requests = self.writer.requests.as_ref().ok_or(Error::Closed)?;
         requests.send(make(tx)).await.map_err(|_| Error::Closed)?;
@@ -179,7 +190,9 @@ impl Store for EmbeddedStore {
         self.read(move |txn| {
             let table = txn.open_table(KV).map_err(backend)?;
             let found = table.get(key.as_str()).map_err(backend)?;
-            found.map(|v| codec::decode_value(&key, v.value())).transpose()
+            found
+                .map(|v| codec::decode_value(&key, v.value()))
+                .transpose()
         })
         .boxed()
     }
@@ -188,7 +201,10 @@ impl Store for EmbeddedStore {
         let prefix = prefix.to_owned();
         self.read(move |txn| {
             let meta = txn.open_table(META).map_err(backend)?;
-            let revision = meta.get(META_REVISION).map_err(backend)?.map_or(0, |v| v.value());
+            let revision = meta
+                .get(META_REVISION)
+                .map_err(backend)?
+                .map_or(0, |v| v.value());
             let table = txn.open_table(KV).map_err(backend)?;
             let mut items = Vec::new();
             for entry in table.range(prefix.as_str()..).map_err(backend)? {
@@ -205,7 +221,8 @@ impl Store for EmbeddedStore {
     }
 
     fn txn(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Revision>> {
-        self.request(move |reply| Request::Txn { ops, reply }).boxed()
+        self.request(move |reply| Request::Txn { ops, reply })
+            .boxed()
     }
 
     fn watch(&self, prefix: &str, after: Revision) -> BoxFuture<'_, Result<WatchStream>> {
@@ -214,7 +231,8 @@ impl Store for EmbeddedStore {
             let (live_from, rx) = self.shared.hub.subscribe(&prefix);
             let history = if after < live_from {
                 let prefix = prefix.clone();
-                self.read(move |txn| read_history(txn, &prefix, after, live_from)).await?
+                self.read(move |txn| read_history(txn, &prefix, after, live_from))
+                    .await?
             } else {
                 Vec::new()
             };
@@ -231,7 +249,8 @@ impl Store for EmbeddedStore {
     }
 
     fn compact(&self, revision: Revision) -> BoxFuture<'_, Result<()>> {
-        self.request(move |reply| Request::Compact { revision, reply }).boxed()
+        self.request(move |reply| Request::Compact { revision, reply })
+            .boxed()
     }
 }
 
@@ -244,13 +263,22 @@ fn read_history(
     until: Revision,
 ) -> Result<Vec<EventBatch>> {
     let meta = txn.open_table(META).map_err(backend)?;
-    let compacted = meta.get(META_COMPACTED).map_err(backend)?.map_or(0, |v| v.value());
+    let compacted = meta
+        .get(META_COMPACTED)
+        .map_err(backend)?
+        .map_or(0, |v| v.value());
     if after < compacted {
-        return Err(Error::Compacted { requested: after, compacted });
+        return Err(Error::Compacted {
+            requested: after,
+            compacted,
+        });
     }
     let table = txn.open_table(HISTORY).map_err(backend)?;
     let mut batches: Vec<EventBatch> = Vec::new();
-    for entry in table.range((after + 1, 0)..=(until, u32::MAX)).map_err(backend)? {
+    for entry in table
+        .range((after + 1, 0)..=(until, u32::MAX))
+        .map_err(backend)?
+    {
         let (key, value) = entry.map_err(backend)?;
         let (revision, _) = key.value();
         let event = codec::decode_event(revision, value.value())?;
@@ -281,15 +309,27 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn history_is_compacted_automatically() {
         let dir = tempfile::tempdir().unwrap();
-        let options = EmbeddedOptions { history_revisions: 10, ..EmbeddedOptions::default() };
+        let options = EmbeddedOptions {
+            history_revisions: 10,
+            ..EmbeddedOptions::default()
+        };
         let store = EmbeddedStore::open(dir.path(), options).unwrap();
         for i in 0..40 {
-            let op = Op::Create { key: format!("/k/{i}"), value: bytes::Bytes::from_static(b"v") };
+            let op = Op::Create {
+                key: format!("/k/{i}"),
+                value: bytes::Bytes::from_static(b"v"),
+            };
             store.txn(vec![op]).await.unwrap();
         }
         let compacted = store.compacted_revision();
-        assert!(compacted >= 40 - 10 - 1 - 1 && compacted <= 40 - 10, "compacted at {compacted}");
-        assert!(matches!(store.watch("/k/", 1).await, Err(Error::Compacted { .. })));
+        assert!(
+            compacted >= 40 - 10 - 1 - 1 && compacted <= 40 - 10,
+            "compacted at {compacted}"
+        );
+        assert!(matches!(
+            store.watch("/k/", 1).await,
+            Err(Error::Compacted { .. })
+        ));
         assert!(store.watch("/k/", 40 - 10).await.is_ok());
         assert_eq!(store.list("/k/").await.unwrap().0.len(), 40);
     }
@@ -302,15 +342,24 @@ mod tests {
         let observer: CommitObserver = Arc::new(move |_, _| {
             counted.fetch_add(1, Ordering::SeqCst);
         });
-        let options = EmbeddedOptions { commit_observer: Some(observer), ..EmbeddedOptions::default() };
+        let options = EmbeddedOptions {
+            commit_observer: Some(observer),
+            ..EmbeddedOptions::default()
+        };
         let store = EmbeddedStore::open(dir.path(), options).unwrap();
         let writes = (0..200).map(|i| {
-            let op = Op::Create { key: format!("/g/{i}"), value: bytes::Bytes::from_static(b"v") };
+            let op = Op::Create {
+                key: format!("/g/{i}"),
+                value: bytes::Bytes::from_static(b"v"),
+            };
             store.txn(vec![op])
         });
         let revisions = futures_util::future::join_all(writes).await;
         assert!(revisions.iter().all(Result::is_ok));
         let commits = batches.load(Ordering::SeqCst);
-        assert!(commits < 200, "200 concurrent writes took {commits} commits: no grouping");
+        assert!(
+            commits < 200,
+            "200 concurrent writes took {commits} commits: no grouping"
+        );
     }
 }

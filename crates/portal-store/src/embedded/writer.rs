@@ -9,13 +9,21 @@ use bytes::Bytes;
 use redb::{ReadableTable, Table};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{backend, codec, EmbeddedOptions, Shared, HISTORY, KV, META, META_COMPACTED, META_REVISION};
+use super::{
+    backend, codec, EmbeddedOptions, Shared, HISTORY, KV, META, META_COMPACTED, META_REVISION,
+};
 use crate::{Error, Event, EventBatch, EventKind, KeyValue, Op, Result, Revision};
 
 #[derive(Debug)]
 pub(super) enum Request {
-    Txn { ops: Vec<Op>, reply: oneshot::Sender<Result<Revision>> },
-    Compact { revision: Revision, reply: oneshot::Sender<Result<()>> },
+    Txn {
+        ops: Vec<Op>,
+        reply: oneshot::Sender<Result<Revision>>,
+    },
+    Compact {
+        revision: Revision,
+        reply: oneshot::Sender<Result<()>>,
+    },
 }
 
 pub(super) fn run(shared: &Shared, mut rx: mpsc::Receiver<Request>, options: &EmbeddedOptions) {
@@ -71,7 +79,10 @@ fn commit_batch(shared: &Shared, batch: &mut Vec<Request>, options: &EmbeddedOpt
                             Err(e) => outcomes.push(Outcome::Txn(reply, Err(e))),
                         }
                     }
-                    Request::Compact { revision: target, reply } => {
+                    Request::Compact {
+                        revision: target,
+                        reply,
+                    } => {
                         let cut = target.min(revision);
                         let done = compact(&mut history, compacted, cut).map(|c| compacted = c);
                         outcomes.push(Outcome::Compact(reply, done));
@@ -82,7 +93,11 @@ fn commit_batch(shared: &Shared, batch: &mut Vec<Request>, options: &EmbeddedOpt
             // tenth past its bound.
             let slack = (options.history_revisions / 10).max(1);
             if revision > compacted + options.history_revisions + slack {
-                compacted = compact(&mut history, compacted, revision - options.history_revisions)?;
+                compacted = compact(
+                    &mut history,
+                    compacted,
+                    revision - options.history_revisions,
+                )?;
             }
             let mut meta = txn.open_table(META).map_err(backend)?;
             meta.insert(META_REVISION, revision).map_err(backend)?;
@@ -134,9 +149,15 @@ fn apply(
     for op in &ops {
         let key = op.key();
         if !seen.insert(key) {
-            return Err(Error::DuplicateKey { key: key.to_owned() });
+            return Err(Error::DuplicateKey {
+                key: key.to_owned(),
+            });
         }
-        let existing = kv.get(key).map_err(backend)?.map(|v| codec::decode_value(key, v.value())).transpose()?;
+        let existing = kv
+            .get(key)
+            .map_err(backend)?
+            .map(|v| codec::decode_value(key, v.value()))
+            .transpose()?;
         check(op, existing.as_ref())?;
         current.push(existing);
     }
@@ -146,11 +167,19 @@ fn apply(
         let event = match op {
             Op::Create { key, value } | Op::Update { key, value, .. } => {
                 let create_revision = prev.as_ref().map_or(revision, |p| p.create_revision);
-                kv.insert(key.as_str(), codec::encode_value(create_revision, revision, &value).as_slice())
-                    .map_err(backend)?;
+                kv.insert(
+                    key.as_str(),
+                    codec::encode_value(create_revision, revision, &value).as_slice(),
+                )
+                .map_err(backend)?;
                 Event {
                     kind: EventKind::Put,
-                    kv: KeyValue { key, value, create_revision, mod_revision: revision },
+                    kv: KeyValue {
+                        key,
+                        value,
+                        create_revision,
+                        mod_revision: revision,
+                    },
                     prev,
                 }
             }
@@ -159,13 +188,20 @@ fn apply(
                 let create_revision = prev.as_ref().map_or(revision, |p| p.create_revision);
                 Event {
                     kind: EventKind::Delete,
-                    kv: KeyValue { key, value: Bytes::new(), create_revision, mod_revision: revision },
+                    kv: KeyValue {
+                        key,
+                        value: Bytes::new(),
+                        create_revision,
+                        mod_revision: revision,
+                    },
                     prev,
                 }
             }
         };
         let index = u32::try_from(index).map_err(|_| Error::Backend("too many ops".into()))?;
-        history.insert((revision, index), codec::encode_event(&event).as_slice()).map_err(backend)?;
+        history
+            .insert((revision, index), codec::encode_event(&event).as_slice())
+            .map_err(backend)?;
         events.push(event);
     }
     Ok(events)
@@ -178,21 +214,40 @@ fn check(op: &Op, existing: Option<&KeyValue>) -> Result<()> {
         (Op::Update { key, .. } | Op::Delete { key, .. }, None) => {
             Err(Error::NotFound { key: key.clone() })
         }
-        (Op::Update { key, expected_revision, .. }, Some(found))
-        | (Op::Delete { key, expected_revision: Some(expected_revision) }, Some(found))
-            if found.mod_revision != *expected_revision =>
-        {
-            Err(Error::Conflict { key: key.clone(), expected: *expected_revision, found: found.mod_revision })
-        }
+        (
+            Op::Update {
+                key,
+                expected_revision,
+                ..
+            },
+            Some(found),
+        )
+        | (
+            Op::Delete {
+                key,
+                expected_revision: Some(expected_revision),
+            },
+            Some(found),
+        ) if found.mod_revision != *expected_revision => Err(Error::Conflict {
+            key: key.clone(),
+            expected: *expected_revision,
+            found: found.mod_revision,
+        }),
         _ => Ok(()),
     }
 }
 
 /// Drops history entries up to `cut`; returns the new compacted revision.
-fn compact(history: &mut Table<(u64, u32), &[u8]>, compacted: Revision, cut: Revision) -> Result<Revision> {
+fn compact(
+    history: &mut Table<(u64, u32), &[u8]>,
+    compacted: Revision,
+    cut: Revision,
+) -> Result<Revision> {
     if cut <= compacted {
         return Ok(compacted);
     }
-    history.retain_in(..=(cut, u32::MAX), |_, _| false).map_err(backend)?;
+    history
+        .retain_in(..=(cut, u32::MAX), |_, _| false)
+        .map_err(backend)?;
     Ok(cut)
 }

@@ -1,0 +1,329 @@
+//! The watch cache: every object of every resource in memory, each already
+//! serialized once, plus a bounded ring of recent events per resource, all
+//! fed by one store watch. Lists and watches are served from here at a
+//! revision at least as new as the request demands.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use parking_lot::RwLock;
+use portal_api::{Kind, Resource, Status, RESOURCES};
+use portal_store::{EventKind, KeyValue, Revision, Store};
+use serde_json::Value;
+use tokio::sync::watch;
+
+/// Every key Portal writes lives under this prefix.
+pub(crate) const REGISTRY_PREFIX: &str = "/registry/";
+
+/// How long a read waits for the cache to catch up before giving up.
+const FRESHNESS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// An object as served: its JSON value and the same bytes pre-serialized,
+/// with `metadata.resourceVersion` set.
+#[derive(Debug)]
+pub(crate) struct CachedObject {
+    pub(crate) key: String,
+    pub(crate) value: Value,
+    pub(crate) json: Bytes,
+}
+
+impl CachedObject {
+    /// Decodes a stored value; `revision` becomes its `resourceVersion`.
+    pub(crate) fn decode(
+        key: &str,
+        stored: &[u8],
+        revision: Revision,
+    ) -> Result<Self, serde_json::Error> {
+        let value: Value = serde_json::from_slice(stored)?;
+        Ok(Self::from_value(key.to_owned(), value, revision))
+    }
+
+    pub(crate) fn from_value(key: String, mut value: Value, revision: Revision) -> Self {
+        portal_api::meta::metadata_mut(&mut value).insert(
+            "resourceVersion".into(),
+            Value::String(revision.to_string()),
+        );
+        let json = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+        CachedObject { key, value, json }
+    }
+
+    /// The same object at a later revision (a deleted object carries the
+    /// revision of its deletion).
+    fn at_revision(&self, revision: Revision) -> Self {
+        Self::from_value(self.key.clone(), self.value.clone(), revision)
+    }
+}
+
+/// One change, with the object before it so watchers can tell selector
+/// transitions (an object that stops matching is DELETED for that watcher).
+#[derive(Debug)]
+pub(crate) struct CacheEvent {
+    pub(crate) revision: Revision,
+    pub(crate) kind: EventKind,
+    pub(crate) object: Arc<CachedObject>,
+    pub(crate) prev: Option<Arc<CachedObject>>,
+}
+
+#[derive(Debug, Default)]
+struct ResourceState {
+    objects: BTreeMap<String, Arc<CachedObject>>,
+    events: VecDeque<Arc<CacheEvent>>,
+    /// The ring holds every event of this resource after this revision.
+    floor: Revision,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    resources: HashMap<Kind, ResourceState>,
+    revision: Revision,
+}
+
+/// A watcher's position fell out of the ring.
+#[derive(Debug)]
+pub(crate) struct TooOld;
+
+#[derive(Debug)]
+pub(crate) struct WatchCache {
+    state: RwLock<State>,
+    revision: watch::Sender<Revision>,
+    ring_capacity: usize,
+}
+
+fn kind_of_key(key: &str) -> Option<Kind> {
+    RESOURCES
+        .iter()
+        .find(|r| key.starts_with(&r.key_prefix()))
+        .map(|r| r.kind)
+}
+
+impl WatchCache {
+    pub(crate) fn new(ring_capacity: usize) -> Arc<Self> {
+        Arc::new(WatchCache {
+            state: RwLock::default(),
+            revision: watch::channel(0).0,
+            ring_capacity,
+        })
+    }
+
+    /// Follows the store for ever: list, then watch; on a broken watch resume
+    /// from the last revision seen, and re-list only if history is gone.
+    pub(crate) async fn run(self: Arc<Self>, store: Arc<dyn Store>) {
+        loop {
+            if let Err(error) = self.follow(store.as_ref()).await {
+                tracing::warn!(%error, "watch cache lost the store; re-listing");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    async fn follow(&self, store: &dyn Store) -> portal_store::Result<()> {
+        let (items, revision) = store.list(REGISTRY_PREFIX).await?;
+        self.reset(&items, revision);
+        let mut last = revision;
+        loop {
+            let mut stream = store.watch(REGISTRY_PREFIX, last).await?;
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(batch) => {
+                        if let Some(first) = batch.first() {
+                            last = first.revision();
+                        }
+                        self.apply(&batch);
+                    }
+                    Err(error) => {
+                        tracing::info!(%error, last, "store watch ended; resuming");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    fn reset(&self, items: &[KeyValue], revision: Revision) {
+        let mut resources: HashMap<Kind, ResourceState> = RESOURCES
+            .iter()
+            .map(|r| {
+                (
+                    r.kind,
+                    ResourceState {
+                        floor: revision,
+                        ..ResourceState::default()
+                    },
+                )
+            })
+            .collect();
+        for kv in items {
+            let Some(kind) = kind_of_key(&kv.key) else {
+                continue;
+            };
+            match CachedObject::decode(&kv.key, &kv.value, kv.mod_revision) {
+                Ok(object) => {
+                    if let Some(state) = resources.get_mut(&kind) {
+                        state.objects.insert(kv.key.clone(), Arc::new(object));
+                    }
+                }
+                Err(error) => tracing::error!(key = %kv.key, %error, "undecodable object in store"),
+            }
+        }
+        *self.state.write() = State {
+            resources,
+            revision,
+        };
+        self.revision.send_replace(revision);
+    }
+
+    fn apply(&self, batch: &[portal_store::Event]) {
+        let Some(revision) = batch.first().map(portal_store::Event::revision) else {
+            return;
+        };
+        let mut state = self.state.write();
+        for event in batch {
+            let Some(kind) = kind_of_key(&event.kv.key) else {
+                continue;
+            };
+            let Some(resource) = state.resources.get_mut(&kind) else {
+                continue;
+            };
+            let key = &event.kv.key;
+            let prev = resource.objects.get(key).cloned();
+            let object = match event.kind {
+                EventKind::Put => match CachedObject::decode(key, &event.kv.value, revision) {
+                    Ok(object) => {
+                        let object = Arc::new(object);
+                        resource.objects.insert(key.clone(), object.clone());
+                        object
+                    }
+                    Err(error) => {
+                        tracing::error!(%key, %error, "undecodable object in store");
+                        continue;
+                    }
+                },
+                EventKind::Delete => {
+                    resource.objects.remove(key);
+                    match &prev {
+                        Some(prev) => Arc::new(prev.at_revision(revision)),
+                        None => continue,
+                    }
+                }
+            };
+            resource.events.push_back(Arc::new(CacheEvent {
+                revision,
+                kind: event.kind,
+                object,
+                prev,
+            }));
+            while resource.events.len() > self.ring_capacity {
+                if let Some(dropped) = resource.events.pop_front() {
+                    resource.floor = dropped.revision;
+                }
+            }
+        }
+        state.revision = revision;
+        drop(state);
+        self.revision.send_replace(revision);
+    }
+
+    /// A receiver that changes whenever the cache advances.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Revision> {
+        self.revision.subscribe()
+    }
+
+    /// Waits until the cache has seen `revision` (504 after a few seconds).
+    pub(crate) async fn wait_for(&self, revision: Revision) -> Result<(), Status> {
+        let mut rx = self.revision.subscribe();
+        let caught_up = tokio::time::timeout(FRESHNESS_TIMEOUT, rx.wait_for(|r| *r >= revision))
+            .await
+            .is_ok_and(|waited| waited.is_ok());
+        if caught_up {
+            return Ok(());
+        }
+        let current = *self.revision.borrow();
+        Err(Status::timeout(format!(
+            "Too large resource version: {revision}, current: {current}"
+        )))
+    }
+
+    pub(crate) fn get(&self, resource: &Resource, key: &str) -> Option<Arc<CachedObject>> {
+        self.state
+            .read()
+            .resources
+            .get(&resource.kind)?
+            .objects
+            .get(key)
+            .cloned()
+    }
+
+    /// Objects under `prefix` with keys after `after`, accepted by `keep`, at
+    /// most `limit` (0 = all); with the snapshot revision and how many more
+    /// matching objects there are.
+    pub(crate) fn list(
+        &self,
+        resource: &Resource,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&CachedObject) -> bool,
+    ) -> (Vec<Arc<CachedObject>>, Revision, usize) {
+        let state = self.state.read();
+        let Some(objects) = state.resources.get(&resource.kind).map(|r| &r.objects) else {
+            return (Vec::new(), state.revision, 0);
+        };
+        let start = match after {
+            Some(after) => std::ops::Bound::Excluded(after.to_owned()),
+            None => std::ops::Bound::Included(prefix.to_owned()),
+        };
+        let mut items = Vec::new();
+        let mut remaining = 0;
+        for (key, object) in objects.range((start, std::ops::Bound::Unbounded)) {
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if !keep(object) {
+                continue;
+            }
+            if limit == 0 || items.len() < limit {
+                items.push(object.clone());
+            } else {
+                remaining += 1;
+            }
+        }
+        (items, state.revision, remaining)
+    }
+
+    /// Events of `resource` after `position`, and the revision the cache is
+    /// at (the watcher's next position). `TooOld` once the ring has moved on.
+    pub(crate) fn events_after(
+        &self,
+        resource: &Resource,
+        position: Revision,
+    ) -> Result<(Vec<Arc<CacheEvent>>, Revision), TooOld> {
+        let state = self.state.read();
+        let Some(ring) = state.resources.get(&resource.kind) else {
+            return Ok((Vec::new(), state.revision));
+        };
+        if position < ring.floor {
+            return Err(TooOld);
+        }
+        let start = ring.events.partition_point(|e| e.revision <= position);
+        Ok((
+            ring.events.range(start..).cloned().collect(),
+            state.revision,
+        ))
+    }
+
+    /// The oldest position a new watch on `resource` may start from.
+    pub(crate) fn floor(&self, resource: &Resource) -> Revision {
+        self.state
+            .read()
+            .resources
+            .get(&resource.kind)
+            .map_or(0, |r| r.floor)
+    }
+
+    pub(crate) fn revision(&self) -> Revision {
+        self.state.read().revision
+    }
+}

@@ -1,0 +1,117 @@
+//! Discovery documents (`/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`)
+//! and `/version`, derived from the resource table.
+
+use portal_api::RESOURCES;
+use serde_json::{json, Value};
+
+fn verbs(namespaced_collection: bool) -> Value {
+    let mut verbs = vec!["create", "delete", "get", "list", "update", "watch"];
+    if namespaced_collection {
+        verbs.insert(1, "deletecollection");
+    }
+    json!(verbs)
+}
+
+/// `/api`: the core group's versions.
+pub(crate) fn core_versions(server_address: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    })
+}
+
+fn groups() -> Vec<&'static str> {
+    let mut groups: Vec<&str> = RESOURCES
+        .iter()
+        .map(|r| r.group)
+        .filter(|g| !g.is_empty())
+        .collect();
+    groups.dedup();
+    groups
+}
+
+/// `/apis`: every named group.
+pub(crate) fn group_list() -> Value {
+    let groups: Vec<Value> = groups()
+        .into_iter()
+        .map(|group| {
+            let version = json!({"groupVersion": format!("{group}/v1"), "version": "v1"});
+            json!({"name": group, "versions": [version.clone()], "preferredVersion": version})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `/api/v1` or `/apis/<group>/<version>`; `None` for an unknown one.
+pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
+    let mut resources = Vec::new();
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        resources.push(json!({
+            "name": r.plural,
+            "singularName": r.singular,
+            "namespaced": r.namespaced,
+            "kind": r.kind_name,
+            "verbs": verbs(true),
+            "shortNames": r.short_names,
+        }));
+        if r.has_status {
+            resources.push(json!({
+                "name": format!("{}/status", r.plural),
+                "singularName": "",
+                "namespaced": r.namespaced,
+                "kind": r.kind_name,
+                "verbs": ["get", "update"],
+            }));
+        }
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
+    )
+}
+
+/// `/version`: the Kubernetes version whose API Portal serves.
+pub(crate) fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "33",
+        "gitVersion": format!("v1.33.0-portal.{}", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_cover_every_resource() {
+        let core = resource_list("", "v1").unwrap();
+        let names: Vec<&str> = core["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert!(names.contains(&"services") && names.contains(&"services/status"));
+        assert!(resource_list("discovery.k8s.io", "v1").is_some());
+        assert!(resource_list("apps", "v1").is_none());
+        assert_eq!(group_list()["groups"][0]["name"], "discovery.k8s.io");
+    }
+}

@@ -1,0 +1,120 @@
+//! HTTP plumbing shared by the handlers: the response body type, JSON and
+//! Status responses, bounded body reading, query parameters.
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use portal_api::Status;
+
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// Request bodies larger than this are refused with 413, like Kubernetes.
+pub(crate) const MAX_BODY: usize = 3 * 1024 * 1024;
+
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
+pub(crate) fn json_response(code: StatusCode, json: impl Into<Bytes>) -> Response<Body> {
+    let mut response = Response::new(full(json));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+pub(crate) fn status_response(status: &Status) -> Response<Body> {
+    let code = StatusCode::from_u16(status.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(
+        code,
+        serde_json::to_vec(&status.to_json()).unwrap_or_default(),
+    )
+}
+
+pub(crate) fn text_response(code: StatusCode, text: impl Into<Bytes>) -> Response<Body> {
+    let mut response = Response::new(full(text));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// Reads a request body, refusing more than [`MAX_BODY`] bytes.
+pub(crate) async fn read_body(body: Incoming) -> Result<Bytes, Status> {
+    match Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Status::too_large(
+            format!("the request body is larger than the limit of {MAX_BODY} bytes"),
+        )),
+        Err(error) => Err(Status::bad_request(format!(
+            "reading the request body failed: {error}"
+        ))),
+    }
+}
+
+/// Query parameters of one request.
+#[derive(Debug, Default)]
+pub(crate) struct Query(Vec<(String, String)>);
+
+impl Query {
+    pub(crate) fn parse(query: Option<&str>) -> Self {
+        Query(
+            form_urlencoded::parse(query.unwrap_or("").as_bytes())
+                .into_owned()
+                .collect(),
+        )
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub(crate) fn flag(&self, name: &str) -> bool {
+        matches!(self.get(name), Some("true" | "1"))
+    }
+
+    /// A non-negative integer parameter; 400 when malformed.
+    pub(crate) fn number(&self, name: &str) -> Result<Option<u64>, Status> {
+        self.get(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    Status::bad_request(format!(
+                        "invalid {name} {v:?}: must be a non-negative integer"
+                    ))
+                })
+            })
+            .transpose()
+    }
+}
+
+/// How unknown fields in a body are treated (`fieldValidation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FieldValidation {
+    Strict,
+    Warn,
+    Ignore,
+}
+
+impl FieldValidation {
+    pub(crate) fn from_query(query: &Query) -> Result<Self, Status> {
+        match query.get("fieldValidation") {
+            None | Some("") | Some("Warn") => Ok(FieldValidation::Warn),
+            Some("Strict") => Ok(FieldValidation::Strict),
+            Some("Ignore") => Ok(FieldValidation::Ignore),
+            Some(other) => Err(Status::bad_request(format!(
+                "fieldValidation parameter unsupported: {other}; must be one of Ignore, Warn, Strict"
+            ))),
+        }
+    }
+}

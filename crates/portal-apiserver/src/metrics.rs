@@ -1,0 +1,107 @@
+//! Prometheus metrics of the API server and its store, with the upstream
+//! names where the meaning is the same.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RequestLabels {
+    pub verb: &'static str,
+    pub resource: String,
+    pub code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LatencyLabels {
+    pub verb: &'static str,
+    pub resource: String,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<LatencyLabels, Histogram>,
+    commit_latency: Histogram,
+    commit_batch: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<LatencyLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+        });
+        let commit_latency = Histogram::new(exponential_buckets(0.00005, 2.0, 18));
+        let commit_batch = Histogram::new(exponential_buckets(1.0, 2.0, 12));
+        registry.register(
+            "apiserver_request",
+            "API requests by verb, resource and HTTP code",
+            requests.clone(),
+        );
+        registry.register(
+            "apiserver_request_duration_seconds",
+            "API request latency by verb and resource (watches: time to start streaming)",
+            latency.clone(),
+        );
+        registry.register(
+            "portal_store_commit_duration_seconds",
+            "Time of one group commit of the embedded store, fsync included",
+            commit_latency.clone(),
+        );
+        registry.register(
+            "portal_store_commit_batch_size",
+            "Transactions made durable by one group commit",
+            commit_batch.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            commit_latency,
+            commit_batch,
+        }
+    }
+
+    pub fn observe_request(&self, verb: &'static str, resource: &str, code: u16, took: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                verb,
+                resource: resource.to_owned(),
+                code,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&LatencyLabels {
+                verb,
+                resource: resource.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn observe_commit(&self, transactions: usize, took: Duration) {
+        self.commit_latency.observe(took.as_secs_f64());
+        self.commit_batch.observe(transactions as f64);
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            tracing::error!("metrics encoding failed");
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

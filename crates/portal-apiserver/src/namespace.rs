@@ -1,0 +1,129 @@
+//! Namespace lifecycle: the system namespaces exist from the start; deleting
+//! a namespace marks it Terminating, removes everything in it, then removes
+//! the namespace itself (also resumed after a restart).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use portal_api::{meta, Kind, Resource, Status, RESOURCES};
+use portal_store::{Error as StoreError, KeyValue, Op, Store};
+use serde_json::{json, Value};
+
+use crate::cache::CachedObject;
+use crate::http::{json_response, Body};
+use crate::write::SYSTEM_NAMESPACES;
+use crate::{store_error, strategy, ApiState, Scope};
+
+/// Creates the system namespaces that are missing.
+pub(crate) async fn bootstrap(store: &dyn Store) -> Result<(), StoreError> {
+    let resource = Resource::of(Kind::Namespace);
+    for name in SYSTEM_NAMESPACES {
+        let key = resource.key(None, name);
+        if store.get(&key).await?.is_some() {
+            continue;
+        }
+        let mut object =
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        strategy::prepare_create(resource, &mut object, None);
+        let value = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
+        match store.txn(vec![Op::Create { key, value }]).await {
+            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Finishes deleting namespaces a previous run left Terminating.
+pub(crate) async fn resume_terminations(store: Arc<dyn Store>) -> Result<(), StoreError> {
+    let (namespaces, _) = store
+        .list(&Resource::of(Kind::Namespace).key_prefix())
+        .await?;
+    for kv in namespaces {
+        let Ok(value) = serde_json::from_slice::<Value>(&kv.value) else {
+            continue;
+        };
+        if meta::meta_str(&value, "deletionTimestamp").is_some() {
+            let name = meta::meta_str(&value, "name")
+                .unwrap_or_default()
+                .to_owned();
+            tokio::spawn(finish_termination(store.clone(), name));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn begin_termination(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    current: KeyValue,
+    mut object: Value,
+) -> Result<Response<Body>, Status> {
+    let key = current.key.clone();
+    let revision = if meta::meta_str(&object, "deletionTimestamp").is_some() {
+        current.mod_revision
+    } else {
+        meta::metadata_mut(&mut object)
+            .insert("deletionTimestamp".into(), Value::String(strategy::now()));
+        object["status"] = json!({"phase": "Terminating"});
+        let value =
+            Bytes::from(serde_json::to_vec(&object).map_err(|e| Status::internal(e.to_string()))?);
+        let op = Op::Update {
+            key: key.clone(),
+            value,
+            expected_revision: current.mod_revision,
+        };
+        match state.store.txn(vec![op]).await {
+            Ok(revision) => revision,
+            Err(StoreError::Conflict { .. }) => return Err(Status::conflict(scope.target(), name)),
+            Err(e) => return Err(store_error(e)),
+        }
+    };
+    tokio::spawn(finish_termination(state.store.clone(), name.to_owned()));
+    Ok(json_response(
+        StatusCode::OK,
+        CachedObject::from_value(key, object, revision).json.clone(),
+    ))
+}
+
+/// Deletes every object in the namespace, then the namespace.
+async fn finish_termination(store: Arc<dyn Store>, namespace: String) {
+    for resource in RESOURCES.iter().filter(|r| r.namespaced) {
+        let prefix = resource.list_prefix(Some(&namespace));
+        let items = match store.list(&prefix).await {
+            Ok((items, _)) => items,
+            Err(error) => {
+                tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
+                return;
+            }
+        };
+        for kv in items {
+            match store
+                .txn(vec![Op::Delete {
+                    key: kv.key,
+                    expected_revision: None,
+                }])
+                .await
+            {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(error) => {
+                    tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
+                    return;
+                }
+            }
+        }
+    }
+    let key = Resource::of(Kind::Namespace).key(None, &namespace);
+    match store
+        .txn(vec![Op::Delete {
+            key,
+            expected_revision: None,
+        }])
+        .await
+    {
+        Ok(_) | Err(StoreError::NotFound { .. }) => tracing::info!(%namespace, "namespace deleted"),
+        Err(error) => tracing::error!(%error, %namespace, "namespace removal failed"),
+    }
+}

@@ -1,0 +1,204 @@
+//! Credentials made on first start and kept in the data directory: a cluster
+//! CA, the API server's serving certificate (re-issued from that CA at every
+//! start, so new addresses are covered), the admin bearer token, and the
+//! admin kubeconfig that carries them to clients.
+
+use std::fs;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use base64::Engine;
+use rand::Rng;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("certificate generation failed: {0}")]
+    Cert(#[from] rcgen::Error),
+    #[error("{path}: not a valid PEM file: {reason}")]
+    Pem { path: PathBuf, reason: String },
+    #[error("TLS configuration failed: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Writes a file atomically (temp + rename) readable only by its owner.
+pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    file.write_all(contents).map_err(io(&tmp))?;
+    file.sync_all().map_err(io(&tmp))?;
+    fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// The cluster's credentials, loaded or created.
+#[derive(Debug)]
+pub struct Credentials {
+    pub ca_pem: String,
+    pub token: String,
+    pub tls: Arc<rustls::ServerConfig>,
+}
+
+fn ca_params() -> Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "portal-ca");
+    dn.push(DnType::OrganizationName, "portal");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
+}
+
+fn read_or_create(path: &Path, create: impl FnOnce() -> Result<String>) -> Result<String> {
+    match fs::read_to_string(path) {
+        Ok(existing) => Ok(existing),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let fresh = create()?;
+            write_private(path, fresh.as_bytes())?;
+            Ok(fresh)
+        }
+        Err(e) => Err(io(path)(e)),
+    }
+}
+
+/// Loads the CA and token from `dir` (creating them on first start) and
+/// issues a serving certificate for `names` and `ips`.
+pub fn load_or_create(dir: &Path, names: &[String], ips: &[IpAddr]) -> Result<Credentials> {
+    let pki = dir.join("pki");
+    fs::create_dir_all(&pki).map_err(io(&pki))?;
+    let ca_key_path = pki.join("ca.key");
+    let ca_cert_path = pki.join("ca.crt");
+    let ca_key_pem = read_or_create(&ca_key_path, || Ok(KeyPair::generate()?.serialize_pem()))?;
+    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|e| Error::Pem {
+        path: ca_key_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let ca_pem = read_or_create(&ca_cert_path, || {
+        Ok(ca_params()?.self_signed(&ca_key)?.pem())
+    })?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+
+    let mut params = CertificateParams::new(names.to_vec())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "portal-apiserver");
+    params
+        .subject_alt_names
+        .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    write_private(&pki.join("apiserver.crt"), cert.pem().as_bytes())?;
+    write_private(&pki.join("apiserver.key"), key.serialize_pem().as_bytes())?;
+
+    let token_path = dir.join("admin.token");
+    let token = read_or_create(&token_path, || {
+        let bytes: [u8; 32] = rand::rng().random();
+        Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    })?
+    .trim()
+    .to_owned();
+
+    let chain = vec![
+        cert.der().clone(),
+        CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| Error::Pem {
+            path: ca_cert_path.clone(),
+            reason: e.to_string(),
+        })?,
+    ];
+    let private =
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| Error::Pem {
+            path: pki.join("apiserver.key"),
+            reason: e.to_string(),
+        })?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(chain, private)?;
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Credentials {
+        ca_pem,
+        token,
+        tls: Arc::new(tls),
+    })
+}
+
+/// The names and addresses a serving certificate must cover for `bind`.
+pub fn serving_names(bind: SocketAddr) -> (Vec<String>, Vec<IpAddr>) {
+    let names = [
+        "localhost",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut ips: Vec<IpAddr> = vec![[127, 0, 0, 1].into(), std::net::Ipv6Addr::LOCALHOST.into()];
+    if !bind.ip().is_unspecified() && !ips.contains(&bind.ip()) {
+        ips.push(bind.ip());
+    }
+    (names, ips)
+}
+
+/// An admin kubeconfig for `server` (e.g. `https://127.0.0.1:6443`).
+pub fn kubeconfig(server: &str, ca_pem: &str, token: &str) -> String {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: portal\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: portal\n  context:\n    cluster: portal\n    user: admin\n    namespace: default\ncurrent-context: portal\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_persist_across_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let (names, ips) = serving_names("127.0.0.1:0".parse().unwrap());
+        let first = load_or_create(dir.path(), &names, &ips).unwrap();
+        let second = load_or_create(dir.path(), &names, &ips).unwrap();
+        assert_eq!(first.ca_pem, second.ca_pem);
+        assert_eq!(first.token, second.token);
+        assert_eq!(first.token.len(), 64);
+        let config = kubeconfig("https://127.0.0.1:1", &first.ca_pem, &first.token);
+        assert!(config.contains(&first.token));
+    }
+}

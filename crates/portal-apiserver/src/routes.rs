@@ -1,0 +1,168 @@
+//! From an HTTP request to a handler: authentication, the non-resource
+//! endpoints, then resource paths by verb. Every request is counted.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use portal_api::{path, Resource, Status};
+
+use crate::http::{json_response, read_body, status_response, text_response, Body, Query};
+use crate::{discovery, read, watch, write, ApiState, Scope};
+
+/// Paths anyone may ask: they reveal nothing and let probes work.
+const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
+
+pub(crate) async fn handle(state: Arc<ApiState>, request: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
+    let mut labels = ("", String::new());
+    let response = match route(&state, request, &mut labels).await {
+        Ok(response) => response,
+        Err(status) => status_response(&status),
+    };
+    let (verb, resource) = labels;
+    state.metrics.observe_request(
+        verb,
+        &resource,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
+
+/// Constant-time comparison of the bearer token.
+fn authorized(state: &ApiState, headers: &HeaderMap) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (given, want) = (given.trim().as_bytes(), state.token.as_bytes());
+    given.len() == want.len()
+        && given
+            .iter()
+            .zip(want)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+fn json_value(value: &serde_json::Value) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        serde_json::to_vec(value).unwrap_or_default(),
+    )
+}
+
+fn kube_verb(method: &Method, named: bool, watching: bool) -> &'static str {
+    match (method.as_str(), named) {
+        ("GET", _) if watching => "WATCH",
+        ("GET", true) => "GET",
+        ("GET", false) => "LIST",
+        ("POST", _) => "POST",
+        ("PUT", _) => "PUT",
+        ("PATCH", _) => "PATCH",
+        ("DELETE", true) => "DELETE",
+        ("DELETE", false) => "DELETECOLLECTION",
+        _ => "OTHER",
+    }
+}
+
+async fn route(
+    state: &ApiState,
+    request: Request<Incoming>,
+    labels: &mut (&'static str, String),
+) -> Result<Response<Body>, Status> {
+    let uri_path = request.uri().path().to_owned();
+    if PUBLIC.contains(&uri_path.as_str()) {
+        labels.0 = "GET";
+        // The listener opens only once the watch cache has caught up.
+        return Ok(text_response(StatusCode::OK, "ok"));
+    }
+    if !authorized(state, request.headers()) {
+        return Err(Status::unauthorized());
+    }
+    let method = request.method().clone();
+    if method == Method::GET {
+        labels.0 = "GET";
+        let parts: Vec<&str> = uri_path.trim_matches('/').split('/').collect();
+        match parts.as_slice() {
+            ["metrics"] => return Ok(text_response(StatusCode::OK, state.metrics.encode())),
+            ["version"] => return Ok(json_value(&discovery::version())),
+            ["api"] => {
+                return Ok(json_value(&discovery::core_versions(
+                    &state.address.to_string(),
+                )))
+            }
+            ["apis"] => return Ok(json_value(&discovery::group_list())),
+            ["api", version] => {
+                return discovery::resource_list("", version)
+                    .map(|v| json_value(&v))
+                    .ok_or_else(Status::no_route)
+            }
+            ["apis", group, version] => {
+                return discovery::resource_list(group, version)
+                    .map(|v| json_value(&v))
+                    .ok_or_else(Status::no_route)
+            }
+            _ => {}
+        }
+    }
+    let api_path = path::parse(&uri_path).ok_or_else(Status::no_route)?;
+    let resource: &'static Resource =
+        Resource::find(&api_path.group, &api_path.version, &api_path.resource)
+            .ok_or_else(Status::no_route)?;
+    if !resource.namespaced && api_path.namespace.is_some() {
+        return Err(Status::no_route());
+    }
+    let query = Query::parse(request.uri().query());
+    let watching = api_path.watch_prefix || query.flag("watch");
+    labels.0 = kube_verb(&method, api_path.name.is_some(), watching);
+    labels.1 = resource.plural.to_owned();
+    let status_subresource = match api_path.subresource.as_deref() {
+        None => false,
+        Some("status") if resource.has_status => true,
+        Some(_) => return Err(Status::no_route()),
+    };
+    let scope = Scope {
+        resource,
+        namespace: api_path.namespace.as_deref(),
+    };
+    let name = api_path.name.as_deref();
+    // A write to a namespaced resource names its namespace.
+    let needs_namespace = resource.namespaced && scope.namespace.is_none();
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+
+    match (&method, name) {
+        (&Method::GET, Some(name)) => read::get(state, &scope, name, &query).await,
+        (&Method::GET, None) if watching => watch::watch(state, &scope, &query).await,
+        (&Method::GET, None) => read::list(state, &scope, &query).await,
+        (&Method::POST, None) if !needs_namespace => {
+            let body = read_body(request.into_body()).await?;
+            let body = write::decode_body(resource, &body, &content_type, &query)?;
+            write::create(state, &scope, body, &query).await
+        }
+        (&Method::PUT, Some(name)) if !needs_namespace => {
+            let body = read_body(request.into_body()).await?;
+            let body = write::decode_body(resource, &body, &content_type, &query)?;
+            write::update(state, &scope, name, status_subresource, body, &query).await
+        }
+        (&Method::DELETE, Some(name)) if !needs_namespace && !status_subresource => {
+            let body = read_body(request.into_body()).await?;
+            write::delete(state, &scope, name, &body).await
+        }
+        (&Method::DELETE, None) if !needs_namespace => {
+            write::delete_collection(state, &scope, &query).await
+        }
+        _ => Err(Status::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({method} {uri_path})"
+        ))),
+    }
+}

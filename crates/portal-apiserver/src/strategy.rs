@@ -1,0 +1,166 @@
+//! What the server itself sets on objects, per kind: system metadata on
+//! create, the spec/status split on update, generation tracking.
+
+use portal_api::{meta, Kind, Resource};
+use serde_json::{json, Map, Value};
+
+/// Kinds whose `metadata.generation` counts spec changes.
+fn tracks_generation(kind: Kind) -> bool {
+    matches!(kind, Kind::Pod | Kind::ReplicationController)
+}
+
+/// RFC 3339 at second precision, as Kubernetes writes timestamps.
+pub(crate) fn now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// Fills in system metadata and the initial status of a new object.
+pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace: Option<&str>) {
+    let name = meta::meta_str(object, "name")
+        .unwrap_or_default()
+        .to_owned();
+    let metadata = meta::metadata_mut(object);
+    for field in [
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+    ] {
+        metadata.remove(field);
+    }
+    metadata.insert(
+        "uid".into(),
+        Value::String(uuid::Uuid::new_v4().to_string()),
+    );
+    metadata.insert("creationTimestamp".into(), Value::String(now()));
+    match namespace {
+        Some(ns) if resource.namespaced => {
+            metadata.insert("namespace".into(), Value::String(ns.to_owned()))
+        }
+        _ => metadata.remove("namespace"),
+    };
+    if tracks_generation(resource.kind) {
+        metadata.insert("generation".into(), json!(1));
+    } else {
+        metadata.remove("generation");
+    }
+    match resource.kind {
+        Kind::Namespace => {
+            let labels = metadata
+                .entry("labels")
+                .or_insert_with(|| Value::Object(Map::new()));
+            labels["kubernetes.io/metadata.name"] = Value::String(name);
+            object["spec"] = json!({"finalizers": ["kubernetes"]});
+            object["status"] = json!({"phase": "Active"});
+        }
+        Kind::Pod => object["status"] = json!({"phase": "Pending"}),
+        Kind::Service => object["status"] = json!({"loadBalancer": {}}),
+        Kind::ReplicationController => object["status"] = json!({"replicas": 0}),
+        Kind::Node | Kind::Endpoints | Kind::Event | Kind::EndpointSlice => {}
+    }
+}
+
+/// Carries over from `old` what an update may not change. A write to the
+/// `status` subresource changes only `.status`; a write to the object itself
+/// changes everything but `.status`.
+pub(crate) fn prepare_update(
+    resource: &Resource,
+    new: &mut Value,
+    old: &Value,
+    status_subresource: bool,
+) {
+    if status_subresource {
+        let status = new.get("status").cloned();
+        *new = old.clone();
+        match status {
+            Some(status) => new["status"] = status,
+            None => drop(new.as_object_mut().map(|o| o.remove("status"))),
+        }
+        return;
+    }
+    if resource.has_status {
+        match old.get("status") {
+            Some(status) => new["status"] = status.clone(),
+            None => drop(new.as_object_mut().map(|o| o.remove("status"))),
+        }
+    }
+    let old_meta = meta::metadata(old).clone();
+    let metadata = meta::metadata_mut(new);
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+        "namespace",
+        "name",
+    ] {
+        match old_meta.get(field) {
+            Some(value) => metadata.insert(field.into(), value.clone()),
+            None => metadata.remove(field),
+        };
+    }
+    metadata.remove("resourceVersion");
+    if tracks_generation(resource.kind) && new.get("spec") != old.get("spec") {
+        let generation = old_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            + 1;
+        meta::metadata_mut(new).insert("generation".into(), json!(generation));
+    }
+    if resource.kind == Kind::Namespace {
+        // The finalizers live on the spec but belong to the server.
+        if let Some(spec) = old.get("spec") {
+            new["spec"] = spec.clone();
+        }
+    }
+}
+
+/// Whether an update would store the same object again (then nothing is
+/// written and the resourceVersion stays).
+pub(crate) fn unchanged(new: &Value, old: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        meta::metadata_mut(&mut v).remove("resourceVersion");
+        v
+    };
+    strip(new) == strip(old)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_and_spec_are_written_separately() {
+        let rc = Resource::of(Kind::ReplicationController);
+        let mut created = json!({"metadata": {"name": "r", "uid": "client-chosen"}, "spec": {"replicas": 1}, "status": {"replicas": 9}});
+        prepare_create(rc, &mut created, Some("default"));
+        assert_eq!(created["status"], json!({"replicas": 0}));
+        assert_eq!(created["metadata"]["generation"], 1);
+        assert_ne!(created["metadata"]["uid"], "client-chosen");
+
+        let mut spec_write =
+            json!({"metadata": {"name": "r"}, "spec": {"replicas": 3}, "status": {"replicas": 7}});
+        prepare_update(rc, &mut spec_write, &created, false);
+        assert_eq!(
+            spec_write["status"], created["status"],
+            "spec writes keep status"
+        );
+        assert_eq!(spec_write["metadata"]["generation"], 2);
+        assert_eq!(spec_write["metadata"]["uid"], created["metadata"]["uid"]);
+
+        let mut status_write =
+            json!({"metadata": {"name": "r"}, "spec": {"replicas": 99}, "status": {"replicas": 3}});
+        prepare_update(rc, &mut status_write, &spec_write, true);
+        assert_eq!(
+            status_write["spec"]["replicas"], 3,
+            "status writes keep spec"
+        );
+        assert_eq!(status_write["status"]["replicas"], 3);
+        assert!(unchanged(&spec_write, &spec_write.clone()));
+    }
+}

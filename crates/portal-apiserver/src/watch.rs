@@ -1,0 +1,262 @@
+//! Watch: newline-delimited JSON events, streamed from the watch cache's ring,
+//! or from the store's history when the client resumes from further back.
+//!
+//! A list followed by a watch from the list's resourceVersion never misses
+//! an event: the ring holds every event after its floor, and anything older
+//! but still in the store's history is replayed from there. Past that, the
+//! client gets 410 Expired and re-lists.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::StreamExt;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use portal_api::{Resource, Status};
+use portal_store::{EventKind, Revision};
+use tokio::sync::mpsc;
+
+use crate::cache::{CacheEvent, CachedObject, WatchCache};
+use crate::http::{Body, Query};
+use crate::read::{fresh, parse_revision, Filter};
+use crate::{store_error, ApiState, Scope};
+
+/// Events a slow client may have queued before its watch blocks.
+const CLIENT_QUEUE: usize = 256;
+const BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
+/// Like Kubernetes' `--min-request-timeout`: watches end after a while so
+/// clients re-establish them (spreading load); a client may ask for less.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// Who receives the events of one watch, and what it wants to see.
+struct Watcher {
+    resource: &'static Resource,
+    prefix: String,
+    filter: Filter,
+    bookmarks: bool,
+    tx: mpsc::Sender<Bytes>,
+}
+
+fn event_line(kind: &str, object: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(object.len() + 32);
+    out.put_slice(b"{\"type\":\"");
+    out.put_slice(kind.as_bytes());
+    out.put_slice(b"\",\"object\":");
+    out.put_slice(object);
+    out.put_slice(b"}\n");
+    out.freeze()
+}
+
+impl Watcher {
+    /// Sends what `event` means for this watcher's selectors. `false` once
+    /// the client has gone.
+    async fn send(&self, event: &CacheEvent) -> bool {
+        if !event.object.key.starts_with(&self.prefix) {
+            return true;
+        }
+        let matches = |o: &CachedObject| self.filter.matches(self.resource, &o.value);
+        let was = event.prev.as_deref().is_some_and(matches);
+        let kind = match event.kind {
+            EventKind::Delete if was => "DELETED",
+            EventKind::Delete => return true,
+            EventKind::Put => match (was, matches(&event.object)) {
+                (false, true) => "ADDED",
+                (true, true) => "MODIFIED",
+                (true, false) => "DELETED",
+                (false, false) => return true,
+            },
+        };
+        self.tx
+            .send(event_line(kind, &event.object.json))
+            .await
+            .is_ok()
+    }
+
+    async fn send_bookmark(&self, revision: Revision) -> bool {
+        let object = serde_json::json!({
+            "kind": self.resource.kind_name,
+            "apiVersion": self.resource.api_version(),
+            "metadata": {"resourceVersion": revision.to_string()},
+        });
+        self.tx
+            .send(event_line(
+                "BOOKMARK",
+                &serde_json::to_vec(&object).unwrap_or_default(),
+            ))
+            .await
+            .is_ok()
+    }
+
+    async fn send_expired(&self, message: &str) {
+        let status = Status::expired(message.to_owned()).to_json();
+        let _ = self
+            .tx
+            .send(event_line(
+                "ERROR",
+                &serde_json::to_vec(&status).unwrap_or_default(),
+            ))
+            .await;
+    }
+}
+
+pub(crate) async fn watch(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let resource = scope.resource;
+    let filter = Filter::from_query(resource, query)?;
+    let requested = parse_revision(query.get("resourceVersion"))?;
+    let timeout = query
+        .number("timeoutSeconds")?
+        .map_or(DEFAULT_TIMEOUT, Duration::from_secs)
+        .min(DEFAULT_TIMEOUT);
+    let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+    let watcher = Watcher {
+        resource,
+        prefix: resource.list_prefix(scope.namespace),
+        filter,
+        bookmarks: query.flag("allowWatchBookmarks"),
+        tx,
+    };
+    let cache = state.cache.clone();
+    let store = state.store.clone();
+    match requested {
+        // No position: the current state as ADDED events, then changes.
+        None | Some(0) => {
+            if requested.is_none() {
+                fresh(state, query).await?;
+            }
+            tokio::spawn(tokio::time::timeout(timeout, async move {
+                let (items, revision, _) = cache.list(resource, &watcher.prefix, None, 0, |o| {
+                    watcher.filter.matches(resource, &o.value)
+                });
+                for item in items {
+                    if watcher
+                        .tx
+                        .send(event_line("ADDED", &item.json))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                follow_cache(&cache, &watcher, revision).await;
+            }));
+        }
+        Some(position) if position >= cache.floor(resource) => {
+            // A position the cache has not reached yet must still be valid.
+            cache.wait_for(position).await?;
+            tokio::spawn(tokio::time::timeout(timeout, async move {
+                follow_cache(&cache, &watcher, position).await
+            }));
+        }
+        Some(position) => {
+            let stream = match store.watch(&watcher.prefix, position).await {
+                Ok(stream) => stream,
+                Err(portal_store::Error::Compacted { .. }) => {
+                    return Err(Status::expired(format!(
+                        "too old resource version: {position}"
+                    )))
+                }
+                Err(e) => return Err(store_error(e)),
+            };
+            tokio::spawn(tokio::time::timeout(timeout, follow_store(stream, watcher)));
+        }
+    }
+    let body = StreamBody::new(
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(|b| Ok(Frame::data(b))),
+    );
+    let mut response = Response::new(BodyExt::boxed(body));
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    Ok(response)
+}
+
+/// Streams the cache's events after `position` until the client leaves.
+async fn follow_cache(cache: &WatchCache, watcher: &Watcher, mut position: Revision) {
+    let mut changes = cache.subscribe();
+    let mut bookmark = tokio::time::interval(BOOKMARK_INTERVAL);
+    bookmark.tick().await;
+    loop {
+        changes.mark_unchanged();
+        match cache.events_after(watcher.resource, position) {
+            Ok((events, revision)) => {
+                for event in &events {
+                    if !watcher.send(event).await {
+                        return;
+                    }
+                }
+                position = position.max(revision);
+            }
+            Err(_) => {
+                watcher
+                    .send_expired(&format!("too old resource version: {position}"))
+                    .await;
+                return;
+            }
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = bookmark.tick(), if watcher.bookmarks => if !watcher.send_bookmark(position).await { return },
+            () = watcher.tx.closed() => return,
+        }
+    }
+}
+
+/// Replays history from the store (and then its live events) for a client
+/// resuming from before the cache's ring.
+async fn follow_store(mut stream: portal_store::WatchStream, watcher: Watcher) {
+    let prev_of = |event: &portal_store::Event| -> Option<Arc<CachedObject>> {
+        let prev = event.prev.as_ref()?;
+        CachedObject::decode(&prev.key, &prev.value, prev.mod_revision)
+            .ok()
+            .map(Arc::new)
+    };
+    loop {
+        let batch = tokio::select! {
+            item = stream.next() => item,
+            () = watcher.tx.closed() => return,
+        };
+        let batch = match batch {
+            Some(Ok(batch)) => batch,
+            Some(Err(error)) => {
+                watcher.send_expired(&format!("watch ended: {error}")).await;
+                return;
+            }
+            None => return,
+        };
+        for event in batch {
+            let revision = event.revision();
+            let prev = prev_of(&event);
+            let object = match event.kind {
+                EventKind::Put => {
+                    CachedObject::decode(&event.kv.key, &event.kv.value, revision).ok()
+                }
+                EventKind::Delete => prev
+                    .as_ref()
+                    .map(|p| CachedObject::from_value(p.key.clone(), p.value.clone(), revision)),
+            };
+            let Some(object) = object else { continue };
+            let cached = CacheEvent {
+                revision,
+                kind: event.kind,
+                object: Arc::new(object),
+                prev,
+            };
+            if !watcher.send(&cached).await {
+                return;
+            }
+        }
+    }
+}

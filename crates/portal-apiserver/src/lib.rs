@@ -35,6 +35,8 @@ pub enum Error {
     Store(#[from] portal_store::Error),
     #[error(transparent)]
     Pki(#[from] pki::Error),
+    #[error("cannot install signal handler: {0}")]
+    Signal(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,

@@ -40,9 +40,12 @@ async fn server(args: ServerArgs) -> Result<(), portal_apiserver::Error> {
         history_revisions: args.history_revisions,
     };
     let api = portal_apiserver::ApiServer::start(config).await?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| portal_apiserver::Error::Signal(e.to_string()))?;
     tokio::select! {
         () = api.wait() => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        _ = terminate.recv() => tracing::info!("terminated; stopping"),
     }
     Ok(())
 }

@@ -1,0 +1,110 @@
+"""Fixtures that run the real `portal` binary and point real clients at it.
+
+Each test gets its own data directory and a free port (`--api-bind
+127.0.0.1:0`); the server is ready when it has written DIR/kubeconfig.
+"""
+
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+import time
+
+import kubernetes
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BINARY = os.environ.get("PORTAL_BIN", str(ROOT / "target" / "debug" / "portal"))
+START_TIMEOUT = 30
+
+
+class Portal:
+    """One `portal server` process on a data directory that outlives it."""
+
+    def __init__(self, data_dir, extra_args=()):
+        self.data_dir = pathlib.Path(data_dir)
+        self.extra_args = list(extra_args)
+        self.process = None
+        self.log_path = self.data_dir / "portal.log"
+
+    @property
+    def kubeconfig(self):
+        return str(self.data_dir / "kubeconfig")
+
+    def start(self):
+        kubeconfig = pathlib.Path(self.kubeconfig)
+        if kubeconfig.exists():
+            kubeconfig.unlink()
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [BINARY, "server", "--data-dir", str(self.data_dir), "--api-bind", "127.0.0.1:0", *self.extra_args],
+            stdout=log,
+            stderr=log,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not kubeconfig.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"portal exited with {self.process.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"portal did not write its kubeconfig in time:\n{self.log()}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self):
+        """kill -9: no chance to flush or close anything."""
+        self.stop(signal.SIGKILL)
+
+    def log(self):
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def config(self):
+        with open(self.kubeconfig) as f:
+            return yaml.safe_load(f)
+
+    @property
+    def server(self):
+        return self.config()["clusters"][0]["cluster"]["server"]
+
+    @property
+    def token(self):
+        return self.config()["users"][0]["user"]["token"]
+
+    def api_client(self):
+        return kubernetes.config.new_client_from_config(config_file=self.kubeconfig)
+
+    def core(self):
+        return kubernetes.client.CoreV1Api(self.api_client())
+
+
+@pytest.fixture
+def data_dir():
+    with tempfile.TemporaryDirectory(prefix="portal-e2e-") as d:
+        yield pathlib.Path(d)
+
+
+@pytest.fixture
+def portal(data_dir, request):
+    server = Portal(data_dir).start()
+    yield server
+    server.stop()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(server.log())
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, "rep_" + report.when, report)

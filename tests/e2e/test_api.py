@@ -1,0 +1,324 @@
+"""The core API through the Python `kubernetes` client: CRUD, selectors,
+watch ordering, optimistic concurrency and Status errors (SPEC A3-A6, A8, O3)."""
+
+import json
+import ssl
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+
+def service(name, labels=None, port=80):
+    return client.V1Service(
+        metadata=client.V1ObjectMeta(name=name, labels=labels or {}),
+        spec=client.V1ServiceSpec(selector={"app": name}, ports=[client.V1ServicePort(port=port)]),
+    )
+
+
+def error_body(exc):
+    return json.loads(exc.body)
+
+
+def test_system_namespaces_exist(portal):
+    names = {ns.metadata.name for ns in portal.core().list_namespace().items}
+    assert {"default", "kube-system", "kube-public"} <= names
+
+
+def test_create_get_list_delete(portal):
+    core = portal.core()
+    created = core.create_namespaced_service("default", service("web", {"app": "web"}))
+    assert created.metadata.uid
+    assert created.metadata.creation_timestamp is not None
+    assert int(created.metadata.resource_version) > 0
+    got = core.read_namespaced_service("web", "default")
+    assert got.metadata.uid == created.metadata.uid
+    assert got.metadata.resource_version == created.metadata.resource_version
+    assert got.spec.ports[0].port == 80
+    listed = core.list_namespaced_service("default")
+    assert [s.metadata.name for s in listed.items] == ["web"]
+    assert int(listed.metadata.resource_version) >= int(created.metadata.resource_version)
+    assert [s.metadata.name for s in core.list_service_for_all_namespaces().items] == ["web"]
+    core.delete_namespaced_service("web", "default")
+    with pytest.raises(ApiException) as exc:
+        core.read_namespaced_service("web", "default")
+    assert exc.value.status == 404
+
+
+def test_label_selectors(portal):
+    core = portal.core()
+    core.create_namespaced_service("default", service("a", {"tier": "frontend", "stack": "prod"}))
+    core.create_namespaced_service("default", service("b", {"tier": "backend", "stack": "prod"}))
+    core.create_namespaced_service("default", service("c", {"tier": "frontend", "stack": "dev"}))
+
+    def names(selector):
+        return sorted(s.metadata.name for s in core.list_namespaced_service("default", label_selector=selector).items)
+
+    assert names("tier=frontend") == ["a", "c"]
+    assert names("tier!=frontend") == ["b"]
+    assert names("tier in (frontend),stack=prod") == ["a"]
+    assert names("stack notin (prod)") == ["c"]
+    assert names("stack") == ["a", "b", "c"]
+    assert names("!stack") == []
+    with pytest.raises(ApiException) as exc:
+        core.list_namespaced_service("default", label_selector="tier in (")
+    assert exc.value.status == 400
+
+
+def test_field_selectors(portal):
+    core = portal.core()
+    core.create_namespaced_service("default", service("one"))
+    core.create_namespaced_service("default", service("two"))
+    found = core.list_namespaced_service("default", field_selector="metadata.name=two").items
+    assert [s.metadata.name for s in found] == ["two"]
+    found = core.list_service_for_all_namespaces(field_selector="metadata.namespace=default,metadata.name!=two").items
+    assert [s.metadata.name for s in found] == ["one"]
+    with pytest.raises(ApiException) as exc:
+        core.list_namespaced_service("default", field_selector="spec.nodeName=x")
+    assert exc.value.status == 400
+
+
+def test_paging(portal):
+    core = portal.core()
+    for i in range(7):
+        core.create_namespaced_service("default", service(f"s{i}"))
+    seen, token = [], None
+    while True:
+        page = core.list_namespaced_service("default", limit=3, _continue=token)
+        assert len(page.items) <= 3
+        seen += [s.metadata.name for s in page.items]
+        token = page.metadata._continue
+        if not token:
+            break
+    assert seen == [f"s{i}" for i in range(7)]
+
+
+def test_watch_sees_changes_in_order(portal):
+    core = portal.core()
+    start = core.list_namespaced_service("default").metadata.resource_version
+    events = []
+    done = threading.Event()
+
+    def run():
+        w = watch.Watch()
+        for event in w.stream(core.list_namespaced_service, "default", resource_version=start, timeout_seconds=20):
+            events.append((event["type"], event["object"].metadata.name, event["object"].metadata.resource_version))
+            if event["type"] == "DELETED":
+                w.stop()
+        done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    created = core.create_namespaced_service("default", service("w"))
+    created.metadata.labels = {"changed": "yes"}
+    updated = core.replace_namespaced_service("w", "default", created)
+    core.delete_namespaced_service("w", "default")
+    assert done.wait(20), f"watch saw only {events}"
+    assert [(t, n) for t, n, _ in events] == [("ADDED", "w"), ("MODIFIED", "w"), ("DELETED", "w")]
+    assert events[0][2] == created.metadata.resource_version
+    assert events[1][2] == updated.metadata.resource_version
+    assert int(events[2][2]) > int(updated.metadata.resource_version)
+
+
+def test_watch_with_selector_reports_transitions(portal):
+    """An object that stops matching is DELETED for a selective watcher."""
+    core = portal.core()
+    start = core.list_namespaced_service("default").metadata.resource_version
+    events = []
+    w = watch.Watch()
+    core.create_namespaced_service("default", service("t", {"app": "on"}))
+    current = core.read_namespaced_service("t", "default")
+    current.metadata.labels = {"app": "off"}
+    core.replace_namespaced_service("t", "default", current)
+    for event in w.stream(core.list_namespaced_service, "default", resource_version=start, label_selector="app=on", timeout_seconds=10):
+        events.append(event["type"])
+        if len(events) == 2:
+            w.stop()
+    assert events == ["ADDED", "DELETED"]
+
+
+def test_stale_update_conflicts(portal):
+    core = portal.core()
+    first = core.create_namespaced_service("default", service("c"))
+    first.metadata.labels = {"v": "1"}
+    core.replace_namespaced_service("c", "default", first)
+    first.metadata.labels = {"v": "2"}
+    with pytest.raises(ApiException) as exc:
+        core.replace_namespaced_service("c", "default", first)
+    assert exc.value.status == 409
+    assert error_body(exc.value)["reason"] == "Conflict"
+
+
+def test_create_twice_already_exists(portal):
+    core = portal.core()
+    core.create_namespaced_service("default", service("dup"))
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_service("default", service("dup"))
+    assert exc.value.status == 409
+    assert error_body(exc.value)["reason"] == "AlreadyExists"
+
+
+def test_get_missing_not_found(portal):
+    with pytest.raises(ApiException) as exc:
+        portal.core().read_namespaced_service("nope", "default")
+    assert exc.value.status == 404
+    body = error_body(exc.value)
+    assert body["kind"] == "Status" and body["reason"] == "NotFound"
+    assert body["message"] == 'services "nope" not found'
+
+
+def test_write_into_missing_namespace(portal):
+    with pytest.raises(ApiException) as exc:
+        portal.core().create_namespaced_service("ghost", service("x"))
+    assert exc.value.status == 404
+    assert error_body(exc.value)["message"] == 'namespaces "ghost" not found'
+
+
+def test_invalid_name_is_422_with_causes(portal):
+    with pytest.raises(ApiException) as exc:
+        portal.core().create_namespaced_service("default", service("Bad_Name"))
+    assert exc.value.status == 422
+    body = error_body(exc.value)
+    assert body["reason"] == "Invalid"
+    assert body["details"]["causes"][0]["field"] == "metadata.name"
+    assert body["message"].startswith('Service "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name"')
+
+
+def test_generate_name(portal):
+    body = service("")
+    body.metadata.name = None
+    body.metadata.generate_name = "gen-"
+    created = portal.core().create_namespaced_service("default", body)
+    assert created.metadata.name.startswith("gen-") and len(created.metadata.name) == 9
+
+
+def test_status_subresource_is_separate(portal):
+    core = portal.core()
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="p"),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="none")]),
+        status=client.V1PodStatus(phase="Running"),
+    )
+    created = core.create_namespaced_pod("default", pod)
+    assert created.status.phase == "Pending", "status is the server's on create"
+    created.status = client.V1PodStatus(phase="Running", pod_ip="10.244.0.5")
+    updated = core.replace_namespaced_pod_status("p", "default", created)
+    assert updated.status.pod_ip == "10.244.0.5"
+    updated.spec.active_deadline_seconds = 30
+    updated.status = client.V1PodStatus(phase="Failed")
+    again = core.replace_namespaced_pod("p", "default", updated)
+    assert again.status.phase == "Running", "a spec write keeps status"
+    assert again.spec.active_deadline_seconds == 30
+    assert again.metadata.generation == 2
+
+
+def raw(portal, method, path, body=None, token=True, content_type="application/json"):
+    """One HTTPS request with the cluster CA, bypassing client-side checks."""
+    context = ssl.create_default_context(cafile=None)
+    context.load_verify_locations(cadata=portal_ca(portal))
+    request = urllib.request.Request(portal.server + path, data=body, method=method)
+    if token:
+        request.add_header("Authorization", f"Bearer {portal.token}")
+    if body is not None:
+        request.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=20) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def portal_ca(portal):
+    import base64
+
+    return base64.b64decode(portal.config()["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
+
+
+def test_oversized_body_is_413(portal):
+    big = json.dumps({"metadata": {"name": "big", "annotations": {"a": "x" * (3 * 1024 * 1024 + 10)}}}).encode()
+    try:
+        code, body = raw(portal, "POST", "/api/v1/namespaces/default/services", big)
+    except (ConnectionError, urllib.error.URLError) as e:  # the server may close while we still send
+        pytest.fail(f"expected a 413 Status, got {e!r}")
+    assert code == 413
+    assert body["reason"] == "RequestEntityTooLarge"
+
+
+def test_strict_field_validation(portal):
+    body = json.dumps({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {"bogus": 1, "ports": [{"port": 80}]}}).encode()
+    code, status = raw(portal, "POST", "/api/v1/namespaces/default/services?fieldValidation=Strict", body)
+    assert code == 400
+    assert 'unknown field "spec.bogus"' in status["message"]
+    code, created = raw(portal, "POST", "/api/v1/namespaces/default/services", body)
+    assert code == 201 and "bogus" not in created["spec"], "unknown fields are dropped otherwise"
+
+
+def test_yaml_body(portal):
+    body = b"apiVersion: v1\nkind: Service\nmetadata:\n  name: from-yaml\nspec:\n  ports:\n  - port: 8080\n"
+    code, created = raw(portal, "POST", "/api/v1/namespaces/default/services", body, content_type="application/yaml")
+    assert code == 201 and created["spec"]["ports"][0]["port"] == 8080
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{", b"[]", b'"str"', b'{"spec": {"ports": "nope"}}', b'{"kind": "Pod"}', b"\xff\xfe", b'{"metadata": {"name": 7}}'],
+)
+def test_malformed_bodies_are_400(portal, body):
+    code, status = raw(portal, "POST", "/api/v1/namespaces/default/services", body)
+    assert code == 400, status
+    assert status["kind"] == "Status"
+
+
+def test_unauthenticated_requests_are_refused(portal):
+    code, body = raw(portal, "GET", "/api/v1/namespaces/default/services", token=False)
+    assert code == 401 and body["reason"] == "Unauthorized"
+    configuration = client.Configuration()
+    configuration.host = portal.server
+    configuration.verify_ssl = False
+    with pytest.raises(ApiException) as exc:
+        client.CoreV1Api(client.ApiClient(configuration)).list_namespaced_service("default")
+    assert exc.value.status == 401
+
+
+def test_plain_http_is_refused(portal):
+    plain = portal.server.replace("https://", "http://")
+    with pytest.raises(Exception) as exc:
+        urllib.request.urlopen(plain + "/api/v1/namespaces", timeout=10).read()
+    assert not isinstance(exc.value, urllib.error.HTTPError) or exc.value.code >= 400
+
+
+def test_health_and_metrics(portal):
+    import urllib.request as r
+
+    context = ssl.create_default_context()
+    context.load_verify_locations(cadata=portal_ca(portal))
+    for path in ["/healthz", "/livez", "/readyz"]:
+        assert r.urlopen(portal.server + path, context=context, timeout=10).read() == b"ok"
+    portal.core().list_namespaced_service("default")
+    request = r.Request(portal.server + "/metrics", headers={"Authorization": f"Bearer {portal.token}"})
+    text = r.urlopen(request, context=context, timeout=10).read().decode()
+    assert 'apiserver_request_total{verb="LIST",resource="services",code="200"}' in text
+    assert "portal_store_commit_duration_seconds_bucket" in text
+
+
+def test_namespace_lifecycle(portal):
+    core = portal.core()
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="team")))
+    core.create_namespaced_service("team", service("inside"))
+    core.delete_namespace("team")
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if "team" not in {n.metadata.name for n in core.list_namespace().items}:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("namespace was not removed")
+    assert core.list_namespaced_service("team").items == []
+    with pytest.raises(ApiException) as exc:
+        core.delete_namespace("default")
+    assert exc.value.status == 403

@@ -78,7 +78,8 @@ pub struct Status {
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
-    pub details: Option<Details>,
+    /// Boxed: keeps `Result<_, Status>` small on the happy path.
+    pub details: Option<Box<Details>>,
 }
 
 /// What a resource is called in messages: kind (or plural) and group.
@@ -139,7 +140,7 @@ impl Status {
             "NotFound",
             format!("{} \"{name}\" not found", target.qualified_resource()),
         );
-        status.details = Some(target.details(name));
+        status.details = Some(Box::new(target.details(name)));
         status
     }
 
@@ -162,7 +163,7 @@ impl Status {
             "AlreadyExists",
             format!("{} \"{name}\" already exists", target.qualified_resource()),
         );
-        status.details = Some(target.details(name));
+        status.details = Some(Box::new(target.details(name)));
         status
     }
 
@@ -173,7 +174,7 @@ impl Status {
             target.qualified_resource()
         );
         let mut status = Status::new(409, "Conflict", message);
-        status.details = Some(target.details(name));
+        status.details = Some(Box::new(target.details(name)));
         status
     }
 
@@ -209,13 +210,13 @@ impl Status {
             "Invalid",
             format!("{kind} \"{name}\" is invalid: {summary}"),
         );
-        status.details = Some(Details {
+        status.details = Some(Box::new(Details {
             name: Some(name.to_owned()),
             group: (!target.group.is_empty()).then(|| target.group.to_owned()),
             kind: Some(target.kind.to_owned()),
             causes,
             retry_after_seconds: None,
-        });
+        }));
         status
     }
 

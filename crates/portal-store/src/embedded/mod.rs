@@ -322,10 +322,7 @@ mod tests {
             store.txn(vec![op]).await.unwrap();
         }
         let compacted = store.compacted_revision();
-        assert!(
-            (28..=30).contains(&compacted),
-            "compacted at {compacted}"
-        );
+        assert!((28..=30).contains(&compacted), "compacted at {compacted}");
         assert!(matches!(
             store.watch("/k/", 1).await,
             Err(Error::Compacted { .. })

@@ -17,6 +17,8 @@ use crate::resource::{Kind, Resource};
 pub enum Format {
     Json,
     Yaml,
+    /// `application/vnd.kubernetes.protobuf`, for the kinds [`crate::protobuf`] converts.
+    Protobuf,
 }
 
 impl Format {
@@ -26,6 +28,7 @@ impl Format {
         match essence {
             "" | "application/json" | "*/*" => Some(Format::Json),
             "application/yaml" | "application/x-yaml" | "text/yaml" => Some(Format::Yaml),
+            "application/vnd.kubernetes.protobuf" => Some(Format::Protobuf),
             _ => None,
         }
     }
@@ -39,6 +42,9 @@ pub enum DecodeError {
     /// `apiVersion`/`kind` in the body disagree with the URL.
     #[error("{0}")]
     WrongKind(String),
+    /// A body format this kind cannot be sent in (415).
+    #[error("{0}")]
+    Unsupported(String),
     /// Fields the schema does not know, under strict validation.
     #[error("strict decoding error: {}", .0.iter().map(|f| format!("unknown field {f:?}")).collect::<Vec<_>>().join(", "))]
     UnknownFields(Vec<String>),
@@ -51,9 +57,11 @@ pub struct Decoded {
     pub unknown_fields: Vec<String>,
 }
 
-/// Parses a body into a JSON value (any YAML is converted to JSON).
-pub fn parse_body(body: &[u8], format: Format) -> Result<Value, DecodeError> {
+/// Parses a body for `resource` into a JSON value (YAML and protobuf are
+/// converted to JSON).
+pub fn parse_body(resource: &Resource, body: &[u8], format: Format) -> Result<Value, DecodeError> {
     match format {
+        Format::Protobuf => crate::protobuf::decode(resource, body),
         Format::Json => serde_json::from_slice(body).map_err(|e| {
             DecodeError::Malformed(format!("couldn't get version/kind; json parse error: {e}"))
         }),
@@ -188,6 +196,7 @@ mod tests {
     #[test]
     fn yaml_bodies() {
         let value = parse_body(
+            svc(),
             b"apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n",
             Format::Yaml,
         )
@@ -196,14 +205,15 @@ mod tests {
             decode_object(svc(), value).unwrap().object["metadata"]["name"],
             "web"
         );
-        assert!(parse_body(b"{not json", Format::Json).is_err());
+        assert!(parse_body(svc(), b"{not json", Format::Json).is_err());
         assert_eq!(
             Format::from_content_type("application/json; charset=utf-8"),
             Some(Format::Json)
         );
         assert_eq!(
             Format::from_content_type("application/vnd.kubernetes.protobuf"),
-            None
+            Some(Format::Protobuf)
         );
+        assert_eq!(Format::from_content_type("text/plain"), None);
     }
 }

@@ -6,10 +6,13 @@
 pub mod decode;
 pub mod meta;
 pub mod name;
+pub mod patch;
 pub mod path;
+pub mod protobuf;
 pub mod resource;
 pub mod selector;
 pub mod status;
+pub mod table;
 
 pub use k8s_openapi;
 pub use resource::{Kind, Resource, RESOURCES};

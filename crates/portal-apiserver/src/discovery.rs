@@ -4,13 +4,16 @@
 use portal_api::RESOURCES;
 use serde_json::{json, Value};
 
-fn verbs(namespaced_collection: bool) -> Value {
-    let mut verbs = vec!["create", "delete", "get", "list", "update", "watch"];
-    if namespaced_collection {
-        verbs.insert(1, "deletecollection");
-    }
-    json!(verbs)
-}
+const VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 /// `/api`: the core group's versions.
 pub(crate) fn core_versions(server_address: &str) -> Value {
@@ -55,7 +58,7 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
             "singularName": r.singular,
             "namespaced": r.namespaced,
             "kind": r.kind_name,
-            "verbs": verbs(true),
+            "verbs": VERBS,
             "shortNames": r.short_names,
         }));
         if r.has_status {
@@ -64,7 +67,18 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
                 "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": r.kind_name,
-                "verbs": ["get", "update"],
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
+        if r.kind == portal_api::Kind::ReplicationController {
+            resources.push(json!({
+                "name": format!("{}/scale", r.plural),
+                "singularName": "",
+                "namespaced": true,
+                "group": "autoscaling",
+                "version": "v1",
+                "kind": "Scale",
+                "verbs": ["get", "patch", "update"],
             }));
         }
     }

@@ -118,3 +118,37 @@ impl FieldValidation {
         }
     }
 }
+
+/// How objects are rendered for a read, from the `Accept` header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Output {
+    Json,
+    /// `application/json;as=Table;v=v1;g=meta.k8s.io`, as `kubectl get` asks.
+    Table(portal_api::table::IncludeObject),
+}
+
+impl Output {
+    pub(crate) fn negotiate(headers: &http::HeaderMap, query: &Query) -> Result<Self, Status> {
+        let accept = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let wants_table = accept.split(',').any(|range| {
+            let params: Vec<&str> = range.split(';').map(str::trim).collect();
+            params.contains(&"as=Table")
+                && params.contains(&"g=meta.k8s.io")
+                && params.contains(&"v=v1")
+        });
+        if !wants_table {
+            return Ok(Output::Json);
+        }
+        let include = portal_api::table::IncludeObject::parse(query.get("includeObject"))
+            .map_err(Status::bad_request)?;
+        Ok(Output::Table(include))
+    }
+}
+
+/// Seconds since the epoch, for ages in tables.
+pub(crate) fn now_seconds() -> i64 {
+    jiff::Timestamp::now().as_second()
+}

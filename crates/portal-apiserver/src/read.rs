@@ -5,12 +5,13 @@ use base64::Engine;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{Response, StatusCode};
 use portal_api::selector::{FieldSelector, LabelSelector};
-use portal_api::{meta, Resource, Status};
+use portal_api::{meta, table, Resource, Status};
 use portal_store::Revision;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use crate::cache::CachedObject;
-use crate::http::{json_response, Body, Query};
+use crate::http::{json_response, now_seconds, Body, Output, Query};
 use crate::{store_error, ApiState, Scope};
 
 /// Waits until the cache reflects what the request's `resourceVersion` asks:
@@ -46,13 +47,34 @@ pub(crate) async fn get(
     scope: &Scope<'_>,
     name: &str,
     query: &Query,
+    output: Output,
 ) -> Result<Response<Body>, Status> {
     fresh(state, query).await?;
     let key = scope.resource.key(scope.namespace, name);
-    match state.cache.get(scope.resource, &key) {
-        Some(object) => Ok(json_response(StatusCode::OK, object.json.clone())),
-        None => Err(Status::not_found(scope.target(), name)),
-    }
+    let object = state
+        .cache
+        .get(scope.resource, &key)
+        .ok_or_else(|| Status::not_found(scope.target(), name))?;
+    Ok(match output {
+        Output::Json => json_response(StatusCode::OK, object.json.clone()),
+        Output::Table(include) => {
+            let rv = meta::meta_str(&object.value, "resourceVersion")
+                .unwrap_or("")
+                .to_owned();
+            let meta = json!({"resourceVersion": rv});
+            let table = table::table(
+                scope.resource,
+                [&object.value],
+                now_seconds(),
+                include,
+                meta,
+            );
+            json_response(
+                StatusCode::OK,
+                serde_json::to_vec(&table).unwrap_or_default(),
+            )
+        }
+    })
 }
 
 /// Label and field selectors of a list or watch, checked against the
@@ -122,6 +144,7 @@ pub(crate) async fn list(
     state: &ApiState,
     scope: &Scope<'_>,
     query: &Query,
+    output: Output,
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
     let filter = Filter::from_query(resource, query)?;
@@ -162,6 +185,19 @@ pub(crate) async fn list(
             })
         })
         .flatten();
+    if let Output::Table(include) = output {
+        let mut list_meta = json!({"resourceVersion": revision.to_string()});
+        if let Some(next) = &next {
+            list_meta["continue"] = json!(next);
+            list_meta["remainingItemCount"] = json!(remaining);
+        }
+        let objects = items.iter().map(|o| &o.value);
+        let table = table::table(resource, objects, now_seconds(), include, list_meta);
+        return Ok(json_response(
+            StatusCode::OK,
+            serde_json::to_vec(&table).unwrap_or_default(),
+        ));
+    }
     Ok(json_response(
         StatusCode::OK,
         list_body(resource, revision, &items, next.as_deref(), remaining),

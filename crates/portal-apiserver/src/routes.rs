@@ -6,10 +6,12 @@ use std::time::Instant;
 
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use portal_api::patch::PatchType;
 use portal_api::{path, Resource, Status};
 
-use crate::http::{json_response, read_body, status_response, text_response, Body, Query};
-use crate::{discovery, read, watch, write, ApiState, Scope};
+use crate::http::{json_response, read_body, status_response, text_response, Body, Output, Query};
+use crate::write::Part;
+use crate::{discovery, openapi, read, scale, watch, write, ApiState, Scope};
 
 /// Paths anyone may ask: they reveal nothing and let probes work.
 const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
@@ -97,6 +99,12 @@ async fn route(
                 )))
             }
             ["apis"] => return Ok(json_value(&discovery::group_list())),
+            ["openapi", "v3"] => return Ok(json_value(&openapi::index())),
+            ["openapi", "v3", rest @ ..] => {
+                return openapi::document(&rest.join("/"))
+                    .map(|d| json_value(&d))
+                    .ok_or_else(Status::no_route)
+            }
             ["api", version] => {
                 return discovery::resource_list("", version)
                     .map(|v| json_value(&v))
@@ -121,15 +129,17 @@ async fn route(
     let watching = api_path.watch_prefix || query.flag("watch");
     labels.0 = kube_verb(&method, api_path.name.is_some(), watching);
     labels.1 = resource.plural.to_owned();
-    let status_subresource = match api_path.subresource.as_deref() {
-        None => false,
-        Some("status") if resource.has_status => true,
-        Some(_) => return Err(Status::no_route()),
-    };
     let scope = Scope {
         resource,
         namespace: api_path.namespace.as_deref(),
     };
+    let part = match api_path.subresource.as_deref() {
+        None => Target::Part(Part::Main),
+        Some("status") if resource.has_status => Target::Part(Part::Status),
+        Some("scale") if scale::supports(&scope) => Target::Scale,
+        Some(_) => return Err(Status::no_route()),
+    };
+    let output = Output::negotiate(request.headers(), &query)?;
     let name = api_path.name.as_deref();
     // A write to a namespaced resource names its namespace.
     let needs_namespace = resource.namespaced && scope.namespace.is_none();
@@ -140,29 +150,64 @@ async fn route(
         .unwrap_or("")
         .to_owned();
 
-    match (&method, name) {
-        (&Method::GET, Some(name)) => read::get(state, &scope, name, &query).await,
-        (&Method::GET, None) if watching => watch::watch(state, &scope, &query).await,
-        (&Method::GET, None) => read::list(state, &scope, &query).await,
-        (&Method::POST, None) if !needs_namespace => {
+    match (&method, name, part) {
+        (&Method::GET, Some(name), Target::Scale) => scale::get(state, &scope, name, &query).await,
+        (&Method::PUT, Some(name), Target::Scale) => {
+            let body = read_body(request.into_body()).await?;
+            scale::update(state, &scope, name, &body, &query).await
+        }
+        (&Method::PATCH, Some(name), Target::Scale) => {
+            let patch_type = patch_type(&content_type)?;
+            let body = read_body(request.into_body()).await?;
+            scale::patch(state, &scope, name, patch_type, &body, &query).await
+        }
+        (_, _, Target::Scale) => Err(not_allowed(&method, &uri_path)),
+        (&Method::GET, Some(name), _) => read::get(state, &scope, name, &query, output).await,
+        (&Method::GET, None, _) if watching => watch::watch(state, &scope, &query, output).await,
+        (&Method::GET, None, _) => read::list(state, &scope, &query, output).await,
+        (&Method::POST, None, Target::Part(Part::Main)) if !needs_namespace => {
             let body = read_body(request.into_body()).await?;
             let body = write::decode_body(resource, &body, &content_type, &query)?;
             write::create(state, &scope, body, &query).await
         }
-        (&Method::PUT, Some(name)) if !needs_namespace => {
+        (&Method::PUT, Some(name), Target::Part(part)) if !needs_namespace => {
             let body = read_body(request.into_body()).await?;
             let body = write::decode_body(resource, &body, &content_type, &query)?;
-            write::update(state, &scope, name, status_subresource, body, &query).await
+            write::update(state, &scope, name, part, body, &query).await
         }
-        (&Method::DELETE, Some(name)) if !needs_namespace && !status_subresource => {
+        (&Method::PATCH, Some(name), Target::Part(part)) if !needs_namespace => {
+            let patch_type = patch_type(&content_type)?;
+            let body = read_body(request.into_body()).await?;
+            write::patch(state, &scope, name, part, patch_type, &body, &query).await
+        }
+        (&Method::DELETE, Some(name), Target::Part(Part::Main)) if !needs_namespace => {
             let body = read_body(request.into_body()).await?;
             write::delete(state, &scope, name, &body).await
         }
-        (&Method::DELETE, None) if !needs_namespace => {
+        (&Method::DELETE, None, Target::Part(Part::Main)) if !needs_namespace => {
             write::delete_collection(state, &scope, &query).await
         }
-        _ => Err(Status::method_not_allowed(format!(
-            "the server does not allow this method on the requested resource ({method} {uri_path})"
-        ))),
+        _ => Err(not_allowed(&method, &uri_path)),
+    }
+}
+
+/// What a resource path's subresource addresses.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    Part(Part),
+    Scale,
+}
+
+fn not_allowed(method: &Method, path: &str) -> Status {
+    Status::method_not_allowed(format!(
+        "the server does not allow this method on the requested resource ({method} {path})"
+    ))
+}
+
+/// The patch format of a PATCH; server-side apply is not supported.
+fn patch_type(content_type: &str) -> Result<PatchType, Status> {
+    match PatchType::from_content_type(content_type) {
+        Some(PatchType::Apply) | None => Err(Status::unsupported_media_type(content_type)),
+        Some(patch_type) => Ok(patch_type),
     }
 }

@@ -19,7 +19,7 @@ use portal_store::{EventKind, Revision};
 use tokio::sync::mpsc;
 
 use crate::cache::{CacheEvent, CachedObject, WatchCache};
-use crate::http::{Body, Query};
+use crate::http::{now_seconds, Body, Output, Query};
 use crate::read::{fresh, parse_revision, Filter};
 use crate::{store_error, ApiState, Scope};
 
@@ -36,6 +36,7 @@ struct Watcher {
     prefix: String,
     filter: Filter,
     bookmarks: bool,
+    output: Output,
     tx: mpsc::Sender<Bytes>,
 }
 
@@ -68,10 +69,26 @@ impl Watcher {
                 (false, false) => return true,
             },
         };
-        self.tx
-            .send(event_line(kind, &event.object.json))
-            .await
-            .is_ok()
+        self.tx.send(self.line(kind, &event.object)).await.is_ok()
+    }
+
+    /// The event line for `object`: the object itself, or a one-row Table.
+    fn line(&self, kind: &str, object: &CachedObject) -> Bytes {
+        match self.output {
+            Output::Json => event_line(kind, &object.json),
+            Output::Table(include) => {
+                let rv = portal_api::meta::meta_str(&object.value, "resourceVersion").unwrap_or("");
+                let meta = serde_json::json!({"resourceVersion": rv});
+                let table = portal_api::table::table(
+                    self.resource,
+                    [&object.value],
+                    now_seconds(),
+                    include,
+                    meta,
+                );
+                event_line(kind, &serde_json::to_vec(&table).unwrap_or_default())
+            }
+        }
     }
 
     async fn send_bookmark(&self, revision: Revision) -> bool {
@@ -105,6 +122,7 @@ pub(crate) async fn watch(
     state: &ApiState,
     scope: &Scope<'_>,
     query: &Query,
+    output: Output,
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
     let filter = Filter::from_query(resource, query)?;
@@ -119,6 +137,7 @@ pub(crate) async fn watch(
         prefix: resource.list_prefix(scope.namespace),
         filter,
         bookmarks: query.flag("allowWatchBookmarks"),
+        output,
         tx,
     };
     let cache = state.cache.clone();
@@ -134,12 +153,7 @@ pub(crate) async fn watch(
                     watcher.filter.matches(resource, &o.value)
                 });
                 for item in items {
-                    if watcher
-                        .tx
-                        .send(event_line("ADDED", &item.json))
-                        .await
-                        .is_err()
-                    {
+                    if watcher.tx.send(watcher.line("ADDED", &item)).await.is_err() {
                         return;
                     }
                 }

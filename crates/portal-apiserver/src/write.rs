@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use portal_api::decode::{self, Decoded, Format};
+use portal_api::patch::{PatchError, PatchType};
 use portal_api::{meta, Kind, Resource, Status};
 use portal_store::{Error as StoreError, KeyValue, Op};
 use rand::Rng;
@@ -34,7 +35,14 @@ pub(crate) fn decode_body(
     let format = Format::from_content_type(content_type)
         .ok_or_else(|| Status::unsupported_media_type(content_type))?;
     let validation = FieldValidation::from_query(query)?;
-    let value = decode::parse_body(body, format).map_err(|e| Status::bad_request(e.to_string()))?;
+    let value = decode::parse_body(resource, body, format).map_err(|e| match e {
+        decode::DecodeError::Unsupported(message) => {
+            let mut status = Status::unsupported_media_type(content_type);
+            status.message = message;
+            status
+        }
+        other => Status::bad_request(other.to_string()),
+    })?;
     let Decoded {
         object,
         unknown_fields,
@@ -194,57 +202,66 @@ fn create_on_update(kind: Kind) -> bool {
     matches!(kind, Kind::Endpoints | Kind::Event)
 }
 
-pub(crate) async fn update(
+/// What a write to an existing object is aimed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The object itself (everything but `.status`).
+    Main,
+    /// The `status` subresource (only `.status`).
+    Status,
+}
+
+/// The new object a write computes from the current one, and the
+/// resourceVersion it insists on (a precondition), if any.
+pub(crate) struct Proposal {
+    pub(crate) object: Value,
+    pub(crate) expected: Option<portal_store::Revision>,
+    pub(crate) warnings: Vec<String>,
+}
+
+/// Read, compute, compare-and-swap, retry: Kubernetes' GuaranteedUpdate. A
+/// write that names a resourceVersion fails with 409 when it is stale; one
+/// that does not is recomputed on the newer object.
+pub(crate) async fn guaranteed_update(
     state: &ApiState,
     scope: &Scope<'_>,
     name: &str,
-    status_subresource: bool,
-    body: DecodedBody,
+    part: Part,
     query: &Query,
-) -> Result<Response<Body>, Status> {
+    mut propose: impl FnMut(&Value) -> Result<Proposal, Status>,
+) -> Result<(CachedObject, Vec<String>), Status> {
     let resource = scope.resource;
-    let DecodedBody { object, warnings } = body;
-    let body_name = meta::meta_str(&object, "name").unwrap_or("");
-    if body_name != name {
-        return Err(Status::bad_request(format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({name})"
-        )));
-    }
-    if let (Some(ns), Some(body_ns)) = (scope.namespace, meta::meta_str(&object, "namespace")) {
-        if !body_ns.is_empty() && body_ns != ns {
-            return Err(Status::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
-        }
-    }
-    let expected = parse_revision(meta::meta_str(&object, "resourceVersion"))?;
     let key = resource.key(scope.namespace, name);
     for _ in 0..MAX_ATTEMPTS {
         let Some(current) = state.store.get(&key).await.map_err(store_error)? else {
-            if create_on_update(resource.kind) && !status_subresource {
-                let body = DecodedBody {
-                    object: object.clone(),
-                    warnings: warnings.clone(),
-                };
-                return create(state, scope, body, query).await;
-            }
             return Err(Status::not_found(scope.target(), name));
         };
+        let old = decode_stored(&current)?;
+        // Clients see (and patch) the object with its resourceVersion.
+        let mut visible = old.clone();
+        meta::metadata_mut(&mut visible).insert(
+            "resourceVersion".into(),
+            Value::String(current.mod_revision.to_string()),
+        );
+        let Proposal {
+            object,
+            expected,
+            warnings,
+        } = propose(&visible)?;
         if expected.is_some_and(|rv| rv != current.mod_revision) {
             return Err(Status::conflict(scope.target(), name));
         }
-        let old = decode_stored(&current)?;
         check_uid(scope, name, &object, &old)?;
-        let mut new = object.clone();
-        strategy::prepare_update(resource, &mut new, &old, status_subresource);
+        let mut new = object;
+        strategy::prepare_update(resource, &mut new, &old, part == Part::Status);
         let causes = meta::validate(resource, &new);
         if !causes.is_empty() {
             return Err(invalid(scope, &new, causes));
         }
         if strategy::unchanged(&new, &old) || dry_run(query) {
-            let revision = current.mod_revision;
-            return Ok(respond(
-                StatusCode::OK,
-                &CachedObject::from_value(key, new, revision),
-                &warnings,
+            return Ok((
+                CachedObject::from_value(key, new, current.mod_revision),
+                warnings,
             ));
         }
         let value =
@@ -255,15 +272,7 @@ pub(crate) async fn update(
             expected_revision: current.mod_revision,
         };
         match state.store.txn(vec![op]).await {
-            Ok(revision) => {
-                return Ok(respond(
-                    StatusCode::OK,
-                    &CachedObject::from_value(key, new, revision),
-                    &warnings,
-                ))
-            }
-            // Someone wrote in between: a conditional update loses, an
-            // unconditional one tries again on the new state.
+            Ok(revision) => return Ok((CachedObject::from_value(key, new, revision), warnings)),
             Err(StoreError::Conflict { .. } | StoreError::NotFound { .. })
                 if expected.is_none() =>
             {
@@ -274,6 +283,113 @@ pub(crate) async fn update(
         }
     }
     Err(Status::conflict(scope.target(), name))
+}
+
+pub(crate) async fn update(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    part: Part,
+    body: DecodedBody,
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let DecodedBody { object, warnings } = body;
+    let body_name = meta::meta_str(&object, "name").unwrap_or("");
+    if body_name != name {
+        return Err(Status::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    check_body_namespace(scope, &object)?;
+    let expected = parse_revision(meta::meta_str(&object, "resourceVersion"))?;
+    let key = scope.resource.key(scope.namespace, name);
+    if create_on_update(scope.resource.kind)
+        && part == Part::Main
+        && state.store.get(&key).await.map_err(store_error)?.is_none()
+    {
+        return create(state, scope, DecodedBody { object, warnings }, query).await;
+    }
+    let propose = |_: &Value| {
+        Ok(Proposal {
+            object: object.clone(),
+            expected,
+            warnings: warnings.clone(),
+        })
+    };
+    let (stored, warnings) = guaranteed_update(state, scope, name, part, query, propose).await?;
+    Ok(respond(StatusCode::OK, &stored, &warnings))
+}
+
+fn check_body_namespace(scope: &Scope<'_>, object: &Value) -> Result<(), Status> {
+    match (scope.namespace, meta::meta_str(object, "namespace")) {
+        (Some(ns), Some(body_ns)) if !body_ns.is_empty() && body_ns != ns => Err(Status::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Decodes a patched object like a request body (strict or not).
+pub(crate) fn decode_patched(
+    resource: &Resource,
+    patched: Value,
+    query: &Query,
+) -> Result<(Value, Vec<String>), Status> {
+    let validation = FieldValidation::from_query(query)?;
+    let Decoded {
+        object,
+        unknown_fields,
+    } = decode::decode_object(resource, patched).map_err(|e| Status::bad_request(e.to_string()))?;
+    let warnings = match validation {
+        FieldValidation::Strict if !unknown_fields.is_empty() => {
+            return Err(Status::bad_request(
+                decode::DecodeError::UnknownFields(unknown_fields).to_string(),
+            ))
+        }
+        FieldValidation::Warn => unknown_fields
+            .iter()
+            .map(|f| format!("unknown field \"{f}\""))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok((object, warnings))
+}
+
+pub(crate) fn patch_error(scope: &Scope<'_>, name: &str, error: PatchError) -> Status {
+    match error {
+        PatchError::Malformed(message) => Status::bad_request(message),
+        PatchError::Failed(message) => {
+            let mut status = Status::invalid(scope.target(), name, Vec::new());
+            status.message = message;
+            status
+        }
+    }
+}
+
+/// PATCH of an object or its status.
+pub(crate) async fn patch(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    part: Part,
+    patch_type: PatchType,
+    body: &[u8],
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let resource = scope.resource;
+    let propose = |visible: &Value| {
+        let patched = portal_api::patch::apply(resource.kind, patch_type, visible, body)
+            .map_err(|e| patch_error(scope, name, e))?;
+        let expected = parse_revision(meta::meta_str(&patched, "resourceVersion"))?;
+        let (object, warnings) = decode_patched(resource, patched, query)?;
+        Ok(Proposal {
+            object,
+            expected,
+            warnings,
+        })
+    };
+    let (stored, warnings) = guaranteed_update(state, scope, name, part, query, propose).await?;
+    Ok(respond(StatusCode::OK, &stored, &warnings))
 }
 
 fn check_uid(scope: &Scope<'_>, name: &str, object: &Value, old: &Value) -> Result<(), Status> {

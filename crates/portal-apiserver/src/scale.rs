@@ -1,0 +1,144 @@
+//! The `scale` subresource of ReplicationControllers: an `autoscaling/v1`
+//! `Scale` view of `spec.replicas` that `kubectl scale` reads and patches.
+
+use http::{Response, StatusCode};
+use portal_api::patch::PatchType;
+use portal_api::{meta, Cause, Kind, Status, Target};
+use serde_json::{json, Value};
+
+use crate::http::{json_response, Body, Query};
+use crate::read::{fresh, parse_revision};
+use crate::write::{guaranteed_update, patch_error, Part, Proposal};
+use crate::{ApiState, Scope};
+
+const TARGET: Target<'static> = Target {
+    group: "autoscaling",
+    resource: "scale",
+    kind: "Scale",
+};
+
+/// `a=b,c=d`: the selector as a label-selector string.
+fn selector_string(rc: &Value) -> String {
+    rc.pointer("/spec/selector")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default()
+}
+
+fn scale_of(rc: &Value) -> Value {
+    let meta = meta::metadata(rc);
+    let mut metadata = serde_json::Map::new();
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+    ] {
+        if let Some(value) = meta.get(field) {
+            metadata.insert(field.into(), value.clone());
+        }
+    }
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": metadata,
+        "spec": {"replicas": rc.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1)},
+        "status": {
+            "replicas": rc.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
+            "selector": selector_string(rc),
+        },
+    })
+}
+
+fn respond(rc: &Value) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        serde_json::to_vec(&scale_of(rc)).unwrap_or_default(),
+    )
+}
+
+pub(crate) fn supports(scope: &Scope<'_>) -> bool {
+    scope.resource.kind == Kind::ReplicationController
+}
+
+pub(crate) async fn get(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    fresh(state, query).await?;
+    let key = scope.resource.key(scope.namespace, name);
+    let rc = state
+        .cache
+        .get(scope.resource, &key)
+        .ok_or_else(|| Status::not_found(scope.target(), name))?;
+    Ok(respond(&rc.value))
+}
+
+/// The RC with the replicas a new Scale asks for.
+fn apply_scale(name: &str, rc: &Value, scale: &Value) -> Result<Proposal, Status> {
+    let replicas = scale.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
+    let valid = replicas
+        .as_i64()
+        .filter(|n| (0..=i64::from(i32::MAX)).contains(n));
+    let Some(replicas) = valid else {
+        let cause = Cause::invalid(
+            "spec.replicas",
+            replicas,
+            "must be greater than or equal to 0",
+        );
+        return Err(Status::invalid(TARGET, name, vec![cause]));
+    };
+    if meta::meta_str(scale, "name").is_some_and(|n| n != name) {
+        return Err(Status::bad_request(format!(
+            "the name of the object does not match the name on the URL ({name})"
+        )));
+    }
+    let mut object = rc.clone();
+    object["spec"]["replicas"] = json!(replicas);
+    let expected = parse_revision(meta::meta_str(scale, "resourceVersion"))?;
+    Ok(Proposal {
+        object,
+        expected,
+        warnings: Vec::new(),
+    })
+}
+
+pub(crate) async fn update(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    body: &[u8],
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let scale: Value = serde_json::from_slice(body)
+        .map_err(|e| Status::bad_request(format!("invalid Scale: {e}")))?;
+    let propose = |rc: &Value| apply_scale(name, rc, &scale);
+    let (stored, _) = guaranteed_update(state, scope, name, Part::Main, query, propose).await?;
+    Ok(respond(&stored.value))
+}
+
+pub(crate) async fn patch(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    patch_type: PatchType,
+    body: &[u8],
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let propose = |rc: &Value| {
+        let patched =
+            portal_api::patch::apply(Kind::ReplicationController, patch_type, &scale_of(rc), body)
+                .map_err(|e| patch_error(scope, name, e))?;
+        apply_scale(name, rc, &patched)
+    };
+    let (stored, _) = guaranteed_update(state, scope, name, Part::Main, query, propose).await?;
+    Ok(respond(&stored.value))
+}

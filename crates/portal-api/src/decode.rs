@@ -2,7 +2,8 @@
 //! the URL's `apiVersion`/`kind` when it lacks them (as Kubernetes does), then
 //! decoded through the kind's `k8s-openapi` type: wrong types are rejected,
 //! unknown fields are collected (an error under `fieldValidation=Strict`,
-//! dropped otherwise), and what comes out is the canonical JSON form.
+//! dropped otherwise), and what comes out is the canonical JSON form with
+//! the kind's defaults filled in.
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -105,7 +106,7 @@ pub fn decode_object(resource: &Resource, mut value: Value) -> Result<Decoded, D
             )))
         }
     }
-    match resource.kind {
+    let mut decoded = match resource.kind {
         Kind::Namespace => typed::<core::Namespace>(value),
         Kind::Pod => typed::<core::Pod>(value),
         Kind::Service => typed::<core::Service>(value),
@@ -114,7 +115,9 @@ pub fn decode_object(resource: &Resource, mut value: Value) -> Result<Decoded, D
         Kind::Node => typed::<core::Node>(value),
         Kind::Event => typed::<core::Event>(value),
         Kind::EndpointSlice => typed::<discovery::EndpointSlice>(value),
-    }
+    }?;
+    crate::defaults::apply(resource.kind, &mut decoded.object);
+    Ok(decoded)
 }
 
 fn typed<T: DeserializeOwned + Serialize>(value: Value) -> Result<Decoded, DecodeError> {

@@ -4,6 +4,7 @@
 //! function, unit-tested and fuzzed without a network.
 
 pub mod decode;
+pub mod defaults;
 pub mod meta;
 pub mod name;
 pub mod patch;

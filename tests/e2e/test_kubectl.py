@@ -1,0 +1,265 @@
+"""Stock kubectl against Portal (issue 3): the commands of the Services
+tutorials, asserting on what kubectl prints, as a user would see it.
+
+Runs with every kubectl in KUBECTLS: the machine's (`/usr/bin/kubectl` or
+PATH) and, when `scripts/setup` unpacked it, Debian's kubectl 1.20.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def available_kubectls():
+    found = []
+    for candidate in ["/usr/bin/kubectl", "kubectl"]:
+        path = candidate if os.path.isabs(candidate) else next(
+            (str(pathlib.Path(d) / candidate) for d in os.environ.get("PATH", "").split(":") if (pathlib.Path(d) / candidate).exists()),
+            None,
+        )
+        if path and os.path.exists(path):
+            found.append(path)
+            break
+    old = ROOT / ".cache" / "kubectl-1.20" / "usr" / "bin" / "kubectl"
+    if old.exists():
+        found.append(str(old))
+    return found
+
+
+KUBECTLS = available_kubectls()
+
+MANIFEST = """\
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  labels: {tier: frontend, stack: prod}
+spec:
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: 9376}
+  - {name: https, port: 443, targetPort: 9377}
+---
+apiVersion: v1
+kind: ReplicationController
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: server
+        image: registry.local/web:1.0
+        ports: [{containerPort: 9376}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: front
+  labels: {tier: frontend, stack: prod}
+spec:
+  containers: [{name: c, image: registry.local/front:1.0}]
+"""
+
+
+class Kubectl:
+    def __init__(self, binary, portal, tmp_path):
+        self.binary = binary
+        self.portal = portal
+        self.tmp = tmp_path
+        self.cache = tmp_path / "kube-cache"
+
+    def __call__(self, *args, input=None, check=True, env=None):
+        command = [self.binary, "--kubeconfig", self.portal.kubeconfig, "--cache-dir", str(self.cache), *args]
+        result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+        return result
+
+    def out(self, *args, **kwargs):
+        return self(*args, **kwargs).stdout
+
+    def json(self, *args):
+        return json.loads(self.out(*args, "-o", "json"))
+
+    def apply(self, text):
+        path = self.tmp / "manifest.yaml"
+        path.write_text(text)
+        return self.out("apply", "-f", str(path))
+
+
+@pytest.fixture(params=KUBECTLS, ids=lambda p: "kubectl-1.20" if "1.20" in p else "kubectl")
+def kubectl(request, portal, tmp_path):
+    return Kubectl(request.param, portal, tmp_path)
+
+
+def header(output):
+    """The column names of kubectl's table output."""
+    return output.splitlines()[0].split()
+
+
+def rows(output):
+    return [line.split() for line in output.splitlines()[1:] if line.strip()]
+
+
+def test_apply_reapply_and_change(kubectl):
+    out = kubectl.apply(MANIFEST)
+    assert "service/web created" in out
+    assert "replicationcontroller/web created" in out
+    assert "pod/front created" in out
+    out = kubectl.apply(MANIFEST)
+    assert out.count("unchanged") == 3, out
+    version = kubectl.json("get", "svc", "web")["metadata"]["resourceVersion"]
+    assert kubectl.json("get", "svc", "web")["metadata"]["resourceVersion"] == version
+
+    changed = MANIFEST.replace("  - {name: https, port: 443, targetPort: 9377}\n", "").replace("stack: prod}", "stack: prod, v: two}", 1)
+    out = kubectl.apply(changed)
+    assert "service/web configured" in out
+    svc = kubectl.json("get", "svc", "web")
+    assert [p["port"] for p in svc["spec"]["ports"]] == [80]
+    assert svc["metadata"]["labels"]["v"] == "two"
+
+
+def test_get_columns(kubectl):
+    kubectl.apply(MANIFEST)
+    assert header(kubectl.out("get", "svc", "-o", "wide")) == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE", "SELECTOR"]
+    web = rows(kubectl.out("get", "svc", "web", "-o", "wide"))[0]
+    assert web[0] == "web" and web[1] == "ClusterIP" and web[4] == "80/TCP,443/TCP" and web[-1] == "app=web"
+    assert header(kubectl.out("get", "po", "-o", "wide")) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"]
+    assert rows(kubectl.out("get", "po", "front"))[0][:3] == ["front", "0/1", "Pending"]
+    assert header(kubectl.out("get", "rc", "-o", "wide")) == ["NAME", "DESIRED", "CURRENT", "READY", "AGE", "CONTAINERS", "IMAGES", "SELECTOR"]
+    assert rows(kubectl.out("get", "rc", "web"))[0][:2] == ["web", "2"]
+    assert header(kubectl.out("get", "ns")) == ["NAME", "STATUS", "AGE"]
+    assert ["default", "Active"] == rows(kubectl.out("get", "ns", "default"))[0][:2]
+    kubectl("apply", "-f", "-", input="apiVersion: v1\nkind: Endpoints\nmetadata: {name: manual}\nsubsets:\n- addresses: [{ip: 10.244.1.5}]\n  ports: [{port: 9376}]\n")
+    assert header(kubectl.out("get", "ep", "manual")) == ["NAME", "ENDPOINTS", "AGE"]
+    assert rows(kubectl.out("get", "ep", "manual"))[0][:2] == ["manual", "10.244.1.5:9376"]
+
+
+def test_get_all_namespaces_and_labels(kubectl):
+    kubectl.apply(MANIFEST)
+    kubectl("create", "namespace", "team")
+    kubectl("apply", "-n", "team", "-f", "-", input="apiVersion: v1\nkind: Service\nmetadata: {name: other}\nspec: {ports: [{port: 53, protocol: UDP}]}\n")
+    out = kubectl.out("get", "svc", "-A")
+    assert header(out)[:2] == ["NAMESPACE", "NAME"]
+    assert ["default", "web"] in [r[:2] for r in rows(out)]
+    assert ["team", "other"] in [r[:2] for r in rows(out)]
+    out = kubectl.out("get", "svc", "web", "--show-labels")
+    assert "stack=prod,tier=frontend" in out
+
+
+def test_output_formats(kubectl):
+    kubectl.apply(MANIFEST)
+    as_json = kubectl.json("get", "svc", "web")
+    assert as_json["kind"] == "Service" and as_json["spec"]["ports"][0]["protocol"] == "TCP"
+    as_yaml = kubectl.out("get", "svc", "web", "-o", "yaml")
+    assert "kind: Service" in as_yaml and "name: web" in as_yaml
+    assert kubectl.out("get", "svc", "-o", "name").split() == ["service/web"]
+
+
+def test_watch_sees_a_change(kubectl):
+    kubectl.apply(MANIFEST)
+    command = [kubectl.binary, "--kubeconfig", kubectl.portal.kubeconfig, "--cache-dir", str(kubectl.cache), "get", "svc", "-w", "--show-labels"]
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        first = watcher.stdout.readline()
+        assert first.split()[:1] == ["NAME"], first
+        assert watcher.stdout.readline().split()[0] == "web"
+        kubectl("label", "svc", "web", "changed=yes")
+        seen = ""
+        while time.monotonic() < deadline and "changed=yes" not in seen:
+            seen = watcher.stdout.readline()
+        assert "changed=yes" in seen
+    finally:
+        watcher.kill()
+        watcher.wait()
+
+
+def test_describe_service(kubectl):
+    kubectl.apply(MANIFEST)
+    out = kubectl.out("describe", "svc", "web")
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    for expected in ["Name: web", "Namespace: default", "Selector: app=web", "Type: ClusterIP", "Port: http 80/TCP", "TargetPort: 9376/TCP", "Session Affinity: None"]:
+        assert expected in lines, f"{expected!r} not in\n{out}"
+
+
+def test_edit_with_scripted_editor(kubectl, tmp_path):
+    kubectl.apply(MANIFEST)
+    editor = tmp_path / "editor.py"
+    editor.write_text(f"#!{sys.executable}\nimport sys\np = sys.argv[-1]\ns = open(p).read().replace('tier: frontend', 'tier: edited')\nopen(p, 'w').write(s)\n")
+    editor.chmod(0o755)
+    out = kubectl.out("edit", "svc", "web", env={"KUBE_EDITOR": str(editor), "EDITOR": str(editor)})
+    assert "service/web edited" in out
+    assert kubectl.json("get", "svc", "web")["metadata"]["labels"]["tier"] == "edited"
+
+
+def test_patch_label_annotate(kubectl):
+    kubectl.apply(MANIFEST)
+    assert "patched" in kubectl.out("patch", "svc", "web", "--type=strategic", "-p", '{"spec":{"ports":[{"port":80,"targetPort":8080}]}}')
+    ports = {p["port"]: p["targetPort"] for p in kubectl.json("get", "svc", "web")["spec"]["ports"]}
+    assert ports == {80: 8080, 443: 9377}, "strategic merge keeps the other port"
+    kubectl("patch", "svc", "web", "--type=merge", "-p", '{"metadata":{"labels":{"merged":"yes"}}}')
+    kubectl("patch", "svc", "web", "--type=json", "-p", '[{"op":"replace","path":"/spec/selector","value":{"app":"other"}}]')
+    kubectl("label", "svc", "web", "team=blue")
+    kubectl("annotate", "svc", "web", "owner=ops")
+    svc = kubectl.json("get", "svc", "web")
+    assert svc["metadata"]["labels"]["merged"] == "yes"
+    assert svc["metadata"]["labels"]["team"] == "blue"
+    assert svc["metadata"]["annotations"]["owner"] == "ops"
+    assert svc["spec"]["selector"] == {"app": "other"}
+    result = kubectl("patch", "svc", "web", "--type=json", "-p", '[{"op":"test","path":"/spec/type","value":"NodePort"}]', check=False)
+    assert result.returncode != 0
+
+
+def test_scale_and_expose(kubectl):
+    kubectl.apply(MANIFEST)
+    assert "replicationcontroller/web scaled" in kubectl.out("scale", "rc", "web", "--replicas=3")
+    assert rows(kubectl.out("get", "rc", "web"))[0][1] == "3"
+    assert "service/exposed exposed" in kubectl.out("expose", "rc", "web", "--port=80", "--target-port=9376", "--name=exposed")
+    svc = kubectl.json("get", "svc", "exposed")
+    assert svc["spec"]["selector"] == {"app": "web"}
+    assert svc["spec"]["ports"][0]["port"] == 80 and svc["spec"]["ports"][0]["targetPort"] == 9376
+
+
+def test_create_service_sends_protobuf(kubectl):
+    assert "service/foo created" in kubectl.out("create", "service", "clusterip", "foo", "--tcp=5678:8080")
+    svc = kubectl.json("get", "svc", "foo")
+    assert svc["spec"]["ports"][0]["port"] == 5678 and svc["spec"]["ports"][0]["targetPort"] == 8080
+    assert svc["spec"]["selector"] == {"app": "foo"}
+    assert "service/np created" in kubectl.out("create", "service", "nodeport", "np", "--tcp=80:8080")
+    assert kubectl.json("get", "svc", "np")["spec"]["type"] == "NodePort"
+
+
+def test_delete(kubectl, tmp_path):
+    kubectl.apply(MANIFEST)
+    assert 'service "web" deleted' in kubectl.out("delete", "svc", "web")
+    assert kubectl("get", "svc", "web", check=False).returncode != 0
+    path = tmp_path / "manifest.yaml"
+    out = kubectl.out("delete", "-f", str(path), "--ignore-not-found")
+    assert 'replicationcontroller "web" deleted' in out and 'pod "front" deleted' in out
+    assert kubectl.out("get", "po", "-o", "name").strip() == ""
+
+
+def test_label_selector_on_pods(kubectl):
+    kubectl.apply(MANIFEST)
+    kubectl("apply", "-f", "-", input="apiVersion: v1\nkind: Pod\nmetadata: {name: dev, labels: {tier: frontend, stack: dev}}\nspec: {containers: [{name: c, image: x}]}\n")
+    out = kubectl.out("get", "po", "-l", "tier in (frontend),stack=prod", "-o", "name")
+    assert out.split() == ["pod/front"]
+
+
+def test_invalid_object_message(kubectl):
+    result = kubectl("apply", "-f", "-", input="apiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\nspec: {ports: [{port: 80}]}\n", check=False)
+    assert result.returncode != 0
+    assert 'The Service "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name": a DNS-1035 label must consist of lower case alphanumeric characters' in result.stderr

@@ -2,6 +2,10 @@
 //! the server: per group-version, one path per kind with a `patch`
 //! operation that names its group-version-kind and accepts
 //! `fieldValidation` (KUBECTL-WIRE.md, "OpenAPI and validation").
+//!
+//! Older kubectl (1.20) reads only `/openapi/v2`, as a gnostic protobuf
+//! `Document`, and skips client-side validation of kinds the document does
+//! not define: [`v2_document`] is that document, with no definitions.
 
 use portal_api::RESOURCES;
 use serde_json::{json, Map, Value};
@@ -85,6 +89,47 @@ pub(crate) fn index() -> Value {
         );
     }
     json!({"paths": paths})
+}
+
+/// The fields of gnostic's `openapi_v2.Document` that a minimal document
+/// needs (`swagger`, `info`, `paths`).
+#[derive(Clone, PartialEq, prost::Message)]
+struct V2Document {
+    #[prost(string, tag = "1")]
+    swagger: String,
+    #[prost(message, optional, tag = "2")]
+    info: Option<V2Info>,
+    #[prost(message, optional, tag = "8")]
+    paths: Option<V2Paths>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct V2Info {
+    #[prost(string, tag = "1")]
+    title: String,
+    #[prost(string, tag = "2")]
+    version: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct V2Paths {}
+
+/// The media type of the protobuf document, as the upstream server labels
+/// it (kubectl asks with an `@` form that Go cannot parse back).
+pub(crate) const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// `/openapi/v2` in protobuf: valid, and empty of definitions.
+pub(crate) fn v2_document() -> Vec<u8> {
+    use prost::Message;
+    V2Document {
+        swagger: "2.0".into(),
+        info: Some(V2Info {
+            title: "Kubernetes".into(),
+            version: "v1.33.0".into(),
+        }),
+        paths: Some(V2Paths {}),
+    }
+    .encode_to_vec()
 }
 
 #[cfg(test)]

@@ -100,6 +100,14 @@ async fn route(
             }
             ["apis"] => return Ok(json_value(&discovery::group_list())),
             ["openapi", "v3"] => return Ok(json_value(&openapi::index())),
+            ["openapi", "v2"] => {
+                let mut response = json_response(StatusCode::OK, openapi::v2_document());
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(openapi::V2_PROTOBUF),
+                );
+                return Ok(response);
+            }
             ["openapi", "v3", rest @ ..] => {
                 return openapi::document(&rest.join("/"))
                     .map(|d| json_value(&d))

@@ -263,3 +263,33 @@ def test_invalid_object_message(kubectl):
     result = kubectl("apply", "-f", "-", input="apiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\nspec: {ports: [{port: 80}]}\n", check=False)
     assert result.returncode != 0
     assert 'The Service "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name": a DNS-1035 label must consist of lower case alphanumeric characters' in result.stderr
+
+
+def test_describe_shows_slices_and_events(kubectl):
+    kubectl.apply(MANIFEST)
+    uid = kubectl.json("get", "svc", "web")["metadata"]["uid"]
+    kubectl(
+        "apply", "-f", "-",
+        input=(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
+            "metadata: {name: web-abc, labels: {kubernetes.io/service-name: web}}\n"
+            "addressType: IPv4\nports: [{name: http, port: 9376, protocol: TCP}]\n"
+            "endpoints: [{addresses: [10.244.1.5], conditions: {ready: true}}]\n"
+            # kubectl before 1.21 reads Endpoints: the controller writes both.
+            "---\napiVersion: v1\nkind: Endpoints\nmetadata: {name: web}\n"
+            "subsets: [{addresses: [{ip: 10.244.1.5}], ports: [{name: http, port: 9376}]}]\n"
+        ),
+    )
+    event = (
+        "apiVersion: v1\nkind: Event\nmetadata: {name: web.1}\n"
+        f"involvedObject: {{kind: Service, name: web, namespace: default, uid: {uid}, apiVersion: v1}}\n"
+        "reason: Testing\nmessage: hello from the test\ntype: Normal\ncount: 1\n"
+        "firstTimestamp: '2026-01-01T00:00:00Z'\nlastTimestamp: '2026-01-01T00:00:00Z'\nsource: {component: e2e}\n"
+    )
+    kubectl("create", "-f", "-", input=event)
+    out = kubectl.out("describe", "svc", "web")
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    assert "Endpoints: 10.244.1.5:9376" in lines, out
+    assert any("Testing" in line and "hello from the test" in line for line in lines), out
+    assert header(kubectl.out("get", "events")) == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert "service/web" in kubectl.out("get", "events")

@@ -3,6 +3,7 @@
 //! `Status` errors that report what is wrong. Everything here is a pure
 //! function, unit-tested and fuzzed without a network.
 
+pub mod cidr;
 pub mod decode;
 pub mod defaults;
 pub mod meta;
@@ -12,6 +13,7 @@ pub mod path;
 pub mod protobuf;
 pub mod resource;
 pub mod selector;
+pub mod service;
 pub mod status;
 pub mod table;
 

@@ -22,6 +22,16 @@ impl Cause {
         }
     }
 
+    /// Like [`Cause::invalid`] with the value already rendered (Go's
+    /// `%#v` forms such as `[]string{"10.96.0.6"}`).
+    pub fn invalid_rendered(field: &str, rendered: &str, detail: &str) -> Self {
+        Cause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: {rendered}: {detail}"),
+            field: field.into(),
+        }
+    }
+
     pub fn required(field: &str, detail: &str) -> Self {
         let message = if detail.is_empty() {
             "Required value".to_owned()

@@ -1,0 +1,119 @@
+//! Address and port ranges the API server allocates from: a service CIDR
+//! (`10.96.0.0/12`), a port range (`30000-32767`), pools of CIDRs.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+/// An IPv4 network, `address/prefix`, with the address masked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Cidr {
+    network: u32,
+    prefix: u8,
+}
+
+impl Ipv4Cidr {
+    /// How many addresses the network holds.
+    pub fn size(&self) -> u64 {
+        1u64 << (32 - u32::from(self.prefix))
+    }
+
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+        u32::from(ip) & mask == self.network
+    }
+
+    /// The address at `offset` from the network address.
+    pub fn nth(&self, offset: u64) -> Option<Ipv4Addr> {
+        (offset < self.size()).then(|| Ipv4Addr::from(self.network.wrapping_add(offset as u32)))
+    }
+
+    /// The offset of `ip` in the network.
+    pub fn offset(&self, ip: Ipv4Addr) -> Option<u64> {
+        self.contains(ip).then(|| u64::from(u32::from(ip) - self.network))
+    }
+}
+
+impl FromStr for Ipv4Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (address, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR (address/prefix)"))?;
+        let address: Ipv4Addr = address.parse().map_err(|_| format!("{s:?}: {address:?} is not an IPv4 address"))?;
+        let prefix: u8 = prefix.parse().ok().filter(|p| *p <= 32).ok_or_else(|| format!("{s:?}: bad prefix length"))?;
+        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) };
+        Ok(Ipv4Cidr { network: u32::from(address) & mask, prefix })
+    }
+}
+
+impl fmt::Display for Ipv4Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", Ipv4Addr::from(self.network), self.prefix)
+    }
+}
+
+/// An inclusive port range, `30000-32767`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    pub fn contains(&self, port: i64) -> bool {
+        (i64::from(self.first)..=i64::from(self.last)).contains(&port)
+    }
+
+    pub fn size(&self) -> u64 {
+        u64::from(self.last - self.first) + 1
+    }
+}
+
+impl FromStr for PortRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parse = |p: &str| p.trim().parse::<u16>().ok().filter(|p| *p > 0);
+        let (first, last) = match s.split_once('-') {
+            Some((a, b)) => (parse(a), parse(b)),
+            None => (parse(s), parse(s)),
+        };
+        match (first, last) {
+            (Some(first), Some(last)) if first <= last => Ok(PortRange { first, last }),
+            _ => Err(format!("{s:?} is not a port range (e.g. 30000-32767)")),
+        }
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs() {
+        let range: Ipv4Cidr = "10.96.0.0/12".parse().unwrap();
+        assert_eq!(range.size(), 1 << 20);
+        assert!(range.contains("10.111.255.255".parse().unwrap()));
+        assert!(!range.contains("10.112.0.0".parse().unwrap()));
+        assert_eq!(range.nth(1), Some("10.96.0.1".parse().unwrap()));
+        assert_eq!(range.offset("10.96.1.0".parse().unwrap()), Some(256));
+        assert_eq!("10.96.0.7/12".parse::<Ipv4Cidr>().unwrap().to_string(), "10.96.0.0/12");
+        assert!("10.96.0.0".parse::<Ipv4Cidr>().is_err());
+        assert!("10.96.0.0/33".parse::<Ipv4Cidr>().is_err());
+    }
+
+    #[test]
+    fn port_ranges() {
+        let range: PortRange = "30000-32767".parse().unwrap();
+        assert_eq!(range.size(), 2768);
+        assert!(range.contains(30000) && range.contains(32767) && !range.contains(80));
+        assert!("32767-30000".parse::<PortRange>().is_err());
+        assert!("0-10".parse::<PortRange>().is_err());
+    }
+}

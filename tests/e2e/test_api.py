@@ -39,9 +39,9 @@ def test_create_get_list_delete(portal):
     assert got.metadata.resource_version == created.metadata.resource_version
     assert got.spec.ports[0].port == 80
     listed = core.list_namespaced_service("default")
-    assert [s.metadata.name for s in listed.items] == ["web"]
+    assert [s.metadata.name for s in listed.items] == ["kubernetes", "web"]
     assert int(listed.metadata.resource_version) >= int(created.metadata.resource_version)
-    assert [s.metadata.name for s in core.list_service_for_all_namespaces().items] == ["web"]
+    assert [s.metadata.name for s in core.list_service_for_all_namespaces().items] == ["kubernetes", "web"]
     core.delete_namespaced_service("web", "default")
     with pytest.raises(ApiException) as exc:
         core.read_namespaced_service("web", "default")
@@ -58,11 +58,11 @@ def test_label_selectors(portal):
         return sorted(s.metadata.name for s in core.list_namespaced_service("default", label_selector=selector).items)
 
     assert names("tier=frontend") == ["a", "c"]
-    assert names("tier!=frontend") == ["b"]
+    assert names("tier!=frontend") == ["b", "kubernetes"], "!= matches objects without the label"
     assert names("tier in (frontend),stack=prod") == ["a"]
-    assert names("stack notin (prod)") == ["c"]
+    assert names("stack notin (prod)") == ["c", "kubernetes"]
     assert names("stack") == ["a", "b", "c"]
-    assert names("!stack") == []
+    assert names("!stack") == ["kubernetes"]
     with pytest.raises(ApiException) as exc:
         core.list_namespaced_service("default", label_selector="tier in (")
     assert exc.value.status == 400
@@ -75,7 +75,7 @@ def test_field_selectors(portal):
     found = core.list_namespaced_service("default", field_selector="metadata.name=two").items
     assert [s.metadata.name for s in found] == ["two"]
     found = core.list_service_for_all_namespaces(field_selector="metadata.namespace=default,metadata.name!=two").items
-    assert [s.metadata.name for s in found] == ["one"]
+    assert [s.metadata.name for s in found] == ["kubernetes", "one"]
     with pytest.raises(ApiException) as exc:
         core.list_namespaced_service("default", field_selector="spec.nodeName=x")
     assert exc.value.status == 400
@@ -93,7 +93,7 @@ def test_paging(portal):
         token = page.metadata._continue
         if not token:
             break
-    assert seen == [f"s{i}" for i in range(7)]
+    assert seen == ["kubernetes"] + [f"s{i}" for i in range(7)]
 
 
 def test_watch_sees_changes_in_order(portal):

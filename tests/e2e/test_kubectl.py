@@ -165,7 +165,7 @@ def test_output_formats(kubectl):
     assert as_json["kind"] == "Service" and as_json["spec"]["ports"][0]["protocol"] == "TCP"
     as_yaml = kubectl.out("get", "svc", "web", "-o", "yaml")
     assert "kind: Service" in as_yaml and "name: web" in as_yaml
-    assert kubectl.out("get", "svc", "-o", "name").split() == ["service/web"]
+    assert kubectl.out("get", "svc", "-o", "name").split() == ["service/kubernetes", "service/web"]
 
 
 def test_watch_sees_a_change(kubectl):
@@ -176,6 +176,7 @@ def test_watch_sees_a_change(kubectl):
         deadline = time.monotonic() + 30
         first = watcher.stdout.readline()
         assert first.split()[:1] == ["NAME"], first
+        assert watcher.stdout.readline().split()[0] == "kubernetes"
         assert watcher.stdout.readline().split()[0] == "web"
         kubectl("label", "svc", "web", "changed=yes")
         seen = ""

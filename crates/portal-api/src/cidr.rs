@@ -19,7 +19,11 @@ impl Ipv4Cidr {
     }
 
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+        let mask = if self.prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(self.prefix))
+        };
         u32::from(ip) & mask == self.network
     }
 
@@ -30,7 +34,8 @@ impl Ipv4Cidr {
 
     /// The offset of `ip` in the network.
     pub fn offset(&self, ip: Ipv4Addr) -> Option<u64> {
-        self.contains(ip).then(|| u64::from(u32::from(ip) - self.network))
+        self.contains(ip)
+            .then(|| u64::from(u32::from(ip) - self.network))
     }
 }
 
@@ -38,11 +43,26 @@ impl FromStr for Ipv4Cidr {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (address, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR (address/prefix)"))?;
-        let address: Ipv4Addr = address.parse().map_err(|_| format!("{s:?}: {address:?} is not an IPv4 address"))?;
-        let prefix: u8 = prefix.parse().ok().filter(|p| *p <= 32).ok_or_else(|| format!("{s:?}: bad prefix length"))?;
-        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) };
-        Ok(Ipv4Cidr { network: u32::from(address) & mask, prefix })
+        let (address, prefix) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not a CIDR (address/prefix)"))?;
+        let address: Ipv4Addr = address
+            .parse()
+            .map_err(|_| format!("{s:?}: {address:?} is not an IPv4 address"))?;
+        let prefix: u8 = prefix
+            .parse()
+            .ok()
+            .filter(|p| *p <= 32)
+            .ok_or_else(|| format!("{s:?}: bad prefix length"))?;
+        let mask = if prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(prefix))
+        };
+        Ok(Ipv4Cidr {
+            network: u32::from(address) & mask,
+            prefix,
+        })
     }
 }
 
@@ -103,7 +123,10 @@ mod tests {
         assert!(!range.contains("10.112.0.0".parse().unwrap()));
         assert_eq!(range.nth(1), Some("10.96.0.1".parse().unwrap()));
         assert_eq!(range.offset("10.96.1.0".parse().unwrap()), Some(256));
-        assert_eq!("10.96.0.7/12".parse::<Ipv4Cidr>().unwrap().to_string(), "10.96.0.0/12");
+        assert_eq!(
+            "10.96.0.7/12".parse::<Ipv4Cidr>().unwrap().to_string(),
+            "10.96.0.0/12"
+        );
         assert!("10.96.0.0".parse::<Ipv4Cidr>().is_err());
         assert!("10.96.0.0/33".parse::<Ipv4Cidr>().is_err());
     }

@@ -3,9 +3,12 @@
 //! [`portal_api::RESOURCES`], a watch cache in front of the store, and
 //! Prometheus metrics.
 
+mod allocator;
 mod cache;
 mod discovery;
 mod http;
+mod kubernetes_service;
+mod load_balancer;
 mod metrics;
 mod namespace;
 mod openapi;
@@ -27,6 +30,7 @@ use portal_store::{EmbeddedOptions, EmbeddedStore, Store};
 use tokio::net::TcpListener;
 
 pub use metrics::Metrics;
+pub use portal_api::cidr::{Ipv4Cidr, PortRange};
 
 /// Events kept per resource in the watch cache's ring.
 const RING_CAPACITY: usize = 10_000;
@@ -55,12 +59,26 @@ pub struct Config {
     pub bind: SocketAddr,
     /// Revisions of history the store keeps for watches to resume from.
     pub history_revisions: u64,
+    /// Where cluster IPs come from (`--service-cluster-ip-range`).
+    pub service_cidr: Ipv4Cidr,
+    /// Where node ports come from (`--service-node-port-range`).
+    pub node_ports: PortRange,
+    /// The address pods reach this server at (the `kubernetes` Endpoints);
+    /// none, or a loopback one, leaves the Service without endpoints.
+    pub advertise_address: Option<std::net::IpAddr>,
+    /// Addresses for `type: LoadBalancer` (`--load-balancer-pool`); empty
+    /// leaves such Services pending.
+    pub load_balancer_pool: Vec<Ipv4Cidr>,
 }
+
+/// How often the allocation repair pass runs.
+const REPAIR_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What every handler shares.
 pub(crate) struct ApiState {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) cache: Arc<cache::WatchCache>,
+    pub(crate) allocators: Arc<allocator::Allocators>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) token: String,
     pub(crate) address: SocketAddr,
@@ -127,7 +145,13 @@ impl ApiServer {
             options,
         )?);
         namespace::bootstrap(store.as_ref()).await?;
-        namespace::resume_terminations(store.clone()).await?;
+        let allocators = Arc::new(allocator::Allocators::new(
+            config.service_cidr,
+            config.node_ports,
+        ));
+        // Learn what is allocated (and mend what is not) before serving.
+        allocator::repair::pass(store.as_ref(), &allocators).await?;
+        namespace::resume_terminations(store.clone(), allocators.clone()).await?;
 
         let cache = cache::WatchCache::new(RING_CAPACITY);
         tokio::spawn(cache.clone().run(store.clone()));
@@ -146,11 +170,23 @@ impl ApiServer {
             addr: config.bind,
             source,
         })?;
+        let advertise = config.advertise_address.or(Some(address.ip()));
+        kubernetes_service::ensure(store.as_ref(), &allocators, address.port(), advertise).await?;
+        tokio::spawn(allocator::repair::run(
+            store.clone(),
+            allocators.clone(),
+            REPAIR_PERIOD,
+        ));
+        if !config.load_balancer_pool.is_empty() {
+            let pool = load_balancer::pool(config.load_balancer_pool.clone());
+            tokio::spawn(load_balancer::run(store.clone(), cache.clone(), pool));
+        }
         let (names, ips) = pki::serving_names(address);
         let credentials = pki::load_or_create(&config.data_dir, &names, &ips)?;
         let state = Arc::new(ApiState {
             store,
             cache,
+            allocators,
             metrics,
             token: credentials.token.clone(),
             address,

@@ -10,6 +10,7 @@ use portal_api::{meta, Kind, Resource, Status, RESOURCES};
 use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
+use crate::allocator::{delete_stored, Allocators};
 use crate::cache::CachedObject;
 use crate::http::{json_response, Body};
 use crate::write::SYSTEM_NAMESPACES;
@@ -36,7 +37,10 @@ pub(crate) async fn bootstrap(store: &dyn Store) -> Result<(), StoreError> {
 }
 
 /// Finishes deleting namespaces a previous run left Terminating.
-pub(crate) async fn resume_terminations(store: Arc<dyn Store>) -> Result<(), StoreError> {
+pub(crate) async fn resume_terminations(
+    store: Arc<dyn Store>,
+    allocators: Arc<Allocators>,
+) -> Result<(), StoreError> {
     let (namespaces, _) = store
         .list(&Resource::of(Kind::Namespace).key_prefix())
         .await?;
@@ -48,7 +52,7 @@ pub(crate) async fn resume_terminations(store: Arc<dyn Store>) -> Result<(), Sto
             let name = meta::meta_str(&value, "name")
                 .unwrap_or_default()
                 .to_owned();
-            tokio::spawn(finish_termination(store.clone(), name));
+            tokio::spawn(finish_termination(store.clone(), allocators.clone(), name));
         }
     }
     Ok(())
@@ -81,15 +85,38 @@ pub(crate) async fn begin_termination(
             Err(e) => return Err(store_error(e)),
         }
     };
-    tokio::spawn(finish_termination(state.store.clone(), name.to_owned()));
+    tokio::spawn(finish_termination(
+        state.store.clone(),
+        state.allocators.clone(),
+        name.to_owned(),
+    ));
     Ok(json_response(
         StatusCode::OK,
         CachedObject::from_value(key, object, revision).json.clone(),
     ))
 }
 
+/// Deletes one object (and its allocations), re-reading it if it changed.
+async fn delete_with_retry(
+    store: &dyn Store,
+    allocators: &Allocators,
+    resource: &Resource,
+    mut current: KeyValue,
+) -> Result<(), StoreError> {
+    loop {
+        match delete_stored(store, allocators, resource, &current).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(()),
+            Err(StoreError::Conflict { .. }) => match store.get(&current.key).await? {
+                Some(newer) => current = newer,
+                None => return Ok(()),
+            },
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Deletes every object in the namespace, then the namespace.
-async fn finish_termination(store: Arc<dyn Store>, namespace: String) {
+async fn finish_termination(store: Arc<dyn Store>, allocators: Arc<Allocators>, namespace: String) {
     for resource in RESOURCES.iter().filter(|r| r.namespaced) {
         let prefix = resource.list_prefix(Some(&namespace));
         let items = match store.list(&prefix).await {
@@ -100,18 +127,9 @@ async fn finish_termination(store: Arc<dyn Store>, namespace: String) {
             }
         };
         for kv in items {
-            match store
-                .txn(vec![Op::Delete {
-                    key: kv.key,
-                    expected_revision: None,
-                }])
-                .await
-            {
-                Ok(_) | Err(StoreError::NotFound { .. }) => {}
-                Err(error) => {
-                    tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
-                    return;
-                }
+            if let Err(error) = delete_with_retry(store.as_ref(), &allocators, resource, kv).await {
+                tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
+                return;
             }
         }
     }

@@ -10,6 +10,7 @@ use portal_store::{Error as StoreError, KeyValue, Op};
 use rand::Rng;
 use serde_json::Value;
 
+use crate::allocator::{delete_stored, Allocators};
 use crate::cache::CachedObject;
 use crate::http::{json_response, Body, FieldValidation, Query};
 use crate::read::{fresh, parse_revision, Filter};
@@ -84,6 +85,17 @@ fn dry_run(query: &Query) -> bool {
     query.get("dryRun") == Some("All")
 }
 
+/// Metadata and kind-specific problems of an object about to be stored.
+fn problems(resource: &Resource, object: &Value, old: Option<&Value>) -> Vec<portal_api::Cause> {
+    let mut causes = meta::validate(resource, object);
+    match resource.kind {
+        Kind::Service => causes.extend(portal_api::service::validate(object, old)),
+        Kind::Endpoints => causes.extend(portal_api::service::validate_endpoints(object)),
+        _ => {}
+    }
+    causes
+}
+
 fn invalid(scope: &Scope<'_>, object: &Value, causes: Vec<portal_api::Cause>) -> Status {
     let name = meta::meta_str(object, "name")
         .or(meta::meta_str(object, "generateName"))
@@ -130,14 +142,8 @@ pub(crate) async fn create(
         mut object,
         warnings,
     } = body;
-    if let (Some(ns), Some(body_ns)) = (scope.namespace, meta::meta_str(&object, "namespace")) {
-        if !body_ns.is_empty() && body_ns != ns {
-            return Err(Status::bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request",
-            ));
-        }
-    }
-    let causes = meta::validate(resource, &object);
+    check_body_namespace(scope, &object)?;
+    let causes = problems(resource, &object, None);
     if !causes.is_empty() {
         return Err(invalid(scope, &object, causes));
     }
@@ -158,32 +164,42 @@ pub(crate) async fn create(
         }
         let name = meta::meta_str(&object, "name").unwrap_or("").to_owned();
         let key = resource.key(scope.namespace, &name);
+        let mut attempt = object.clone();
+        let mut reservation = state
+            .allocators
+            .for_create(resource, &mut attempt)
+            .map_err(|cause| Status::invalid(scope.target(), &name, vec![cause]))?;
         if dry_run(query) {
-            return Ok(respond(
-                StatusCode::CREATED,
-                &CachedObject::from_value(key, object, 0),
-                &warnings,
-            ));
+            reservation.abort(None);
+            let preview = CachedObject::from_value(key, attempt, 0);
+            return Ok(respond(StatusCode::CREATED, &preview, &warnings));
         }
         let value =
-            Bytes::from(serde_json::to_vec(&object).map_err(|e| Status::internal(e.to_string()))?);
-        match state
-            .store
-            .txn(vec![Op::Create {
-                key: key.clone(),
-                value,
-            }])
-            .await
-        {
+            Bytes::from(serde_json::to_vec(&attempt).map_err(|e| Status::internal(e.to_string()))?);
+        let mut ops = vec![Op::Create {
+            key: key.clone(),
+            value,
+        }];
+        ops.append(&mut reservation.ops);
+        match state.store.txn(ops).await {
             Ok(revision) => {
-                let stored = CachedObject::from_value(key, object, revision);
+                reservation.commit();
+                let stored = CachedObject::from_value(key, attempt, revision);
                 return Ok(respond(StatusCode::CREATED, &stored, &warnings));
             }
-            Err(StoreError::AlreadyExists { .. }) if generate => continue,
-            Err(StoreError::AlreadyExists { .. }) => {
-                return Err(Status::already_exists(scope.target(), &name))
+            // Another server took the address we picked: pick again.
+            Err(StoreError::AlreadyExists { key: taken }) if Allocators::is_record(&taken) => {
+                reservation.abort(Some(&taken));
             }
-            Err(e) => return Err(store_error(e)),
+            Err(StoreError::AlreadyExists { .. }) if generate => reservation.abort(None),
+            Err(StoreError::AlreadyExists { .. }) => {
+                reservation.abort(None);
+                return Err(Status::already_exists(scope.target(), &name));
+            }
+            Err(e) => {
+                reservation.abort(None);
+                return Err(store_error(e));
+            }
         }
     }
     Err(Status::timeout(
@@ -254,11 +270,23 @@ pub(crate) async fn guaranteed_update(
         check_uid(scope, name, &object, &old)?;
         let mut new = object;
         strategy::prepare_update(resource, &mut new, &old, part == Part::Status);
-        let causes = meta::validate(resource, &new);
+        Allocators::keep_allocated(resource, &mut new, &old);
+        let causes = problems(resource, &new, Some(&old));
         if !causes.is_empty() {
             return Err(invalid(scope, &new, causes));
         }
-        if strategy::unchanged(&new, &old) || dry_run(query) {
+        if strategy::unchanged(&new, &old) {
+            return Ok((
+                CachedObject::from_value(key, new, current.mod_revision),
+                warnings,
+            ));
+        }
+        let mut reservation = state
+            .allocators
+            .for_update(resource, &mut new, &old)
+            .map_err(|cause| Status::invalid(scope.target(), name, vec![cause]))?;
+        if dry_run(query) {
+            reservation.abort(None);
             return Ok((
                 CachedObject::from_value(key, new, current.mod_revision),
                 warnings,
@@ -266,20 +294,33 @@ pub(crate) async fn guaranteed_update(
         }
         let value =
             Bytes::from(serde_json::to_vec(&new).map_err(|e| Status::internal(e.to_string()))?);
-        let op = Op::Update {
+        let mut ops = vec![Op::Update {
             key: key.clone(),
             value,
             expected_revision: current.mod_revision,
-        };
-        match state.store.txn(vec![op]).await {
-            Ok(revision) => return Ok((CachedObject::from_value(key, new, revision), warnings)),
+        }];
+        ops.append(&mut reservation.ops);
+        match state.store.txn(ops).await {
+            Ok(revision) => {
+                reservation.commit();
+                return Ok((CachedObject::from_value(key, new, revision), warnings));
+            }
+            Err(StoreError::AlreadyExists { key: taken }) if Allocators::is_record(&taken) => {
+                reservation.abort(Some(&taken));
+            }
             Err(StoreError::Conflict { .. } | StoreError::NotFound { .. })
                 if expected.is_none() =>
             {
-                continue
+                reservation.abort(None);
             }
-            Err(StoreError::Conflict { .. }) => return Err(Status::conflict(scope.target(), name)),
-            Err(e) => return Err(store_error(e)),
+            Err(StoreError::Conflict { .. }) => {
+                reservation.abort(None);
+                return Err(Status::conflict(scope.target(), name));
+            }
+            Err(e) => {
+                reservation.abort(None);
+                return Err(store_error(e));
+            }
         }
     }
     Err(Status::conflict(scope.target(), name))
@@ -460,11 +501,7 @@ pub(crate) async fn delete(
         if resource.kind == Kind::Namespace {
             return crate::namespace::begin_termination(state, scope, name, current, old).await;
         }
-        let op = Op::Delete {
-            key: key.clone(),
-            expected_revision: Some(current.mod_revision),
-        };
-        match state.store.txn(vec![op]).await {
+        match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
             Ok(revision) => {
                 return Ok(json_response(
                     StatusCode::OK,
@@ -497,18 +534,24 @@ pub(crate) async fn delete_collection(
     });
     let mut deleted = Vec::with_capacity(items.len());
     for item in items {
-        let op = Op::Delete {
-            key: item.key.clone(),
-            expected_revision: None,
-        };
-        match state.store.txn(vec![op]).await {
-            Ok(revision) => deleted.push(std::sync::Arc::new(CachedObject::from_value(
-                item.key.clone(),
-                item.value.clone(),
-                revision,
-            ))),
-            Err(StoreError::NotFound { .. }) => {}
-            Err(e) => return Err(store_error(e)),
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(current) = state.store.get(&item.key).await.map_err(store_error)? else {
+                break;
+            };
+            match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
+                Ok(revision) => {
+                    let value = decode_stored(&current)?;
+                    deleted.push(std::sync::Arc::new(CachedObject::from_value(
+                        item.key.clone(),
+                        value,
+                        revision,
+                    )));
+                    break;
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::NotFound { .. }) => break,
+                Err(e) => return Err(store_error(e)),
+            }
         }
     }
     let revision = state.store.current_revision().await.map_err(store_error)?;

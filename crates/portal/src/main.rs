@@ -1,11 +1,12 @@
 //! `portal`: Kubernetes Services in one binary. This file only parses the
 //! command line and wires components together.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use portal_apiserver::{Ipv4Cidr, PortRange};
 
 #[derive(Parser, Debug)]
 #[command(name = "portal", version, about = "Kubernetes Services in one binary")]
@@ -31,6 +32,18 @@ struct ServerArgs {
     /// Revisions of history kept so watches can resume after a disconnect.
     #[arg(long, default_value_t = 100_000)]
     history_revisions: u64,
+    /// Cluster IPs of Services come from this range (IPv4).
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cluster_ip_range: Ipv4Cidr,
+    /// Node ports of NodePort and LoadBalancer Services come from this range.
+    #[arg(long, default_value = "30000-32767")]
+    service_node_port_range: PortRange,
+    /// Addresses for LoadBalancer Services (CIDR[,CIDR]); none = they stay pending.
+    #[arg(long, value_delimiter = ',')]
+    load_balancer_pool: Vec<Ipv4Cidr>,
+    /// This node's address: where pods reach the API server.
+    #[arg(long)]
+    node_ip: Option<IpAddr>,
 }
 
 async fn server(args: ServerArgs) -> Result<(), portal_apiserver::Error> {
@@ -38,6 +51,10 @@ async fn server(args: ServerArgs) -> Result<(), portal_apiserver::Error> {
         data_dir: args.data_dir,
         bind: args.api_bind,
         history_revisions: args.history_revisions,
+        service_cidr: args.service_cluster_ip_range,
+        node_ports: args.service_node_port_range,
+        advertise_address: args.node_ip,
+        load_balancer_pool: args.load_balancer_pool,
     };
     let api = portal_apiserver::ApiServer::start(config).await?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -218,7 +218,6 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[allow(clippy::needless_pass_by_value)]
     fn smp(kind: Kind, original: Value, patch: Value) -> Value {
         apply(kind, &original, &patch).unwrap()
     }

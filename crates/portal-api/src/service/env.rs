@@ -22,13 +22,25 @@ pub fn environment<'a>(services: impl IntoIterator<Item = &'a Value>) -> Vec<(St
         let prefix = variable_name(service["metadata"]["name"].as_str().unwrap_or(""));
         let port_of = |p: &Value| p["port"].as_i64().unwrap_or(0);
         env.push((format!("{prefix}_SERVICE_HOST"), ip.to_owned()));
-        env.push((format!("{prefix}_SERVICE_PORT"), port_of(&ports[0]).to_string()));
+        env.push((
+            format!("{prefix}_SERVICE_PORT"),
+            port_of(&ports[0]).to_string(),
+        ));
         for port in ports {
             if let Some(name) = port["name"].as_str().filter(|n| !n.is_empty()) {
-                env.push((format!("{prefix}_SERVICE_PORT_{}", variable_name(name)), port_of(port).to_string()));
+                env.push((
+                    format!("{prefix}_SERVICE_PORT_{}", variable_name(name)),
+                    port_of(port).to_string(),
+                ));
             }
         }
-        let host = |port: i64| if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") };
+        let host = |port: i64| {
+            if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            }
+        };
         for (i, port) in ports.iter().enumerate() {
             let protocol = port["protocol"].as_str().unwrap_or("TCP");
             let lower = protocol.to_ascii_lowercase();
@@ -75,12 +87,17 @@ mod tests {
             {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}});
         let headless = json!({"metadata": {"name": "h"}, "spec": {"clusterIP": "None", "ports": [{"port": 80}]}});
         let external = json!({"metadata": {"name": "e"}, "spec": {"type": "ExternalName", "externalName": "x.example"}});
-        let env: std::collections::BTreeMap<String, String> = environment([&dns, &headless, &external]).into_iter().collect();
+        let env: std::collections::BTreeMap<String, String> =
+            environment([&dns, &headless, &external])
+                .into_iter()
+                .collect();
         assert_eq!(env["KUBE_DNS_SERVICE_PORT"], "53");
         assert_eq!(env["KUBE_DNS_SERVICE_PORT_DNS"], "53");
         assert_eq!(env["KUBE_DNS_SERVICE_PORT_DNS_TCP"], "53");
         assert_eq!(env["KUBE_DNS_PORT"], "udp://10.96.0.10:53");
         assert_eq!(env["KUBE_DNS_PORT_53_TCP_PROTO"], "tcp");
-        assert!(!env.keys().any(|k| k.starts_with("H_") || k.starts_with("E_")));
+        assert!(!env
+            .keys()
+            .any(|k| k.starts_with("H_") || k.starts_with("E_")));
     }
 }

@@ -18,5 +18,8 @@ pub fn wants_cluster_ip(svc: &serde_json::Value) -> bool {
 
 /// Whether `svc`'s ports get node ports (NodePort and LoadBalancer types).
 pub fn wants_node_ports(svc: &serde_json::Value) -> bool {
-    matches!(svc["spec"]["type"].as_str(), Some("NodePort" | "LoadBalancer"))
+    matches!(
+        svc["spec"]["type"].as_str(),
+        Some("NodePort" | "LoadBalancer")
+    )
 }

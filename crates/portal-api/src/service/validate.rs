@@ -17,18 +17,29 @@ const MAX_AFFINITY_SECONDS: i64 = 86_400;
 fn unsupported(field: &str, value: &str, supported: &str) -> Cause {
     Cause {
         reason: "FieldValueNotSupported".into(),
-        message: format!("Unsupported value: {}: supported values: {supported}", json!(value)),
+        message: format!(
+            "Unsupported value: {}: supported values: {supported}",
+            json!(value)
+        ),
         field: field.into(),
     }
 }
 
 fn duplicate(field: &str, value: Value) -> Cause {
-    Cause { reason: "FieldValueDuplicate".into(), message: format!("Duplicate value: {value}"), field: field.into() }
+    Cause {
+        reason: "FieldValueDuplicate".into(),
+        message: format!("Duplicate value: {value}"),
+        field: field.into(),
+    }
 }
 
 fn port_range(field: &str, port: &Value, causes: &mut Vec<Cause>) {
     if !port.as_i64().is_some_and(|p| (1..=65535).contains(&p)) {
-        causes.push(Cause::invalid(field, port.clone(), "must be between 1 and 65535, inclusive"));
+        causes.push(Cause::invalid(
+            field,
+            port.clone(),
+            "must be between 1 and 65535, inclusive",
+        ));
     }
 }
 
@@ -38,7 +49,10 @@ fn port_name_problems(name: &str) -> Vec<&'static str> {
     if name.len() > 15 {
         problems.push("must be no more than 15 characters");
     }
-    if !name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-') {
+    if !name
+        .bytes()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+    {
         problems.push("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)");
     }
     if name.contains("--") {
@@ -61,7 +75,14 @@ const IP_HINT: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::f
 
 /// Go's `%#v` of a string slice, as Kubernetes prints `clusterIPs`.
 pub(crate) fn go_strings(items: &[&str]) -> String {
-    format!("[]string{{{}}}", items.iter().map(|s| json!(s).to_string()).collect::<Vec<_>>().join(", "))
+    format!(
+        "[]string{{{}}}",
+        items
+            .iter()
+            .map(|s| json!(s).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// Problems with a Service; `old` is the stored object on update.
@@ -69,7 +90,10 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
     let mut causes = Vec::new();
     let spec = &svc["spec"];
     let kind = spec["type"].as_str().unwrap_or("ClusterIP");
-    if !matches!(kind, "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName") {
+    if !matches!(
+        kind,
+        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+    ) {
         causes.push(unsupported("spec.type", kind, TYPES));
     }
     let cluster_ip = spec["clusterIP"].as_str().unwrap_or("");
@@ -98,12 +122,20 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
         port_range(&format!("{path}.port"), &port["port"], &mut causes);
         let protocol = port["protocol"].as_str().unwrap_or("TCP");
         if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
-            causes.push(unsupported(&format!("{path}.protocol"), protocol, PROTOCOLS));
+            causes.push(unsupported(
+                &format!("{path}.protocol"),
+                protocol,
+                PROTOCOLS,
+            ));
         }
         match &port["targetPort"] {
             Value::String(target) => {
                 for problem in port_name_problems(target) {
-                    causes.push(Cause::invalid(&format!("{path}.targetPort"), target.as_str(), problem));
+                    causes.push(Cause::invalid(
+                        &format!("{path}.targetPort"),
+                        target.as_str(),
+                        problem,
+                    ));
                 }
             }
             Value::Null => {}
@@ -112,7 +144,10 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
         let node_port = port["nodePort"].as_i64().unwrap_or(0);
         if node_port != 0 {
             if kind == "ClusterIP" {
-                causes.push(Cause::forbidden(&format!("{path}.nodePort"), "may not be used when `type` is 'ClusterIP'"));
+                causes.push(Cause::forbidden(
+                    &format!("{path}.nodePort"),
+                    "may not be used when `type` is 'ClusterIP'",
+                ));
             } else if !(1..=65535).contains(&node_port) {
                 port_range(&format!("{path}.nodePort"), &port["nodePort"], &mut causes);
             }
@@ -123,20 +158,32 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
                 "core.ServicePort{{Name:\"\", Protocol:\"{protocol}\", AppProtocol:(*string)(nil), Port:{}, TargetPort:intstr.IntOrString{{Type:0, IntVal:0, StrVal:\"\"}}, NodePort:0}}",
                 port["port"].as_i64().unwrap_or(0)
             );
-            causes.push(Cause { reason: "FieldValueDuplicate".into(), message: format!("Duplicate value: {go}"), field: path });
+            causes.push(Cause {
+                reason: "FieldValueDuplicate".into(),
+                message: format!("Duplicate value: {go}"),
+                field: path,
+            });
         }
     }
 
     let affinity = spec["sessionAffinity"].as_str().unwrap_or("None");
     match affinity {
         "None" => {
-            if !spec["sessionAffinityConfig"].is_null() && spec["sessionAffinityConfig"] != json!({}) {
-                causes.push(Cause::forbidden("spec.sessionAffinityConfig", "must not be set when session affinity is None"));
+            if !spec["sessionAffinityConfig"].is_null()
+                && spec["sessionAffinityConfig"] != json!({})
+            {
+                causes.push(Cause::forbidden(
+                    "spec.sessionAffinityConfig",
+                    "must not be set when session affinity is None",
+                ));
             }
         }
         "ClientIP" => {
             let timeout = &spec["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"];
-            if !timeout.as_i64().is_some_and(|t| t > 0 && t <= MAX_AFFINITY_SECONDS) {
+            if !timeout
+                .as_i64()
+                .is_some_and(|t| t > 0 && t <= MAX_AFFINITY_SECONDS)
+            {
                 causes.push(Cause::invalid(
                     "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
                     timeout.clone(),
@@ -144,18 +191,29 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
                 ));
             }
         }
-        other => causes.push(unsupported("spec.sessionAffinity", other, "\"ClientIP\", \"None\"")),
+        other => causes.push(unsupported(
+            "spec.sessionAffinity",
+            other,
+            "\"ClientIP\", \"None\"",
+        )),
     }
 
     if !cluster_ip.is_empty() && !headless && !valid_ip(cluster_ip) {
         causes.push(Cause::invalid("spec.clusterIPs[0]", cluster_ip, IP_HINT));
     }
     if headless && matches!(kind, "NodePort" | "LoadBalancer") {
-        causes.push(Cause::invalid("spec.clusterIPs[0]", cluster_ip, &format!("may not be set to 'None' for {kind} services")));
+        causes.push(Cause::invalid(
+            "spec.clusterIPs[0]",
+            cluster_ip,
+            &format!("may not be set to 'None' for {kind} services"),
+        ));
     }
     if kind == "ExternalName" {
         if !cluster_ip.is_empty() {
-            causes.push(Cause::forbidden("spec.clusterIPs", "may not be set for ExternalName services"));
+            causes.push(Cause::forbidden(
+                "spec.clusterIPs",
+                "may not be set for ExternalName services",
+            ));
         }
         let external = spec["externalName"].as_str().unwrap_or("");
         if external.is_empty() {
@@ -166,15 +224,27 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
             }
         }
     }
-    for (i, ip) in spec["externalIPs"].as_array().map_or(&[][..], Vec::as_slice).iter().enumerate() {
+    for (i, ip) in spec["externalIPs"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .enumerate()
+    {
         let text = ip.as_str().unwrap_or("");
         if !valid_ip(text) {
-            causes.push(Cause::invalid(&format!("spec.externalIPs[{i}]"), text, IP_HINT));
+            causes.push(Cause::invalid(
+                &format!("spec.externalIPs[{i}]"),
+                text,
+                IP_HINT,
+            ));
         }
     }
     if let Some(lb_ip) = spec["loadBalancerIP"].as_str().filter(|ip| !ip.is_empty()) {
         if kind != "LoadBalancer" {
-            causes.push(Cause::forbidden("spec.loadBalancerIP", "may only be used when `type` is 'LoadBalancer'"));
+            causes.push(Cause::forbidden(
+                "spec.loadBalancerIP",
+                "may only be used when `type` is 'LoadBalancer'",
+            ));
         } else if !valid_ip(lb_ip) {
             causes.push(Cause::invalid("spec.loadBalancerIP", lb_ip, IP_HINT));
         }
@@ -183,8 +253,15 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
     if let Some(old) = old {
         let before = old["spec"]["clusterIP"].as_str().unwrap_or("");
         let changing = !before.is_empty() && before != cluster_ip;
-        if changing && kind != "ExternalName" && old["spec"]["type"].as_str() != Some("ExternalName") {
-            causes.push(Cause::invalid_rendered("spec.clusterIPs[0]", &go_strings(&[cluster_ip]), "may not change once set"));
+        if changing
+            && kind != "ExternalName"
+            && old["spec"]["type"].as_str() != Some("ExternalName")
+        {
+            causes.push(Cause::invalid_rendered(
+                "spec.clusterIPs[0]",
+                &go_strings(&[cluster_ip]),
+                "may not change once set",
+            ));
         }
     }
     causes
@@ -195,14 +272,18 @@ fn special_ip(ip: IpAddr) -> Option<&'static str> {
     match ip {
         _ if ip.is_unspecified() => Some("may not be unspecified (0.0.0.0)"),
         _ if ip.is_loopback() => Some("may not be in the loopback range (127.0.0.0/8, ::1/128)"),
-        IpAddr::V4(v4) if v4.is_link_local() => Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)"),
+        IpAddr::V4(v4) if v4.is_link_local() => {
+            Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)")
+        }
         IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => {
             Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)")
         }
         IpAddr::V4(v4) if v4.octets()[..3] == [224, 0, 0] => {
             Some("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)")
         }
-        IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xff00 && (v6.segments()[0] & 0x000f) == 2 => {
+        IpAddr::V6(v6)
+            if (v6.segments()[0] & 0xffc0) == 0xff00 && (v6.segments()[0] & 0x000f) == 2 =>
+        {
             Some("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)")
         }
         _ => None,
@@ -212,9 +293,19 @@ fn special_ip(ip: IpAddr) -> Option<&'static str> {
 /// Problems with an Endpoints object (addresses and ports).
 pub fn validate_endpoints(endpoints: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
-    for (s, subset) in endpoints["subsets"].as_array().map_or(&[][..], Vec::as_slice).iter().enumerate() {
+    for (s, subset) in endpoints["subsets"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .enumerate()
+    {
         for list in ["addresses", "notReadyAddresses"] {
-            for (a, address) in subset[list].as_array().map_or(&[][..], Vec::as_slice).iter().enumerate() {
+            for (a, address) in subset[list]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice)
+                .iter()
+                .enumerate()
+            {
                 let field = format!("subsets[{s}].{list}[{a}].ip");
                 let text = address["ip"].as_str().unwrap_or("");
                 match text.parse::<IpAddr>() {
@@ -233,7 +324,11 @@ pub fn validate_endpoints(endpoints: &Value) -> Vec<Cause> {
             port_range(&format!("{path}.port"), &port["port"], &mut causes);
             let protocol = port["protocol"].as_str().unwrap_or("TCP");
             if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
-                causes.push(unsupported(&format!("{path}.protocol"), protocol, PROTOCOLS));
+                causes.push(unsupported(
+                    &format!("{path}.protocol"),
+                    protocol,
+                    PROTOCOLS,
+                ));
             }
             let port_name = port["name"].as_str().unwrap_or("");
             if port_name.is_empty() && ports.len() > 1 {
@@ -258,31 +353,58 @@ mod tests {
             {"port": 0, "protocol": "TCP", "targetPort": 80},
             {"name": "b", "port": 80, "protocol": "ICMP", "targetPort": "Bad_Name"}]}});
         let got = messages(svc);
-        assert!(got.contains(&"spec.ports[0].name: Required value".to_owned()), "{got:?}");
-        assert!(got.contains(&"spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive".to_owned()));
+        assert!(
+            got.contains(&"spec.ports[0].name: Required value".to_owned()),
+            "{got:?}"
+        );
+        assert!(got.contains(
+            &"spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive"
+                .to_owned()
+        ));
         assert!(got.contains(&"spec.ports[1].protocol: Unsupported value: \"ICMP\": supported values: \"SCTP\", \"TCP\", \"UDP\"".to_owned()));
-        assert!(got.iter().any(|m| m.starts_with("spec.ports[1].targetPort: Invalid value: \"Bad_Name\"")));
+        assert!(got
+            .iter()
+            .any(|m| m.starts_with("spec.ports[1].targetPort: Invalid value: \"Bad_Name\"")));
         let dup = json!({"spec": {"ports": [{"name": "a", "port": 80, "protocol": "TCP"}, {"name": "a", "port": 80, "protocol": "TCP"}]}});
         let got = messages(dup);
         assert!(got.contains(&"spec.ports[1].name: Duplicate value: \"a\"".to_owned()));
-        assert!(got.iter().any(|m| m.starts_with("spec.ports[1]: Duplicate value: core.ServicePort{")));
-        assert!(messages(json!({"spec": {"ports": [{"port": 80, "nodePort": 30000}]}}))
-            .contains(&"spec.ports[0].nodePort: Forbidden: may not be used when `type` is 'ClusterIP'".to_owned()));
-        assert!(messages(json!({"spec": {"type": "ClusterIP"}})).contains(&"spec.ports: Required value".to_owned()));
-        assert!(messages(json!({"spec": {"clusterIP": "None"}})).is_empty(), "headless needs no ports");
+        assert!(got
+            .iter()
+            .any(|m| m.starts_with("spec.ports[1]: Duplicate value: core.ServicePort{")));
+        assert!(
+            messages(json!({"spec": {"ports": [{"port": 80, "nodePort": 30000}]}})).contains(
+                &"spec.ports[0].nodePort: Forbidden: may not be used when `type` is 'ClusterIP'"
+                    .to_owned()
+            )
+        );
+        assert!(messages(json!({"spec": {"type": "ClusterIP"}}))
+            .contains(&"spec.ports: Required value".to_owned()));
+        assert!(
+            messages(json!({"spec": {"clusterIP": "None"}})).is_empty(),
+            "headless needs no ports"
+        );
     }
 
     #[test]
     fn types_addresses_affinity() {
-        assert!(messages(json!({"spec": {"type": "Bogus", "ports": [{"port": 1}]}}))[0].starts_with("spec.type: Unsupported value: \"Bogus\""));
-        assert!(messages(json!({"spec": {"ports": [{"port": 1}], "externalIPs": ["nope"]}}))[0].starts_with("spec.externalIPs[0]: Invalid value: \"nope\""));
+        assert!(
+            messages(json!({"spec": {"type": "Bogus", "ports": [{"port": 1}]}}))[0]
+                .starts_with("spec.type: Unsupported value: \"Bogus\"")
+        );
+        assert!(
+            messages(json!({"spec": {"ports": [{"port": 1}], "externalIPs": ["nope"]}}))[0]
+                .starts_with("spec.externalIPs[0]: Invalid value: \"nope\"")
+        );
         assert_eq!(
             messages(json!({"spec": {"ports": [{"port": 1}], "loadBalancerIP": "1.2.3.4"}})),
             ["spec.loadBalancerIP: Forbidden: may only be used when `type` is 'LoadBalancer'"]
         );
         let affinity = json!({"spec": {"ports": [{"port": 1}], "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 86401}}}});
         assert_eq!(messages(affinity), ["spec.sessionAffinityConfig.clientIP.timeoutSeconds: Invalid value: 86401: must be greater than 0 and less than 86400"]);
-        assert_eq!(messages(json!({"spec": {"type": "ExternalName"}})), ["spec.externalName: Required value"]);
+        assert_eq!(
+            messages(json!({"spec": {"type": "ExternalName"}})),
+            ["spec.externalName: Required value"]
+        );
         assert!(messages(json!({"spec": {"type": "NodePort", "clusterIP": "None", "ports": [{"port": 1}]}}))
             .contains(&"spec.clusterIPs[0]: Invalid value: \"None\": may not be set to 'None' for NodePort services".to_owned()));
     }
@@ -291,7 +413,10 @@ mod tests {
     fn cluster_ip_is_immutable() {
         let old = json!({"spec": {"clusterIP": "10.96.0.5", "ports": [{"port": 1}]}});
         let new = json!({"spec": {"clusterIP": "10.96.0.6", "ports": [{"port": 1}]}});
-        let got: Vec<String> = validate(&new, Some(&old)).iter().map(Cause::display).collect();
+        let got: Vec<String> = validate(&new, Some(&old))
+            .iter()
+            .map(Cause::display)
+            .collect();
         assert_eq!(got, ["spec.clusterIPs[0]: Invalid value: []string{\"10.96.0.6\"}: may not change once set"]);
     }
 

@@ -1,0 +1,544 @@
+//! Cluster IPs and node ports of Services (SPEC S4, S9): chosen here,
+//! recorded as one store key each in the same transaction as the Service
+//! (ADR 0003), released in the same transaction as its deletion or type
+//! change.
+
+mod pool;
+pub(crate) mod repair;
+
+use bytes::Bytes;
+use portal_api::cidr::{Ipv4Cidr, PortRange};
+use portal_api::service::{wants_cluster_ip, wants_node_ports, HEADLESS};
+use portal_api::{meta, Cause, Kind, Resource};
+use portal_store::Op;
+use serde_json::{json, Value};
+
+pub(crate) use pool::{Pool, Range, Refusal};
+
+pub(crate) const SERVICE_IPS: &str = "/registry/ranges/serviceips/";
+pub(crate) const NODE_PORTS: &str = "/registry/ranges/servicenodeports/";
+pub(crate) const LOAD_BALANCER_IPS: &str = "/registry/ranges/loadbalancerips/";
+
+/// The allocation ranges of one cluster.
+#[derive(Debug)]
+pub(crate) struct Allocators {
+    pub(crate) ips: Pool,
+    pub(crate) node_ports: Pool,
+}
+
+/// In-memory reservations made for one write, and the store ops that make
+/// them real. Committed or aborted once the transaction's fate is known.
+#[derive(Debug, Default)]
+pub(crate) struct Reservation<'a> {
+    pub(crate) ops: Vec<Op>,
+    taken: Vec<(&'a Pool, u64)>,
+    freed: Vec<(&'a Pool, String)>,
+}
+
+impl Reservation<'_> {
+    /// The write committed: what it released is free now.
+    pub(crate) fn commit(self) {
+        for (pool, value) in self.freed {
+            if let Some(offset) = pool.range.offset(&value) {
+                pool.release(offset);
+            }
+        }
+    }
+
+    /// The write failed: undo the reservations, except one whose key turned
+    /// out to be taken by someone else (it stays marked).
+    pub(crate) fn abort(self, taken_elsewhere: Option<&str>) {
+        for (pool, offset) in self.taken {
+            let key = pool.range.value(offset).map(|v| pool.key(&v));
+            if taken_elsewhere.is_none() || key.as_deref() != taken_elsewhere {
+                pool.release(offset);
+            }
+        }
+    }
+}
+
+/// The record of who holds an allocation.
+fn record(owner: &str) -> Bytes {
+    Bytes::from(json!({"service": owner}).to_string())
+}
+
+/// `namespace/name` of a Service.
+pub(crate) fn owner(svc: &Value) -> String {
+    format!(
+        "{}/{}",
+        meta::meta_str(svc, "namespace").unwrap_or(""),
+        meta::meta_str(svc, "name").unwrap_or("")
+    )
+}
+
+fn ports_mut(svc: &mut Value) -> impl Iterator<Item = &mut Value> {
+    svc.pointer_mut("/spec/ports")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+}
+
+fn port_key(port: &Value) -> (i64, String) {
+    (
+        port["port"].as_i64().unwrap_or(0),
+        port["protocol"].as_str().unwrap_or("TCP").to_owned(),
+    )
+}
+
+/// The node ports a Service holds.
+pub(crate) fn node_ports_of(svc: &Value) -> Vec<i64> {
+    if !wants_node_ports(svc) {
+        return Vec::new();
+    }
+    node_ports_written(svc)
+}
+
+/// The node ports written in a Service, whatever its type.
+fn node_ports_written(svc: &Value) -> Vec<i64> {
+    let mut ports: Vec<i64> = svc["spec"]["ports"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter_map(|p| p["nodePort"].as_i64())
+        .filter(|p| *p != 0)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// The cluster IP a Service holds, if any.
+pub(crate) fn cluster_ip_of(svc: &Value) -> Option<&str> {
+    let ip = svc["spec"]["clusterIP"].as_str()?;
+    (wants_cluster_ip(svc) && !ip.is_empty() && ip != HEADLESS).then_some(ip)
+}
+
+impl Allocators {
+    pub(crate) fn new(service_cidr: Ipv4Cidr, node_ports: PortRange) -> Self {
+        Allocators {
+            // Offset 1 is the `kubernetes` Service's; dynamic picks start at 2.
+            ips: Pool::new(
+                Range::Ipv4 {
+                    cidr: service_cidr,
+                    first_dynamic: 2,
+                },
+                SERVICE_IPS,
+            ),
+            node_ports: Pool::new(Range::Ports(node_ports), NODE_PORTS),
+        }
+    }
+
+    /// The address reserved for the `kubernetes` Service.
+    pub(crate) fn first_address(&self) -> String {
+        self.ips.range.value(1).unwrap_or_default()
+    }
+
+    fn take_ip<'a>(
+        &'a self,
+        r: &mut Reservation<'a>,
+        svc: &mut Value,
+        owner: &str,
+    ) -> Result<(), Cause> {
+        let requested = svc["spec"]["clusterIP"]
+            .as_str()
+            .filter(|ip| !ip.is_empty())
+            .map(str::to_owned);
+        let range = self.ips.range.describe();
+        let ip = match requested {
+            Some(ip) => match self.ips.reserve(&ip) {
+                Ok(offset) => {
+                    r.taken.push((&self.ips, offset));
+                    ip
+                }
+                Err(refusal) => {
+                    let detail = match refusal {
+                        Refusal::OutOfRange => format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {range}"),
+                        Refusal::Taken | Refusal::Full => format!("failed to allocate IP {ip}: provided IP is already allocated"),
+                    };
+                    let rendered = format!("[]string{{{}}}", json!(ip));
+                    return Err(Cause::invalid_rendered(
+                        "spec.clusterIPs",
+                        &rendered,
+                        &detail,
+                    ));
+                }
+            },
+            None => match self.ips.reserve_any() {
+                Ok((offset, ip)) => {
+                    r.taken.push((&self.ips, offset));
+                    ip
+                }
+                Err(_) => {
+                    return Err(Cause::invalid_rendered(
+                        "spec.clusterIPs",
+                        "[]string{}",
+                        &format!("failed to allocate a serviceIP: range is full ({range})"),
+                    ))
+                }
+            },
+        };
+        r.ops.push(Op::Create {
+            key: self.ips.key(&ip),
+            value: record(owner),
+        });
+        let spec = &mut svc["spec"];
+        spec["clusterIP"] = json!(ip);
+        spec["clusterIPs"] = json!([ip]);
+        spec["ipFamilies"] = json!(["IPv4"]);
+        spec["ipFamilyPolicy"] = json!("SingleStack");
+        Ok(())
+    }
+
+    /// Node ports for every port of `svc` that has none, and reservations
+    /// for requested ones not already held (`held`).
+    fn take_node_ports<'a>(
+        &'a self,
+        r: &mut Reservation<'a>,
+        svc: &mut Value,
+        owner: &str,
+        held: &[i64],
+    ) -> Result<(), Cause> {
+        let range = self.node_ports.range.describe();
+        let mut mine: Vec<i64> = Vec::new();
+        for (i, port) in ports_mut(svc).enumerate() {
+            let field = format!("spec.ports[{i}].nodePort");
+            let requested = port["nodePort"].as_i64().unwrap_or(0);
+            // One node port may serve several ports of the same Service.
+            if requested != 0 && (held.contains(&requested) || mine.contains(&requested)) {
+                continue;
+            }
+            let value = if requested != 0 {
+                match self.node_ports.reserve(&requested.to_string()) {
+                    Ok(offset) => {
+                        r.taken.push((&self.node_ports, offset));
+                        requested
+                    }
+                    Err(Refusal::OutOfRange) => {
+                        let detail = format!("provided port is not in the valid range. The range of valid ports is {range}");
+                        return Err(Cause::invalid(&field, requested, &detail));
+                    }
+                    Err(_) => {
+                        return Err(Cause::invalid(
+                            &field,
+                            requested,
+                            "provided port is already allocated",
+                        ))
+                    }
+                }
+            } else {
+                match self.node_ports.reserve_any() {
+                    Ok((offset, value)) => {
+                        r.taken.push((&self.node_ports, offset));
+                        value.parse().unwrap_or(0)
+                    }
+                    Err(_) => {
+                        let detail =
+                            format!("failed to allocate a nodePort: range is full ({range})");
+                        return Err(Cause::invalid(&field, 0, &detail));
+                    }
+                }
+            };
+            mine.push(value);
+            r.ops.push(Op::Create {
+                key: self.node_ports.key(&value.to_string()),
+                value: record(owner),
+            });
+            port["nodePort"] = json!(value);
+        }
+        Ok(())
+    }
+
+    /// Allocations of a new object (only Services have any).
+    pub(crate) fn for_create<'a>(
+        &'a self,
+        resource: &Resource,
+        svc: &mut Value,
+    ) -> Result<Reservation<'a>, Cause> {
+        let mut r = Reservation::default();
+        if resource.kind != Kind::Service {
+            return Ok(r);
+        }
+        let owner = owner(svc);
+        let result = (|| {
+            if wants_cluster_ip(svc) {
+                self.take_ip(&mut r, svc, &owner)?;
+            } else if svc["spec"]["clusterIP"].as_str() == Some(HEADLESS) {
+                svc["spec"]["clusterIPs"] = json!([HEADLESS]);
+            }
+            if wants_node_ports(svc) {
+                self.take_node_ports(&mut r, svc, &owner, &[])?;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(r),
+            Err(cause) => {
+                r.abort(None);
+                Err(cause)
+            }
+        }
+    }
+
+    /// What an update carries over from the old Service, as Kubernetes does
+    /// (`patchAllocatedValues`, `dropTypeDependentFields`): allocations the
+    /// client left out (a PUT without `clusterIP` or `nodePort`) are kept,
+    /// and fields the new type has no use for are dropped when the client
+    /// only changed the type (NodePort → ClusterIP keeps no node ports).
+    pub(crate) fn keep_allocated(resource: &Resource, new: &mut Value, old: &Value) {
+        if resource.kind != Kind::Service {
+            return;
+        }
+        let spec_field = |svc: &Value, field: &str| svc["spec"][field].clone();
+        if wants_node_ports(old)
+            && !wants_node_ports(new)
+            && node_ports_written(new) == node_ports_of(old)
+        {
+            for port in ports_mut(new) {
+                if let Some(map) = port.as_object_mut() {
+                    map.remove("nodePort");
+                }
+            }
+            for field in ["externalTrafficPolicy", "healthCheckNodePort"] {
+                if spec_field(new, field) == spec_field(old, field) {
+                    if let Some(spec) = new["spec"].as_object_mut() {
+                        spec.remove(field);
+                    }
+                }
+            }
+        }
+        if new["spec"]["type"].as_str() != Some("LoadBalancer")
+            && spec_field(new, "allocateLoadBalancerNodePorts")
+                == spec_field(old, "allocateLoadBalancerNodePorts")
+        {
+            if let Some(spec) = new["spec"].as_object_mut() {
+                spec.remove("allocateLoadBalancerNodePorts");
+            }
+        }
+        if new["spec"]["type"].as_str() == Some("ExternalName")
+            && cluster_ip_of(old).is_some()
+            && spec_field(new, "clusterIP") == spec_field(old, "clusterIP")
+        {
+            if let Some(spec) = new["spec"].as_object_mut() {
+                for field in [
+                    "clusterIP",
+                    "clusterIPs",
+                    "ipFamilies",
+                    "ipFamilyPolicy",
+                    "internalTrafficPolicy",
+                ] {
+                    spec.remove(field);
+                }
+            }
+        }
+        if let Some(ip) = cluster_ip_of(old) {
+            if wants_cluster_ip(new) && new["spec"]["clusterIP"].as_str().unwrap_or("").is_empty() {
+                for field in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
+                    new["spec"][field] = old["spec"][field].clone();
+                }
+                new["spec"]["clusterIP"] = json!(ip);
+            }
+        }
+        if wants_node_ports(new) && wants_node_ports(old) {
+            let old_ports = old["spec"]["ports"].as_array().cloned().unwrap_or_default();
+            for port in ports_mut(new) {
+                if port["nodePort"].as_i64().unwrap_or(0) == 0 {
+                    if let Some(held) = old_ports.iter().find(|p| port_key(p) == port_key(port)) {
+                        if let Some(n) = held["nodePort"].as_i64().filter(|n| *n != 0) {
+                            port["nodePort"] = json!(n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Allocations that change with an update: a type change allocates or
+    /// releases node ports, ExternalName ↔ ClusterIP the cluster IP.
+    pub(crate) fn for_update<'a>(
+        &'a self,
+        resource: &Resource,
+        new: &mut Value,
+        old: &Value,
+    ) -> Result<Reservation<'a>, Cause> {
+        let mut r = Reservation::default();
+        if resource.kind != Kind::Service {
+            return Ok(r);
+        }
+        let owner = owner(new);
+        let result = (|| {
+            match (cluster_ip_of(old).map(str::to_owned), wants_cluster_ip(new)) {
+                (None, true) => self.take_ip(&mut r, new, &owner)?,
+                (Some(ip), false) => {
+                    r.ops.push(Op::Delete {
+                        key: self.ips.key(&ip),
+                        expected_revision: None,
+                    });
+                    r.freed.push((&self.ips, ip));
+                    if let Some(spec) = new["spec"].as_object_mut() {
+                        if spec.get("clusterIP").and_then(Value::as_str) != Some(HEADLESS) {
+                            spec.remove("clusterIPs");
+                        }
+                    }
+                }
+                _ => {}
+            }
+            let held = node_ports_of(old);
+            if wants_node_ports(new) {
+                self.take_node_ports(&mut r, new, &owner, &held)?;
+            } else {
+                for port in ports_mut(new) {
+                    if let Some(map) = port.as_object_mut() {
+                        map.remove("nodePort");
+                    }
+                }
+            }
+            let kept = node_ports_of(new);
+            for port in held.into_iter().filter(|p| !kept.contains(p)) {
+                r.ops.push(Op::Delete {
+                    key: self.node_ports.key(&port.to_string()),
+                    expected_revision: None,
+                });
+                r.freed.push((&self.node_ports, port.to_string()));
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(r),
+            Err(cause) => {
+                r.abort(None);
+                Err(cause)
+            }
+        }
+    }
+
+    /// Releases of a deleted object.
+    pub(crate) fn for_delete(&self, resource: &Resource, old: &Value) -> Reservation<'_> {
+        let mut r = Reservation::default();
+        if resource.kind != Kind::Service {
+            return r;
+        }
+        if let Some(ip) = cluster_ip_of(old) {
+            r.ops.push(Op::Delete {
+                key: self.ips.key(ip),
+                expected_revision: None,
+            });
+            r.freed.push((&self.ips, ip.to_owned()));
+        }
+        for port in node_ports_of(old) {
+            r.ops.push(Op::Delete {
+                key: self.node_ports.key(&port.to_string()),
+                expected_revision: None,
+            });
+            r.freed.push((&self.node_ports, port.to_string()));
+        }
+        r
+    }
+
+    /// Whether a store key is an allocation record.
+    pub(crate) fn is_record(key: &str) -> bool {
+        key.starts_with("/registry/ranges/")
+    }
+}
+
+/// Deletes a stored object and releases what it held, in one transaction
+/// conditional on the object being unchanged since `current` was read.
+pub(crate) async fn delete_stored(
+    store: &dyn portal_store::Store,
+    allocators: &Allocators,
+    resource: &Resource,
+    current: &portal_store::KeyValue,
+) -> portal_store::Result<u64> {
+    let old: Value = serde_json::from_slice(&current.value).unwrap_or(Value::Null);
+    let mut reservation = allocators.for_delete(resource, &old);
+    let mut ops = vec![Op::Delete {
+        key: current.key.clone(),
+        expected_revision: Some(current.mod_revision),
+    }];
+    ops.append(&mut reservation.ops);
+    let result = store.txn(ops).await;
+    match &result {
+        Ok(_) => reservation.commit(),
+        Err(_) => reservation.abort(None),
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allocators() -> Allocators {
+        Allocators::new(
+            "10.96.0.0/24".parse().unwrap(),
+            "30000-30009".parse().unwrap(),
+        )
+    }
+
+    fn svc(spec: Value) -> Value {
+        json!({"metadata": {"name": "s", "namespace": "default"}, "spec": spec})
+    }
+
+    #[test]
+    fn create_allocates_and_reports_conflicts() {
+        let a = allocators();
+        let svc_resource = Resource::of(Kind::Service);
+        let mut one = svc(json!({"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP"}]}));
+        let r = a.for_create(svc_resource, &mut one).unwrap();
+        assert_eq!(r.ops.len(), 2);
+        r.commit();
+        let ip = one["spec"]["clusterIP"].as_str().unwrap().to_owned();
+        assert!(ip.starts_with("10.96.0.") && ip != "10.96.0.0" && ip != "10.96.0.1");
+        let port = one["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+        assert!((30000..=30009).contains(&port));
+
+        let mut clash = svc(json!({"clusterIP": ip, "ports": [{"port": 80}]}));
+        let cause = a.for_create(svc_resource, &mut clash).unwrap_err();
+        assert!(
+            cause.message.ends_with("provided IP is already allocated"),
+            "{}",
+            cause.message
+        );
+        let mut outside = svc(json!({"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}));
+        assert!(a
+            .for_create(svc_resource, &mut outside)
+            .unwrap_err()
+            .message
+            .contains("not in the valid range"));
+        let mut bad_port =
+            svc(json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 80}]}));
+        let cause = a.for_create(svc_resource, &mut bad_port).unwrap_err();
+        assert_eq!(cause.display(), "spec.ports[0].nodePort: Invalid value: 80: provided port is not in the valid range. The range of valid ports is 30000-30009");
+    }
+
+    #[test]
+    fn type_changes_allocate_and_release() {
+        let a = allocators();
+        let resource = Resource::of(Kind::Service);
+        let mut old = svc(json!({"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP"}]}));
+        a.for_create(resource, &mut old).unwrap().commit();
+        let mut new = old.clone();
+        new["spec"]["type"] = json!("ClusterIP");
+        let r = a.for_update(resource, &mut new, &old).unwrap();
+        assert!(matches!(&r.ops[..], [Op::Delete { key, .. }] if key.starts_with(NODE_PORTS)));
+        assert!(new["spec"]["ports"][0].get("nodePort").is_none());
+        r.commit();
+        let mut back = new.clone();
+        back["spec"]["type"] = json!("NodePort");
+        let r = a.for_update(resource, &mut back, &new).unwrap();
+        assert!(matches!(&r.ops[..], [Op::Create { key, .. }] if key.starts_with(NODE_PORTS)));
+        r.abort(None);
+        let freed = a.for_delete(resource, &new);
+        assert_eq!(freed.ops.len(), 1, "only the cluster IP is held");
+    }
+
+    #[test]
+    fn keeps_allocations_a_put_left_out() {
+        let old = svc(
+            json!({"type": "NodePort", "clusterIP": "10.96.0.7", "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30003}]}),
+        );
+        let mut new = svc(json!({"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP"}]}));
+        Allocators::keep_allocated(Resource::of(Kind::Service), &mut new, &old);
+        assert_eq!(new["spec"]["clusterIP"], "10.96.0.7");
+        assert_eq!(new["spec"]["ports"][0]["nodePort"], 30003);
+    }
+}

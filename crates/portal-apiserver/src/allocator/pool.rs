@@ -1,0 +1,248 @@
+//! One allocatable range (service IPs, node ports, load-balancer addresses)
+//! and the in-memory bitmap used to pick free candidates. The store keys
+//! are the truth (ADR 0003); the bitmap only makes picking fast.
+
+use std::net::Ipv4Addr;
+
+use parking_lot::Mutex;
+use portal_api::cidr::{Ipv4Cidr, PortRange};
+use rand::Rng;
+
+/// What a pool hands out.
+#[derive(Clone, Debug)]
+pub(crate) enum Range {
+    /// Addresses of one CIDR; the network and broadcast addresses are never
+    /// handed out, and offsets below `first_dynamic` only when asked for.
+    Ipv4 {
+        cidr: Ipv4Cidr,
+        first_dynamic: u64,
+    },
+    /// Addresses of several CIDRs, used in order (load-balancer pools).
+    Ipv4Pool(Vec<Ipv4Cidr>),
+    Ports(PortRange),
+}
+
+impl Range {
+    fn size(&self) -> u64 {
+        match self {
+            Range::Ipv4 { cidr, .. } => cidr.size(),
+            Range::Ipv4Pool(cidrs) => cidrs.iter().map(Ipv4Cidr::size).sum(),
+            Range::Ports(ports) => ports.size(),
+        }
+    }
+
+    /// The value at an offset (`10.96.0.10`, `30080`).
+    pub(crate) fn value(&self, offset: u64) -> Option<String> {
+        match self {
+            Range::Ipv4 { cidr, .. } => cidr.nth(offset).map(|ip| ip.to_string()),
+            Range::Ipv4Pool(cidrs) => {
+                let mut rest = offset;
+                for cidr in cidrs {
+                    if rest < cidr.size() {
+                        return cidr.nth(rest).map(|ip| ip.to_string());
+                    }
+                    rest -= cidr.size();
+                }
+                None
+            }
+            Range::Ports(ports) => {
+                (offset < ports.size()).then(|| (u64::from(ports.first) + offset).to_string())
+            }
+        }
+    }
+
+    /// The offset of a value, `None` if it is outside the range.
+    pub(crate) fn offset(&self, value: &str) -> Option<u64> {
+        match self {
+            Range::Ipv4 { cidr, .. } => cidr.offset(value.parse::<Ipv4Addr>().ok()?),
+            Range::Ipv4Pool(cidrs) => {
+                let ip = value.parse::<Ipv4Addr>().ok()?;
+                let mut base = 0;
+                for cidr in cidrs {
+                    if let Some(offset) = cidr.offset(ip) {
+                        return Some(base + offset);
+                    }
+                    base += cidr.size();
+                }
+                None
+            }
+            Range::Ports(ports) => {
+                let port = value.parse::<i64>().ok()?;
+                ports
+                    .contains(port)
+                    .then(|| (port - i64::from(ports.first)) as u64)
+            }
+        }
+    }
+
+    /// Offsets that may be allocated at all (network/broadcast excluded).
+    fn usable(&self, offset: u64) -> bool {
+        match self {
+            Range::Ipv4 { cidr, .. } => {
+                cidr.size() <= 2 || (offset != 0 && offset != cidr.size() - 1)
+            }
+            Range::Ipv4Pool(_) | Range::Ports(_) => offset < self.size(),
+        }
+    }
+
+    /// Where random picking starts.
+    fn first_dynamic(&self) -> u64 {
+        match self {
+            Range::Ipv4 { first_dynamic, .. } => *first_dynamic,
+            Range::Ipv4Pool(_) | Range::Ports(_) => 0,
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Range::Ipv4 { cidr, .. } => cidr.to_string(),
+            Range::Ipv4Pool(cidrs) => cidrs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            Range::Ports(ports) => ports.to_string(),
+        }
+    }
+}
+
+/// Why a reservation failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    OutOfRange,
+    Taken,
+    Full,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub(crate) range: Range,
+    /// The store key prefix of this pool's records.
+    pub(crate) prefix: &'static str,
+    used: Mutex<Vec<u64>>,
+}
+
+impl Pool {
+    pub(crate) fn new(range: Range, prefix: &'static str) -> Self {
+        let words = range.size().div_ceil(64) as usize;
+        Pool {
+            range,
+            prefix,
+            used: Mutex::new(vec![0; words]),
+        }
+    }
+
+    pub(crate) fn key(&self, value: &str) -> String {
+        format!("{}{value}", self.prefix)
+    }
+
+    fn test_and_set(bits: &mut [u64], offset: u64) -> bool {
+        let (word, bit) = ((offset / 64) as usize, offset % 64);
+        let was = bits[word] & (1 << bit) != 0;
+        bits[word] |= 1 << bit;
+        !was
+    }
+
+    /// Reserves a specific value.
+    pub(crate) fn reserve(&self, value: &str) -> Result<u64, Refusal> {
+        let offset = self
+            .range
+            .offset(value)
+            .filter(|o| self.range.usable(*o))
+            .ok_or(Refusal::OutOfRange)?;
+        if Self::test_and_set(&mut self.used.lock(), offset) {
+            Ok(offset)
+        } else {
+            Err(Refusal::Taken)
+        }
+    }
+
+    /// Reserves a free value, picked at random in the dynamic part.
+    pub(crate) fn reserve_any(&self) -> Result<(u64, String), Refusal> {
+        let size = self.range.size();
+        let first = self.range.first_dynamic().min(size);
+        let span = size - first;
+        if span == 0 {
+            return Err(Refusal::Full);
+        }
+        let start = rand::rng().random_range(0..span);
+        let mut used = self.used.lock();
+        for step in 0..span {
+            let offset = first + (start + step) % span;
+            if self.range.usable(offset) && Self::test_and_set(&mut used, offset) {
+                let value = self.range.value(offset).ok_or(Refusal::Full)?;
+                return Ok((offset, value));
+            }
+        }
+        Err(Refusal::Full)
+    }
+
+    pub(crate) fn release(&self, offset: u64) {
+        let (word, bit) = ((offset / 64) as usize, offset % 64);
+        if let Some(w) = self.used.lock().get_mut(word) {
+            *w &= !(1 << bit);
+        }
+    }
+
+    /// Marks a value used; values outside are ignored.
+    #[cfg(test)]
+    pub(crate) fn mark(&self, value: &str) {
+        if let Some(offset) = self.range.offset(value) {
+            Self::test_and_set(&mut self.used.lock(), offset);
+        }
+    }
+
+    /// Replaces the bitmap with exactly `values`.
+    pub(crate) fn sync<'a>(&self, values: impl IntoIterator<Item = &'a str>) {
+        let mut fresh = vec![0; self.range.size().div_ceil(64) as usize];
+        for value in values {
+            if let Some(offset) = self.range.offset(value) {
+                Self::test_and_set(&mut fresh, offset);
+            }
+        }
+        *self.used.lock() = fresh;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserves_until_full_and_releases() {
+        let pool = Pool::new(
+            Range::Ipv4 {
+                cidr: "10.0.0.0/29".parse().unwrap(),
+                first_dynamic: 2,
+            },
+            "/p/",
+        );
+        // 8 addresses: network (0) and broadcast (7) never, 1 only on request.
+        let mut got: Vec<String> = (0..5).map(|_| pool.reserve_any().unwrap().1).collect();
+        got.sort();
+        assert_eq!(
+            got,
+            ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"]
+        );
+        assert_eq!(pool.reserve_any(), Err(Refusal::Full));
+        assert_eq!(pool.reserve("10.0.0.1"), Ok(1));
+        assert_eq!(pool.reserve("10.0.0.1"), Err(Refusal::Taken));
+        assert_eq!(pool.reserve("10.0.0.7"), Err(Refusal::OutOfRange));
+        assert_eq!(pool.reserve("10.0.1.1"), Err(Refusal::OutOfRange));
+        pool.release(3);
+        assert_eq!(pool.reserve_any().unwrap().1, "10.0.0.3");
+    }
+
+    #[test]
+    fn ports_and_pools() {
+        let ports = Pool::new(Range::Ports("30000-30001".parse().unwrap()), "/n/");
+        assert!(ports.reserve_any().is_ok() && ports.reserve_any().is_ok());
+        assert_eq!(ports.reserve_any(), Err(Refusal::Full));
+        let lb = Range::Ipv4Pool(vec![
+            "192.0.2.0/31".parse().unwrap(),
+            "198.51.100.8/30".parse().unwrap(),
+        ]);
+        assert_eq!(lb.value(2).as_deref(), Some("198.51.100.8"));
+        assert_eq!(lb.offset("198.51.100.9"), Some(3));
+    }
+}

@@ -1,0 +1,270 @@
+//! The repair pass (SPEC S5): reconciles allocation records with the
+//! Services that exist. Frees records no Service holds (leaks from manual
+//! store edits or crashes of older versions), restores records a Service
+//! holds but that are missing, and records an Event for duplicates and
+//! out-of-range values. Then rebuilds the in-memory bitmaps.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use portal_api::{meta, Kind, Resource};
+use portal_store::{Error as StoreError, Op, Store};
+use serde_json::{json, Value};
+
+use super::{cluster_ip_of, node_ports_of, owner, Allocators, Pool};
+use crate::strategy;
+
+/// What one pass did, for logs and tests.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Report {
+    pub(crate) freed: usize,
+    pub(crate) restored: usize,
+    pub(crate) events: usize,
+}
+
+/// Runs a pass now and then every `period`, for ever.
+pub(crate) async fn run(
+    store: std::sync::Arc<dyn Store>,
+    allocators: std::sync::Arc<Allocators>,
+    period: Duration,
+) {
+    loop {
+        match pass(store.as_ref(), &allocators).await {
+            Ok(report) if report != Report::default() => {
+                tracing::info!(?report, "allocation repair")
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "allocation repair failed"),
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// One reconciliation of cluster IPs and node ports.
+pub(crate) async fn pass(store: &dyn Store, allocators: &Allocators) -> Result<Report, StoreError> {
+    let (services, listed_at) = store
+        .list(&Resource::of(Kind::Service).key_prefix())
+        .await?;
+    let services: Vec<Value> = services
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect();
+    let mut report = Report::default();
+    let mut ip_holders: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    let mut port_holders: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    for svc in &services {
+        if let Some(ip) = cluster_ip_of(svc) {
+            ip_holders.entry(ip.to_owned()).or_default().push(svc);
+        }
+        for port in node_ports_of(svc) {
+            port_holders.entry(port.to_string()).or_default().push(svc);
+        }
+    }
+    reconcile(
+        store,
+        &allocators.ips,
+        &ip_holders,
+        listed_at,
+        "ClusterIP",
+        &mut report,
+    )
+    .await?;
+    reconcile(
+        store,
+        &allocators.node_ports,
+        &port_holders,
+        listed_at,
+        "NodePort",
+        &mut report,
+    )
+    .await?;
+    Ok(report)
+}
+
+async fn reconcile(
+    store: &dyn Store,
+    pool: &Pool,
+    holders: &BTreeMap<String, Vec<&Value>>,
+    listed_at: u64,
+    what: &str,
+    report: &mut Report,
+) -> Result<(), StoreError> {
+    let (records, _) = store.list(pool.prefix).await?;
+    let mut present = Vec::new();
+    for kv in records {
+        let value = kv.key[pool.prefix.len()..].to_owned();
+        // A record newer than the Service listing may belong to a Service
+        // created since (they are written together): leave it.
+        if !holders.contains_key(&value) && kv.create_revision <= listed_at {
+            let op = Op::Delete {
+                key: kv.key.clone(),
+                expected_revision: Some(kv.mod_revision),
+            };
+            match store.txn(vec![op]).await {
+                Ok(_) => report.freed += 1,
+                Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
+                    present.push(value)
+                }
+                Err(e) => return Err(e),
+            }
+            continue;
+        }
+        present.push(value);
+    }
+    for (value, services) in holders {
+        if pool.range.offset(value).is_none() {
+            for svc in services {
+                let message = format!("{what} {value} is not within the configured range {}; please recreate the service", pool.range.describe());
+                record_event(store, svc, &format!("{what}OutOfRange"), &message).await?;
+                report.events += 1;
+            }
+            continue;
+        }
+        for svc in services.iter().skip(1) {
+            let message = format!(
+                "{what} {value} was assigned to multiple services; please recreate the service"
+            );
+            record_event(store, svc, &format!("{what}AlreadyAllocated"), &message).await?;
+            report.events += 1;
+        }
+        if !present.contains(value) {
+            let record = Bytes::from(json!({"service": owner(services[0])}).to_string());
+            match store
+                .txn(vec![Op::Create {
+                    key: pool.key(value),
+                    value: record,
+                }])
+                .await
+            {
+                Ok(_) => report.restored += 1,
+                Err(StoreError::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            present.push(value.clone());
+        }
+    }
+    pool.sync(present.iter().map(String::as_str));
+    Ok(())
+}
+
+/// A Warning Event about `svc`, as `kubectl describe` shows them.
+async fn record_event(
+    store: &dyn Store,
+    svc: &Value,
+    reason: &str,
+    message: &str,
+) -> Result<(), StoreError> {
+    let namespace = meta::meta_str(svc, "namespace").unwrap_or("default");
+    let name = meta::meta_str(svc, "name").unwrap_or("");
+    let now = strategy::now();
+    let event_name = format!("{name}.{}", uuid::Uuid::new_v4().simple());
+    let resource = Resource::of(Kind::Event);
+    let mut event = json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": event_name, "namespace": namespace},
+        "involvedObject": {
+            "kind": "Service", "apiVersion": "v1", "namespace": namespace, "name": name,
+            "uid": meta::meta_str(svc, "uid").unwrap_or(""),
+        },
+        "reason": reason,
+        "message": message,
+        "type": "Warning",
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": "ipallocator-repair-controller"},
+        "reportingComponent": "ipallocator-repair-controller",
+    });
+    strategy::prepare_create(resource, &mut event, Some(namespace));
+    let key = resource.key(Some(namespace), &event_name);
+    let value = Bytes::from(serde_json::to_vec(&event).unwrap_or_default());
+    store.txn(vec![Op::Create { key, value }]).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use portal_store::{EmbeddedOptions, EmbeddedStore};
+
+    fn service(name: &str, ip: &str) -> (String, Bytes) {
+        let svc = json!({"metadata": {"name": name, "namespace": "default", "uid": name}, "spec": {"clusterIP": ip, "ports": [{"port": 80}]}});
+        (
+            Resource::of(Kind::Service).key(Some("default"), name),
+            Bytes::from(svc.to_string()),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frees_leaks_restores_records_and_reports_duplicates() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let allocators = Allocators::new(
+            "10.96.0.0/24".parse().unwrap(),
+            "30000-30009".parse().unwrap(),
+        );
+        // A record whose Service was removed behind the allocator's back.
+        let leaked = Op::Create {
+            key: allocators.ips.key("10.96.0.50"),
+            value: Bytes::from_static(b"{}"),
+        };
+        // Two Services claiming one address (a manual edit), none recorded.
+        let (k1, v1) = service("one", "10.96.0.60");
+        let (k2, v2) = service("two", "10.96.0.60");
+        let (k3, v3) = service("far", "10.0.0.1");
+        let ops = vec![
+            leaked,
+            Op::Create { key: k1, value: v1 },
+            Op::Create { key: k2, value: v2 },
+            Op::Create { key: k3, value: v3 },
+        ];
+        store.txn(ops).await.unwrap();
+        allocators.ips.mark("10.96.0.50");
+
+        let report = pass(&store, &allocators).await.unwrap();
+        assert_eq!(
+            report,
+            Report {
+                freed: 1,
+                restored: 1,
+                events: 2
+            }
+        );
+        assert!(store
+            .get(&allocators.ips.key("10.96.0.50"))
+            .await
+            .unwrap()
+            .is_none());
+        assert!(store
+            .get(&allocators.ips.key("10.96.0.60"))
+            .await
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            allocators.ips.reserve("10.96.0.50"),
+            Ok(50),
+            "the leaked address is free again"
+        );
+        assert!(allocators.ips.reserve("10.96.0.60").is_err());
+        let (events, _) = store
+            .list(&Resource::of(Kind::Event).key_prefix())
+            .await
+            .unwrap();
+        let reasons: Vec<String> = events
+            .iter()
+            .map(|kv| {
+                serde_json::from_slice::<Value>(&kv.value).unwrap()["reason"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert!(
+            reasons.contains(&"ClusterIPAlreadyAllocated".to_owned())
+                && reasons.contains(&"ClusterIPOutOfRange".to_owned())
+        );
+        // A second pass finds nothing to do but the standing problems.
+        assert_eq!(pass(&store, &allocators).await.unwrap().freed, 0);
+    }
+}

@@ -1,0 +1,106 @@
+//! The `kubernetes` Service in `default` (SPEC S4): the first address of the
+//! service range, port 443, pointing at this API server. Created at start;
+//! its target port and Endpoints follow the server's real address.
+
+use std::net::IpAddr;
+
+use bytes::Bytes;
+use portal_api::{defaults, Kind, Resource};
+use portal_store::{Error as StoreError, Op, Store};
+use serde_json::{json, Value};
+
+use crate::allocator::Allocators;
+use crate::strategy;
+
+fn ports(api_port: u16) -> Value {
+    json!([{"name": "https", "port": 443, "protocol": "TCP", "targetPort": api_port}])
+}
+
+/// Creates or updates the Service (and, when the server has an address pods
+/// can reach, its Endpoints).
+pub(crate) async fn ensure(
+    store: &dyn Store,
+    allocators: &Allocators,
+    api_port: u16,
+    advertise: Option<IpAddr>,
+) -> Result<(), StoreError> {
+    let resource = Resource::of(Kind::Service);
+    let key = resource.key(Some("default"), "kubernetes");
+    match store.get(&key).await? {
+        None => {
+            let mut svc = json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                "spec": {"type": "ClusterIP", "clusterIP": allocators.first_address(), "ports": ports(api_port)},
+            });
+            strategy::prepare_create(resource, &mut svc, Some("default"));
+            defaults::apply(Kind::Service, &mut svc);
+            let mut reservation = allocators.for_create(resource, &mut svc).map_err(|cause| {
+                StoreError::Backend(format!("kubernetes Service: {}", cause.display()))
+            })?;
+            let mut ops = vec![Op::Create {
+                key,
+                value: Bytes::from(svc.to_string()),
+            }];
+            ops.append(&mut reservation.ops);
+            match store.txn(ops).await {
+                Ok(_) => reservation.commit(),
+                Err(e) => {
+                    reservation.abort(None);
+                    if !matches!(e, StoreError::AlreadyExists { .. }) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Some(current) => {
+            let mut svc: Value = serde_json::from_slice(&current.value)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if svc["spec"]["ports"] != ports(api_port) {
+                svc["spec"]["ports"] = ports(api_port);
+                let op = Op::Update {
+                    key,
+                    value: Bytes::from(svc.to_string()),
+                    expected_revision: current.mod_revision,
+                };
+                store.txn(vec![op]).await?;
+            }
+        }
+    }
+    let Some(ip) = advertise.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) else {
+        return Ok(());
+    };
+    let endpoints = Resource::of(Kind::Endpoints);
+    let key = endpoints.key(Some("default"), "kubernetes");
+    let subsets = json!([{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": api_port, "protocol": "TCP"}]}]);
+    match store.get(&key).await? {
+        None => {
+            let mut object = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "kubernetes"}, "subsets": subsets});
+            strategy::prepare_create(endpoints, &mut object, Some("default"));
+            match store
+                .txn(vec![Op::Create {
+                    key,
+                    value: Bytes::from(object.to_string()),
+                }])
+                .await
+            {
+                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Some(current) => {
+            let mut object: Value = serde_json::from_slice(&current.value)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if object["subsets"] != subsets {
+                object["subsets"] = subsets;
+                let op = Op::Update {
+                    key,
+                    value: Bytes::from(object.to_string()),
+                    expected_revision: current.mod_revision,
+                };
+                store.txn(vec![op]).await?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -119,16 +119,27 @@ pub(crate) struct Pool {
     pub(crate) range: Range,
     /// The store key prefix of this pool's records.
     pub(crate) prefix: &'static str,
-    used: Mutex<Vec<u64>>,
+    used: Mutex<Bitmap>,
+}
+
+/// Used offsets, and where the next search starts.
+#[derive(Debug)]
+struct Bitmap {
+    words: Vec<u64>,
+    /// Next-fit: searching on from the last pick keeps new records' keys
+    /// close together in the store (few pages per group commit), while each
+    /// server's random starting point keeps several servers apart.
+    cursor: u64,
 }
 
 impl Pool {
     pub(crate) fn new(range: Range, prefix: &'static str) -> Self {
-        let words = range.size().div_ceil(64) as usize;
+        let words = vec![0; range.size().div_ceil(64) as usize];
+        let cursor = rand::rng().random_range(0..range.size().max(1));
         Pool {
             range,
             prefix,
-            used: Mutex::new(vec![0; words]),
+            used: Mutex::new(Bitmap { words, cursor }),
         }
     }
 
@@ -150,14 +161,15 @@ impl Pool {
             .offset(value)
             .filter(|o| self.range.usable(*o))
             .ok_or(Refusal::OutOfRange)?;
-        if Self::test_and_set(&mut self.used.lock(), offset) {
+        if Self::test_and_set(&mut self.used.lock().words, offset) {
             Ok(offset)
         } else {
             Err(Refusal::Taken)
         }
     }
 
-    /// Reserves a free value, picked at random in the dynamic part.
+    /// Reserves a free value in the dynamic part, searching on from the
+    /// last one picked.
     pub(crate) fn reserve_any(&self) -> Result<(u64, String), Refusal> {
         let size = self.range.size();
         let first = self.range.first_dynamic().min(size);
@@ -165,11 +177,12 @@ impl Pool {
         if span == 0 {
             return Err(Refusal::Full);
         }
-        let start = rand::rng().random_range(0..span);
         let mut used = self.used.lock();
+        let start = used.cursor.saturating_sub(first) % span;
         for step in 0..span {
             let offset = first + (start + step) % span;
-            if self.range.usable(offset) && Self::test_and_set(&mut used, offset) {
+            if self.range.usable(offset) && Self::test_and_set(&mut used.words, offset) {
+                used.cursor = offset + 1;
                 let value = self.range.value(offset).ok_or(Refusal::Full)?;
                 return Ok((offset, value));
             }
@@ -179,7 +192,7 @@ impl Pool {
 
     pub(crate) fn release(&self, offset: u64) {
         let (word, bit) = ((offset / 64) as usize, offset % 64);
-        if let Some(w) = self.used.lock().get_mut(word) {
+        if let Some(w) = self.used.lock().words.get_mut(word) {
             *w &= !(1 << bit);
         }
     }
@@ -188,7 +201,7 @@ impl Pool {
     #[cfg(test)]
     pub(crate) fn mark(&self, value: &str) {
         if let Some(offset) = self.range.offset(value) {
-            Self::test_and_set(&mut self.used.lock(), offset);
+            Self::test_and_set(&mut self.used.lock().words, offset);
         }
     }
 
@@ -200,7 +213,7 @@ impl Pool {
                 Self::test_and_set(&mut fresh, offset);
             }
         }
-        *self.used.lock() = fresh;
+        self.used.lock().words = fresh;
     }
 }
 

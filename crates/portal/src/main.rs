@@ -26,6 +26,15 @@ struct Cli {
 enum Command {
     /// Run everything on this machine on the embedded store.
     Server(ServerArgs),
+    /// Run the controllers against an API server.
+    Controllers(ClientArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ClientArgs {
+    /// Credentials and address of the API server.
+    #[arg(long)]
+    kubeconfig: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -51,9 +60,28 @@ struct ServerArgs {
     /// This node's address: where pods reach the API server.
     #[arg(long)]
     node_ip: Option<IpAddr>,
+    /// Components not to run in this process (comma-separated: controllers).
+    #[arg(long, value_delimiter = ',')]
+    disable: Vec<Component>,
 }
 
-async fn server(args: ServerArgs) -> Result<(), portal_apiserver::Error> {
+/// Components `portal server` runs besides the API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Component {
+    Controllers,
+}
+
+/// Why the process stopped with an error.
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error(transparent)]
+    Api(#[from] portal_apiserver::Error),
+    #[error(transparent)]
+    Controllers(#[from] portal_controllers::Error),
+}
+
+async fn server(args: ServerArgs) -> Result<(), Error> {
+    let disabled = args.disable.clone();
     let config = portal_apiserver::Config {
         data_dir: args.data_dir,
         bind: args.api_bind,
@@ -64,12 +92,27 @@ async fn server(args: ServerArgs) -> Result<(), portal_apiserver::Error> {
         load_balancer_pool: args.load_balancer_pool,
     };
     let api = portal_apiserver::ApiServer::start(config).await?;
+    if !disabled.contains(&Component::Controllers) {
+        // The controllers are API clients like any other, through the
+        // kubeconfig the server just wrote.
+        let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
+        tokio::spawn(portal_controllers::run(client));
+    }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| portal_apiserver::Error::Signal(e.to_string()))?;
     tokio::select! {
         () = api.wait() => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
         _ = terminate.recv() => tracing::info!("terminated; stopping"),
+    }
+    Ok(())
+}
+
+async fn controllers(args: ClientArgs) -> Result<(), Error> {
+    let client = portal_controllers::client_from_kubeconfig(&args.kubeconfig).await?;
+    tokio::select! {
+        () = portal_controllers::run(client) => {}
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
     }
     Ok(())
 }
@@ -96,6 +139,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Server(args) => server(args).await,
+            Command::Controllers(args) => controllers(args).await,
         }
     });
     match result {

@@ -1,0 +1,389 @@
+//! What a Service's Endpoints and EndpointSlices should say, from the
+//! Service and the pods it selects (SPEC E1, E2, S2). Pure functions: the
+//! controller compares this with what is stored and writes the difference.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort, EndpointSubset, ObjectReference, Pod, Service,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort as SlicePort};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// Label naming a slice's Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Label naming the controller that manages a slice.
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
+/// When the change these endpoints reflect happened (E2).
+pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// Most endpoints in one EndpointSlice.
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
+
+/// One selected pod as an endpoint: its address, readiness and ports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodEndpoint {
+    pub ip: String,
+    pub ready: bool,
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub hostname: Option<String>,
+    pub target_ref: ObjectReference,
+    /// The Service's ports resolved for this pod (S2), in Service order.
+    pub ports: Vec<EndpointPort>,
+}
+
+fn labels_match(selector: &BTreeMap<String, String>, pod: &Pod) -> bool {
+    let labels = pod.metadata.labels.as_ref();
+    selector
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
+/// Whether `service` selects `pod` (same namespace, every selector label).
+pub fn selects(service: &Service, pod: &Pod) -> bool {
+    let Some(selector) = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.as_ref())
+        .filter(|s| !s.is_empty())
+    else {
+        return false;
+    };
+    service.metadata.namespace == pod.metadata.namespace && labels_match(selector, pod)
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}
+
+/// The port number a Service port's `targetPort` means in `pod`: a number
+/// as is, a name looked up among the pod's container ports.
+fn resolve_port(target: Option<&IntOrString>, port: i32, protocol: &str, pod: &Pod) -> Option<i32> {
+    match target {
+        None => Some(port),
+        Some(IntOrString::Int(0)) => Some(port),
+        Some(IntOrString::Int(n)) => Some(*n),
+        Some(IntOrString::String(name)) => pod.spec.as_ref()?.containers.iter().find_map(|c| {
+            c.ports
+                .as_ref()?
+                .iter()
+                .find(|p| {
+                    p.name.as_deref() == Some(name.as_str())
+                        && p.protocol.as_deref().unwrap_or("TCP") == protocol
+                })
+                .map(|p| p.container_port)
+        }),
+    }
+}
+
+/// The endpoint a pod contributes, if it has an address and is not gone.
+pub fn pod_endpoint(service: &Service, pod: &Pod) -> Option<PodEndpoint> {
+    let ip = pod
+        .status
+        .as_ref()?
+        .pod_ip
+        .clone()
+        .filter(|ip| !ip.is_empty())?;
+    let spec = service.spec.as_ref()?;
+    let terminating = pod.metadata.deletion_timestamp.is_some();
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let mut ports = Vec::new();
+    for port in spec.ports.iter().flatten() {
+        let protocol = port.protocol.clone().unwrap_or_else(|| "TCP".into());
+        if let Some(number) = resolve_port(port.target_port.as_ref(), port.port, &protocol, pod) {
+            ports.push(EndpointPort {
+                name: port.name.clone(),
+                port: number,
+                protocol: Some(protocol),
+                app_protocol: port.app_protocol.clone(),
+            });
+        }
+    }
+    let service_name = service.metadata.name.as_deref();
+    let pod_spec = pod.spec.as_ref();
+    let hostname = pod_spec
+        .and_then(|s| s.hostname.clone())
+        .filter(|_| pod_spec.and_then(|s| s.subdomain.as_deref()) == service_name);
+    Some(PodEndpoint {
+        ip,
+        ready: pod_ready(pod) && !terminating,
+        terminating,
+        node_name: pod_spec.and_then(|s| s.node_name.clone()),
+        hostname,
+        target_ref: ObjectReference {
+            kind: Some("Pod".into()),
+            namespace: pod.metadata.namespace.clone(),
+            name: pod.metadata.name.clone(),
+            uid: pod.metadata.uid.clone(),
+            ..ObjectReference::default()
+        },
+        ports,
+    })
+}
+
+/// Every endpoint of `service` among `pods`, sorted by address.
+pub fn endpoints_of<'a>(
+    service: &Service,
+    pods: impl IntoIterator<Item = &'a Pod>,
+) -> Vec<PodEndpoint> {
+    let mut all: Vec<PodEndpoint> = pods
+        .into_iter()
+        .filter(|p| selects(service, p))
+        .filter_map(|p| pod_endpoint(service, p))
+        .collect();
+    all.sort_by(|a, b| {
+        a.ip.cmp(&b.ip)
+            .then_with(|| a.target_ref.name.cmp(&b.target_ref.name))
+    });
+    all
+}
+
+fn publish_not_ready(service: &Service) -> bool {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.publish_not_ready_addresses)
+        .unwrap_or(false)
+}
+
+/// `subsets` of the Endpoints object: pods grouped by identical port sets.
+pub fn subsets(service: &Service, endpoints: &[PodEndpoint]) -> Vec<EndpointSubset> {
+    let mut groups: Vec<(Vec<EndpointPort>, EndpointSubset)> = Vec::new();
+    let all_ready = publish_not_ready(service);
+    for endpoint in endpoints {
+        // Terminating pods leave Endpoints (they stay in slices, marked).
+        if endpoint.terminating && !all_ready {
+            continue;
+        }
+        let address = EndpointAddress {
+            ip: endpoint.ip.clone(),
+            hostname: endpoint.hostname.clone(),
+            node_name: endpoint.node_name.clone(),
+            target_ref: Some(endpoint.target_ref.clone()),
+        };
+        let index = match groups
+            .iter()
+            .position(|(ports, _)| *ports == endpoint.ports)
+        {
+            Some(i) => i,
+            None => {
+                let subset = EndpointSubset {
+                    ports: Some(endpoint.ports.clone()).filter(|p| !p.is_empty()),
+                    ..EndpointSubset::default()
+                };
+                groups.push((endpoint.ports.clone(), subset));
+                groups.len() - 1
+            }
+        };
+        let subset = &mut groups[index].1;
+        let list = if endpoint.ready || all_ready {
+            &mut subset.addresses
+        } else {
+            &mut subset.not_ready_addresses
+        };
+        list.get_or_insert_with(Vec::new).push(address);
+    }
+    groups.into_iter().map(|(_, subset)| subset).collect()
+}
+
+/// The contents of the slices: per port set, endpoints in chunks of at most
+/// [`MAX_ENDPOINTS_PER_SLICE`], in a stable order so updates touch few slices.
+pub fn slice_contents(
+    service: &Service,
+    endpoints: &[PodEndpoint],
+) -> Vec<(Vec<SlicePort>, Vec<Endpoint>)> {
+    let all_ready = publish_not_ready(service);
+    let mut groups: Vec<(Vec<EndpointPort>, Vec<Endpoint>)> = Vec::new();
+    for endpoint in endpoints {
+        let entry = Endpoint {
+            addresses: vec![endpoint.ip.clone()],
+            conditions: Some(EndpointConditions {
+                ready: Some(endpoint.ready || all_ready),
+                serving: Some(endpoint.ready || (endpoint.terminating && all_ready)),
+                terminating: Some(endpoint.terminating),
+            }),
+            hostname: endpoint.hostname.clone(),
+            node_name: endpoint.node_name.clone(),
+            target_ref: Some(endpoint.target_ref.clone()),
+            ..Endpoint::default()
+        };
+        match groups
+            .iter_mut()
+            .find(|(ports, _)| *ports == endpoint.ports)
+        {
+            Some((_, list)) => list.push(entry),
+            None => groups.push((endpoint.ports.clone(), vec![entry])),
+        }
+    }
+    let mut slices = Vec::new();
+    for (ports, entries) in groups {
+        let slice_ports: Vec<SlicePort> = ports
+            .iter()
+            .map(|p| SlicePort {
+                name: p.name.clone(),
+                port: Some(p.port),
+                protocol: p.protocol.clone(),
+                app_protocol: p.app_protocol.clone(),
+            })
+            .collect();
+        for chunk in entries.chunks(MAX_ENDPOINTS_PER_SLICE) {
+            slices.push((slice_ports.clone(), chunk.to_vec()));
+        }
+    }
+    if slices.is_empty() {
+        // A Service with no endpoints still has one (empty) slice, as upstream.
+        let ports = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .map(|ports| {
+                ports
+                    .iter()
+                    .filter(|p| matches!(p.target_port, None | Some(IntOrString::Int(_))))
+                    .map(|p| SlicePort {
+                        name: p.name.clone(),
+                        port: match &p.target_port {
+                            Some(IntOrString::Int(n)) if *n != 0 => Some(*n),
+                            _ => Some(p.port),
+                        },
+                        protocol: p.protocol.clone(),
+                        app_protocol: p.app_protocol.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        slices.push((ports, Vec::new()));
+    }
+    slices
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        Container, ContainerPort, PodCondition, PodSpec, PodStatus, ServicePort, ServiceSpec,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn service(target: IntOrString) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("default".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec {
+                selector: Some([("app".to_owned(), "web".to_owned())].into()),
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    port: 80,
+                    target_port: Some(target),
+                    protocol: Some("TCP".into()),
+                    ..ServicePort::default()
+                }]),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn pod(name: &str, ip: &str, ready: bool, port_name: &str, number: i32) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                labels: Some([("app".to_owned(), "web".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    ports: Some(vec![ContainerPort {
+                        name: Some(port_name.into()),
+                        container_port: number,
+                        protocol: Some("TCP".into()),
+                        ..ContainerPort::default()
+                    }]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                pod_ip: Some(ip.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn named_target_ports_resolve_per_pod() {
+        let svc = service(IntOrString::String("web".into()));
+        let pods = [
+            pod("a", "10.0.0.1", true, "web", 8080),
+            pod("b", "10.0.0.2", true, "web", 9090),
+            pod("c", "10.0.0.3", false, "web", 8080),
+        ];
+        let endpoints = endpoints_of(&svc, &pods);
+        let subsets = subsets(&svc, &endpoints);
+        assert_eq!(subsets.len(), 2, "different numbers, different subsets");
+        assert_eq!(subsets[0].ports.as_ref().unwrap()[0].port, 8080);
+        assert_eq!(subsets[0].addresses.as_ref().unwrap().len(), 1);
+        assert_eq!(
+            subsets[0].not_ready_addresses.as_ref().unwrap()[0].ip,
+            "10.0.0.3"
+        );
+        assert_eq!(subsets[1].ports.as_ref().unwrap()[0].port, 9090);
+        let slices = slice_contents(&svc, &endpoints);
+        assert_eq!(slices.len(), 2);
+        assert_eq!(slices[0].1.len(), 2);
+        assert_eq!(
+            slices[0].1[1].conditions.as_ref().unwrap().ready,
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn unselected_unaddressed_and_many() {
+        let svc = service(IntOrString::Int(8080));
+        let mut other = pod("x", "10.0.0.9", true, "p", 1);
+        other.metadata.labels = Some([("app".to_owned(), "other".to_owned())].into());
+        let mut no_ip = pod("y", "", true, "p", 1);
+        no_ip.status.as_mut().unwrap().pod_ip = None;
+        assert!(endpoints_of(&svc, &[other, no_ip]).is_empty());
+        let many: Vec<Pod> = (0..250)
+            .map(|i| {
+                pod(
+                    &format!("p{i}"),
+                    &format!("10.1.{}.{}", i / 200, i % 200),
+                    true,
+                    "p",
+                    1,
+                )
+            })
+            .collect();
+        let endpoints = endpoints_of(&svc, &many);
+        let slices = slice_contents(&svc, &endpoints);
+        assert_eq!(
+            slices.iter().map(|s| s.1.len()).collect::<Vec<_>>(),
+            [100, 100, 50]
+        );
+        let mut published = svc.clone();
+        published.spec.as_mut().unwrap().publish_not_ready_addresses = Some(true);
+        let unready = [pod("u", "10.0.0.4", false, "p", 1)];
+        let subsets = subsets(&published, &endpoints_of(&published, &unready));
+        assert_eq!(subsets[0].addresses.as_ref().unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,36 @@
+//! Portal's controllers: plain API clients, so they run inside `portal
+//! server` or alone (`portal controllers --kubeconfig F`) against any API
+//! server. Today: the endpoints controller (Endpoints and EndpointSlices).
+
+pub mod endpoints;
+
+use std::path::Path;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: String, message: String },
+    #[error("API client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// A client for the cluster a kubeconfig file describes.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
+    let invalid = |message: String| Error::Kubeconfig {
+        path: path.display().to_string(),
+        message,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| invalid(e.to_string()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(Client::try_from(config)?)
+}
+
+/// Runs every controller until the process ends.
+pub async fn run(client: Client) {
+    endpoints::run(client).await;
+}

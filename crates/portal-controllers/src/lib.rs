@@ -1,8 +1,10 @@
 //! Portal's controllers: plain API clients, so they run inside `portal
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
-//! server. Today: the endpoints controller (Endpoints and EndpointSlices).
+//! server. Today: the endpoints controller (Endpoints and EndpointSlices)
+//! and the ReplicationController controller.
 
 pub mod endpoints;
+pub mod replication;
 
 use std::path::Path;
 
@@ -32,5 +34,5 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
 
 /// Runs every controller until the process ends.
 pub async fn run(client: Client) {
-    endpoints::run(client).await;
+    tokio::join!(endpoints::run(client.clone()), replication::run(client));
 }

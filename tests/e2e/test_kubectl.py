@@ -250,6 +250,10 @@ def test_delete(kubectl, tmp_path):
     path = tmp_path / "manifest.yaml"
     out = kubectl.out("delete", "-f", str(path), "--ignore-not-found")
     assert 'replicationcontroller "web" deleted' in out and 'pod "front" deleted' in out
+    # The RC's pods go with it (Background cascade, after the RC).
+    deadline = time.monotonic() + 10
+    while kubectl.out("get", "po", "-o", "name").strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert kubectl.out("get", "po", "-o", "name").strip() == ""
 
 

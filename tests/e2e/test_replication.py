@@ -44,3 +44,26 @@ def test_replicas_are_kept(portal, tmp_path):
     core.delete_namespaced_pod(survivor, NS)
     wait_for(lambda: [p.metadata.name for p in owned_pods(core, "web")] not in ([], [survivor]), "a replacement pod")
     wait_for(lambda: len(owned_pods(core, "web")) == 1, "exactly one pod again")
+
+
+def test_describe_shows_controller_events(portal, tmp_path):
+    rcs = client.CoreV1Api(portal.api_client())
+    rcs.create_namespaced_replication_controller(NS, rc_body("described", 2))
+    kubectl = Kubectl(KUBECTLS[0], portal, tmp_path)
+    wait_for(lambda: kubectl.out("describe", "rc", "described").count("SuccessfulCreate") == 2, "two SuccessfulCreate events in describe")
+
+
+def test_deleting_an_rc_cascades_or_orphans(portal, tmp_path):
+    core = portal.core()
+    rcs = client.CoreV1Api(portal.api_client())
+    kubectl = Kubectl(KUBECTLS[0], portal, tmp_path)
+    rcs.create_namespaced_replication_controller(NS, rc_body("orphaned", 2))
+    wait_for(lambda: len(owned_pods(core, "orphaned")) == 2, "2 pods")
+    kubectl.out("delete", "rc", "orphaned", "--cascade=orphan")
+    pods = core.list_namespaced_pod(NS, label_selector="app=orphaned").items
+    assert len(pods) == 2 and all(not p.metadata.owner_references for p in pods), "orphans keep running, unowned"
+
+    rcs.create_namespaced_replication_controller(NS, rc_body("cascade", 2))
+    wait_for(lambda: len(owned_pods(core, "cascade")) == 2, "2 pods")
+    kubectl.out("delete", "rc", "cascade", "--cascade=foreground")
+    assert core.list_namespaced_pod(NS, label_selector="app=cascade").items == [], "foreground: dependents first"

@@ -70,6 +70,15 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
                 "verbs": ["get", "patch", "update"],
             }));
         }
+        if r.kind == portal_api::Kind::Pod {
+            resources.push(json!({
+                "name": "pods/binding",
+                "singularName": "",
+                "namespaced": true,
+                "kind": "Binding",
+                "verbs": ["create"],
+            }));
+        }
         if r.kind == portal_api::Kind::ReplicationController {
             resources.push(json!({
                 "name": format!("{}/scale", r.plural),

@@ -4,8 +4,10 @@
 //! Prometheus metrics.
 
 mod allocator;
+mod binding;
 mod cache;
 mod discovery;
+mod gc;
 mod http;
 mod kubernetes_service;
 mod load_balancer;
@@ -82,6 +84,16 @@ pub(crate) struct ApiState {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) token: String,
     pub(crate) address: SocketAddr,
+}
+
+impl ApiState {
+    pub(crate) fn collector(&self) -> gc::Collector {
+        gc::Collector {
+            store: self.store.clone(),
+            cache: self.cache.clone(),
+            allocators: self.allocators.clone(),
+        }
+    }
 }
 
 /// The resource and namespace a request addresses.

@@ -11,7 +11,7 @@ use portal_api::{path, Resource, Status};
 
 use crate::http::{json_response, read_body, status_response, text_response, Body, Output, Query};
 use crate::write::Part;
-use crate::{discovery, openapi, read, scale, watch, write, ApiState, Scope};
+use crate::{binding, discovery, openapi, read, scale, watch, write, ApiState, Scope};
 
 /// Paths anyone may ask: they reveal nothing and let probes work.
 const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
@@ -145,6 +145,7 @@ async fn route(
         None => Target::Part(Part::Main),
         Some("status") if resource.has_status => Target::Part(Part::Status),
         Some("scale") if scale::supports(&scope) => Target::Scale,
+        Some("binding") if resource.kind == portal_api::Kind::Pod => Target::Binding,
         Some(_) => return Err(Status::no_route()),
     };
     let output = Output::negotiate(request.headers(), &query)?;
@@ -170,6 +171,11 @@ async fn route(
             scale::patch(state, &scope, name, patch_type, &body, &query).await
         }
         (_, _, Target::Scale) => Err(not_allowed(&method, &uri_path)),
+        (&Method::POST, Some(name), Target::Binding) => {
+            let body = read_body(request.into_body()).await?;
+            binding::bind(state, &scope, name, &body, &query).await
+        }
+        (_, _, Target::Binding) => Err(not_allowed(&method, &uri_path)),
         (&Method::GET, Some(name), _) => read::get(state, &scope, name, &query, output).await,
         (&Method::GET, None, _) if watching => watch::watch(state, &scope, &query, output).await,
         (&Method::GET, None, _) => read::list(state, &scope, &query, output).await,
@@ -190,7 +196,7 @@ async fn route(
         }
         (&Method::DELETE, Some(name), Target::Part(Part::Main)) if !needs_namespace => {
             let body = read_body(request.into_body()).await?;
-            write::delete(state, &scope, name, &body).await
+            write::delete(state, &scope, name, &body, &query).await
         }
         (&Method::DELETE, None, Target::Part(Part::Main)) if !needs_namespace => {
             write::delete_collection(state, &scope, &query).await
@@ -204,6 +210,7 @@ async fn route(
 enum Target {
     Part(Part),
     Scale,
+    Binding,
 }
 
 fn not_allowed(method: &Method, path: &str) -> Status {

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::allocator::{delete_stored, Allocators};
 use crate::cache::CachedObject;
+use crate::gc::Propagation;
 use crate::http::{json_response, Body, FieldValidation, Query};
 use crate::read::{fresh, parse_revision, Filter};
 use crate::{store_error, strategy, ApiState, Scope};
@@ -452,6 +453,11 @@ fn check_uid(scope: &Scope<'_>, name: &str, object: &Value, old: &Value) -> Resu
 struct DeleteOptions {
     #[serde(default)]
     preconditions: Option<Preconditions>,
+    #[serde(default)]
+    propagation_policy: Option<String>,
+    /// The pre-1.7 form of `propagationPolicy: Orphan`.
+    #[serde(default)]
+    orphan_dependents: Option<bool>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -466,6 +472,7 @@ pub(crate) async fn delete(
     scope: &Scope<'_>,
     name: &str,
     body: &[u8],
+    query: &Query,
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
     let options: DeleteOptions = if body.iter().all(u8::is_ascii_whitespace) {
@@ -473,6 +480,15 @@ pub(crate) async fn delete(
     } else {
         serde_json::from_slice(body)
             .map_err(|e| Status::bad_request(format!("invalid DeleteOptions: {e}")))?
+    };
+    let policy = if options.orphan_dependents == Some(true) {
+        Propagation::Orphan
+    } else {
+        let asked = options
+            .propagation_policy
+            .as_deref()
+            .or(query.get("propagationPolicy"));
+        Propagation::parse(asked).map_err(Status::bad_request)?
     };
     let preconditions = options.preconditions.unwrap_or_default();
     let expected = parse_revision(preconditions.resource_version.as_deref())?;
@@ -501,12 +517,33 @@ pub(crate) async fn delete(
         if resource.kind == Kind::Namespace {
             return crate::namespace::begin_termination(state, scope, name, current, old).await;
         }
+        let uid = meta::meta_str(&old, "uid").unwrap_or("").to_owned();
+        let namespace = scope.namespace.map(str::to_owned);
+        let collector = state.collector();
         match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
             Ok(revision) => {
+                // The owner goes first (Portal deletes at once, there is no
+                // deletionTimestamp phase), so no controller recreates what
+                // is being removed. Foreground and Orphan finish before the
+                // reply; Background after it.
+                if !uid.is_empty() {
+                    if policy == Propagation::Background {
+                        tokio::spawn(async move {
+                            if let Err(error) = collector.collect(namespace, uid, policy).await {
+                                tracing::warn!(%error, "deleting dependents failed");
+                            }
+                        });
+                    } else {
+                        collector
+                            .collect(namespace, uid, policy)
+                            .await
+                            .map_err(store_error)?;
+                    }
+                }
                 return Ok(json_response(
                     StatusCode::OK,
                     CachedObject::from_value(key, old, revision).json.clone(),
-                ))
+                ));
             }
             Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
             Err(StoreError::NotFound { .. }) => {
@@ -541,6 +578,17 @@ pub(crate) async fn delete_collection(
             match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
                 Ok(revision) => {
                     let value = decode_stored(&current)?;
+                    let uid = meta::meta_str(&value, "uid").unwrap_or("").to_owned();
+                    let (collector, namespace) =
+                        (state.collector(), scope.namespace.map(str::to_owned));
+                    tokio::spawn(async move {
+                        if let Err(error) = collector
+                            .collect(namespace, uid, Propagation::Background)
+                            .await
+                        {
+                            tracing::warn!(%error, "deleting dependents failed");
+                        }
+                    });
                     deleted.push(std::sync::Arc::new(CachedObject::from_value(
                         item.key.clone(),
                         value,

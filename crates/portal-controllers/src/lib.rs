@@ -1,10 +1,12 @@
 //! Portal's controllers: plain API clients, so they run inside `portal
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server. Today: the endpoints controller (Endpoints and EndpointSlices)
-//! and the ReplicationController controller.
+//! the ReplicationController controller and the scheduler.
 
 pub mod endpoints;
+mod events;
 pub mod replication;
+pub mod scheduler;
 
 use std::path::Path;
 
@@ -34,5 +36,9 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
 
 /// Runs every controller until the process ends.
 pub async fn run(client: Client) {
-    tokio::join!(endpoints::run(client.clone()), replication::run(client));
+    tokio::join!(
+        endpoints::run(client.clone()),
+        replication::run(client.clone()),
+        scheduler::run(client)
+    );
 }

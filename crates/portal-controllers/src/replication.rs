@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, ReplicationController, ReplicationControllerStatus};
+use k8s_openapi::api::core::v1::{
+    ObjectReference, Pod, ReplicationController, ReplicationControllerStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -19,6 +21,8 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+
+use crate::events;
 
 /// Most pods created or deleted by one reconcile.
 const BATCH: usize = 500;
@@ -74,6 +78,19 @@ pub async fn run(client: Client) {
 fn error_policy(rc: Arc<ReplicationController>, error: &Error, _: Arc<Context>) -> Action {
     tracing::warn!(%error, rc = %rc.name_any(), "replication update failed; retrying");
     Action::requeue(Duration::from_millis(500))
+}
+
+const COMPONENT: &str = "replication-controller";
+
+fn reference(rc: &ReplicationController) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ReplicationController".into()),
+        name: Some(rc.name_any()),
+        namespace: rc.namespace(),
+        uid: rc.metadata.uid.clone(),
+        ..ObjectReference::default()
+    }
 }
 
 fn is_active(pod: &Pod) -> bool {
@@ -174,19 +191,33 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
             async move { api.create(&PostParams::default(), &pod).await }
         });
         let created = futures_util::future::join_all(creates).await;
-        let mut expect = ctx.expectations.lock();
-        let entry = expect.entry(key.clone()).or_default();
-        entry.since = Some(Instant::now());
+        let mut made = Vec::new();
         let mut first_error = None;
-        for result in created {
-            match result {
-                Ok(pod) => {
-                    entry.created.insert(pod.name_any());
+        {
+            let mut expect = ctx.expectations.lock();
+            let entry = expect.entry(key.clone()).or_default();
+            entry.since = Some(Instant::now());
+            for result in created {
+                match result {
+                    Ok(pod) => {
+                        entry.created.insert(pod.name_any());
+                        made.push(pod.name_any());
+                    }
+                    Err(e) => first_error = first_error.or(Some(e)),
                 }
-                Err(e) => first_error = first_error.or(Some(e)),
             }
         }
-        drop(expect);
+        for pod in made {
+            events::record(
+                &ctx.client,
+                &reference(&rc),
+                "Normal",
+                "SuccessfulCreate",
+                &format!("Created pod: {pod}"),
+                COMPONENT,
+            )
+            .await;
+        }
         if let Some(e) = first_error {
             return Err(e.into());
         }
@@ -206,7 +237,18 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
         }
         for victim in &victims {
             match api.delete(victim, &DeleteParams::default()).await {
-                Ok(_) => {}
+                Ok(_) => {
+                    let message = format!("Deleted pod: {victim}");
+                    events::record(
+                        &ctx.client,
+                        &reference(&rc),
+                        "Normal",
+                        "SuccessfulDelete",
+                        &message,
+                        COMPONENT,
+                    )
+                    .await;
+                }
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(e) => return Err(e.into()),
             }

@@ -1,0 +1,57 @@
+//! `pods/{name}/binding`: how a scheduler assigns a pod to a node. Sets
+//! `spec.nodeName` once; a pod already bound answers 409.
+
+use http::{Response, StatusCode};
+use portal_api::Status;
+use serde_json::{json, Value};
+
+use crate::http::{json_response, Body, Query};
+use crate::write::{guaranteed_update, Part, Proposal};
+use crate::{ApiState, Scope};
+
+pub(crate) async fn bind(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    body: &[u8],
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let binding: Value = serde_json::from_slice(body)
+        .map_err(|e| Status::bad_request(format!("invalid Binding: {e}")))?;
+    let node = binding["target"]["name"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned);
+    let Some(node) = node else {
+        let cause = portal_api::Cause::required("target.name", "");
+        return Err(Status::invalid(
+            portal_api::Target {
+                group: "",
+                resource: "bindings",
+                kind: "Binding",
+            },
+            name,
+            vec![cause],
+        ));
+    };
+    let propose = |pod: &Value| {
+        if let Some(current) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+            let mut status = Status::conflict(scope.target(), name);
+            status.message = format!("Operation cannot be fulfilled on pods/binding \"{name}\": pod {name} is already assigned to node \"{current}\"");
+            return Err(status);
+        }
+        let mut object = pod.clone();
+        object["spec"]["nodeName"] = json!(node);
+        Ok(Proposal {
+            object,
+            expected: None,
+            warnings: Vec::new(),
+        })
+    };
+    guaranteed_update(state, scope, name, Part::Main, query, propose).await?;
+    let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+    Ok(json_response(
+        StatusCode::CREATED,
+        serde_json::to_vec(&success).unwrap_or_default(),
+    ))
+}

@@ -1,0 +1,240 @@
+//! The scheduler (SPEC W3): binds pods without `spec.nodeName` to a Ready,
+//! schedulable Node through the `binding` subresource, spreading the pods of
+//! one owner (a ReplicationController) across nodes. With no node that
+//! fits, the pod stays Pending with a `FailedScheduling` Event.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::api::PostParams;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use parking_lot::Mutex;
+
+use crate::events;
+
+const COMPONENT: &str = "default-scheduler";
+/// How soon an unschedulable pod is tried again (node changes retry at once).
+const RETRY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("API request failed: {0}")]
+    Api(#[from] kube::Error),
+}
+
+struct Context {
+    client: Client,
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    /// Bindings made but not yet seen in `pods`: pod key → (node, owner).
+    assumed: Mutex<HashMap<String, (String, Option<String>)>>,
+}
+
+fn key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+fn owner_uid(pod: &Pod) -> Option<String> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+}
+
+fn node_fits(node: &Node) -> bool {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let unschedulable = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    ready && !unschedulable
+}
+
+pub async fn run(client: Client) {
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(node_writer)
+        .touched_objects();
+    let all_pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(pod_writer);
+    tokio::spawn(all_pods.for_each(|_| async {}));
+
+    let unscheduled = watcher::Config::default().fields("spec.nodeName=");
+    let controller = Controller::new(Api::<Pod>::all(client.clone()), unscheduled);
+    let pending = controller.store();
+    // A node appearing or turning ready is a reason to try every pending pod.
+    let mapper = move |_: Node| {
+        pending
+            .state()
+            .iter()
+            .map(|p| ObjectRef::from_obj(&**p))
+            .collect::<Vec<_>>()
+    };
+    let context = Arc::new(Context {
+        client,
+        nodes,
+        pods,
+        assumed: Mutex::new(HashMap::new()),
+    });
+    controller
+        .watches_stream(node_events, mapper)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "scheduling");
+            }
+        })
+        .await;
+}
+
+fn error_policy(pod: Arc<Pod>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(%error, pod = %pod.name_any(), "binding failed; retrying");
+    Action::requeue(Duration::from_secs(1))
+}
+
+/// Per node: (pods of this owner, all pods), counting assumed bindings.
+fn load(
+    ctx: &Context,
+    assumed: &mut HashMap<String, (String, Option<String>)>,
+    owner: Option<&str>,
+) -> HashMap<String, (usize, usize)> {
+    let mut load: HashMap<String, (usize, usize)> = HashMap::new();
+    let mut seen_bound = std::collections::HashSet::new();
+    for pod in ctx.pods.state() {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        seen_bound.insert(key(&pod));
+        let entry = load.entry(node).or_default();
+        entry.1 += 1;
+        if owner.is_some() && owner_uid(&pod).as_deref() == owner {
+            entry.0 += 1;
+        }
+    }
+    // Bindings the reflector now shows need no assuming any more.
+    assumed.retain(|k, _| !seen_bound.contains(k));
+    for (node, pod_owner) in assumed.values() {
+        let entry = load.entry(node.clone()).or_default();
+        entry.1 += 1;
+        if owner.is_some() && pod_owner.as_deref() == owner {
+            entry.0 += 1;
+        }
+    }
+    load
+}
+
+async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let bound = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some();
+    let scheduler = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or(COMPONENT);
+    let assumed = ctx.assumed.lock().contains_key(&key(&pod));
+    if bound || pod.metadata.deletion_timestamp.is_some() || scheduler != COMPONENT || assumed {
+        return Ok(Action::await_change());
+    }
+    let nodes = ctx.nodes.state();
+    let fitting: Vec<&Arc<Node>> = nodes.iter().filter(|n| node_fits(n)).collect();
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.name_any()),
+        namespace: pod.namespace(),
+        uid: pod.metadata.uid.clone(),
+        ..ObjectReference::default()
+    };
+    if fitting.is_empty() {
+        let unready = nodes.len();
+        let message = format!(
+            "0/{} nodes are available: {unready} node(s) were not ready or were unschedulable.",
+            nodes.len()
+        );
+        events::record(
+            &ctx.client,
+            &reference,
+            "Warning",
+            "FailedScheduling",
+            &message,
+            COMPONENT,
+        )
+        .await;
+        return Ok(Action::requeue(RETRY));
+    }
+    let owner = owner_uid(&pod);
+    // Choosing and assuming are one step: pods reconciled concurrently must
+    // each see the others' choices.
+    let chosen = {
+        let mut assumed = ctx.assumed.lock();
+        let load = load(&ctx, &mut assumed, owner.as_deref());
+        let chosen = fitting
+            .iter()
+            .map(|n| n.name_any())
+            .min_by_key(|n| {
+                let (same, all) = load.get(n).copied().unwrap_or_default();
+                (same, all, n.clone())
+            })
+            .unwrap_or_default();
+        assumed.insert(key(&pod), (chosen.clone(), owner.clone()));
+        chosen
+    };
+    let binding = serde_json::json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": pod.name_any(), "namespace": pod.namespace()},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": chosen},
+    });
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
+    match api
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
+            &pod.name_any(),
+            &PostParams::default(),
+            &binding,
+        )
+        .await
+    {
+        Ok(_) => {}
+        // Bound meanwhile (another scheduler, or a retry): nothing to do.
+        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
+            ctx.assumed.lock().remove(&key(&pod));
+            return Ok(Action::await_change());
+        }
+        Err(e) => {
+            ctx.assumed.lock().remove(&key(&pod));
+            return Err(e.into());
+        }
+    }
+    let message = format!(
+        "Successfully assigned {}/{} to {chosen}",
+        pod.namespace().unwrap_or_default(),
+        pod.name_any()
+    );
+    events::record(
+        &ctx.client,
+        &reference,
+        "Normal",
+        "Scheduled",
+        &message,
+        COMPONENT,
+    )
+    .await;
+    Ok(Action::await_change())
+}

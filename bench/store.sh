@@ -9,7 +9,7 @@ cargo build --release --locked -p portal -p portal-bench
 write=false
 if [ "${1:-}" = "--write" ]; then write=true; shift; fi
 table=$(mktemp)
-target/release/portal-bench --portal target/release/portal --etcd "$(command -v etcd)" --out "$table" "$@"
+BENCH_OUT="$table" target/release/portal-bench store --portal target/release/portal --etcd "$(command -v etcd)" "$@"
 if $write; then
   python3 - "$table" <<'PY'
 import pathlib, sys, datetime, platform, os

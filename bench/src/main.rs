@@ -12,6 +12,7 @@
 // A command-line report: printing is its output.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod endpoints;
 mod etcd;
 mod portal;
 mod stats;
@@ -28,6 +29,21 @@ use http_body_util::BodyExt;
 use stats::Samples;
 
 #[derive(Parser, Debug)]
+#[command(name = "portal-bench")]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Bench {
+    /// API server and store vs etcd.
+    Store(Args),
+    /// The endpoints controller at scale.
+    Endpoints(endpoints::Args),
+}
+
+#[derive(clap::Args, Debug)]
 struct Args {
     /// The portal binary to measure.
     #[arg(long, default_value = "target/release/portal")]
@@ -47,9 +63,6 @@ struct Args {
     /// Writes observed in the watch measurement.
     #[arg(long, default_value_t = 200)]
     watch_writes: usize,
-    /// Write the markdown table here too.
-    #[arg(long)]
-    out: Option<PathBuf>,
 }
 
 type Error = String;
@@ -491,7 +504,7 @@ async fn run(args: &Args) -> Result<String, Error> {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+    let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -502,12 +515,18 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&args)) {
+    let result = runtime.block_on(async {
+        match &cli.bench {
+            Bench::Store(args) => run(args).await,
+            Bench::Endpoints(args) => endpoints::run(args).await,
+        }
+    });
+    match result {
         Ok(table) => {
             println!("{table}");
-            if let Some(out) = &args.out {
-                if let Err(e) = std::fs::write(out, &table) {
-                    eprintln!("{}: {e}", out.display());
+            if let Ok(out) = std::env::var("BENCH_OUT") {
+                if let Err(e) = std::fs::write(&out, &table) {
+                    eprintln!("{out}: {e}");
                     return std::process::ExitCode::FAILURE;
                 }
             }

@@ -89,6 +89,10 @@ impl Portal {
         })
     }
 
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A new TLS connection: what one client process would open.
     pub(crate) async fn connect(&self) -> Result<Client, String> {
         let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))

@@ -129,3 +129,20 @@ def test_selectorless_endpoints_are_left_alone(portal):
     core.create_namespaced_endpoints(NS, {"metadata": {"name": "manual"}, "subsets": [{"addresses": [{"ip": "192.0.2.7"}], "ports": [{"port": 80}]}]})
     time.sleep(0.5)
     assert addresses(core, "manual") == ({"192.0.2.7"}, set())
+
+
+def test_manual_endpoints_are_mirrored_to_slices(portal):
+    core = portal.core()
+    discovery = client.DiscoveryV1Api(portal.api_client())
+    core.create_namespaced_service(NS, {"metadata": {"name": "external"}, "spec": {"ports": [{"name": "db", "port": 5432}]}})
+    body = {"metadata": {"name": "external"}, "subsets": [{"addresses": [{"ip": "192.0.2.10"}], "notReadyAddresses": [{"ip": "192.0.2.11"}], "ports": [{"name": "db", "port": 5432}]}]}
+    core.create_namespaced_endpoints(NS, body)
+    wait_for(lambda: slice_endpoints(discovery, "external") == {("192.0.2.10", True), ("192.0.2.11", False)}, "mirrored slice")
+    mirrored = discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=external").items[0]
+    assert mirrored.metadata.labels["endpointslice.kubernetes.io/managed-by"] == "endpointslicemirroring-controller.k8s.io"
+    assert mirrored.ports[0].port == 5432 and mirrored.ports[0].name == "db"
+    body["subsets"][0]["addresses"] = [{"ip": "192.0.2.12"}]
+    core.replace_namespaced_endpoints("external", NS, body)
+    wait_for(lambda: slice_endpoints(discovery, "external") == {("192.0.2.12", True), ("192.0.2.11", False)}, "the mirror following")
+    core.delete_namespaced_endpoints("external", NS)
+    wait_for(lambda: not discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=external").items, "the mirror removed")

@@ -1,10 +1,12 @@
 //! Portal's controllers: plain API clients, so they run inside `portal
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server. Today: the endpoints controller (Endpoints and EndpointSlices)
-//! the ReplicationController controller and the scheduler.
+//! EndpointSlice mirroring, the ReplicationController controller and the
+//! scheduler.
 
 pub mod endpoints;
 mod events;
+pub mod mirroring;
 pub mod replication;
 pub mod scheduler;
 
@@ -38,6 +40,7 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
 pub async fn run(client: Client) {
     tokio::join!(
         endpoints::run(client.clone()),
+        mirroring::run(client.clone()),
         replication::run(client.clone()),
         scheduler::run(client)
     );

@@ -5,8 +5,9 @@
 //! by pod changes through a shared pod reflector.
 
 pub mod desired;
+mod index;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,11 @@ pub enum Error {
 struct Context {
     client: Client,
     pods: Store<Pod>,
+    index: Arc<Mutex<index::Index>>,
+}
+
+fn selector_of(service: &Service) -> Option<&BTreeMap<String, String>> {
+    service.spec.as_ref().and_then(|s| s.selector.as_ref())
 }
 
 /// Runs the controller until the process ends.
@@ -45,47 +51,62 @@ pub async fn run(client: Client) {
         .default_backoff()
         .reflect(pod_writer)
         .touched_objects();
+    let index = Arc::new(Mutex::new(index::Index::default()));
+    let service_index = index.clone();
     let service_events = watcher(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
     .reflect(service_writer)
-    .inspect_ok(move |event| {
-        if let watcher::Event::Delete(service) = event {
-            let _ = deleted_tx.send(service.clone());
+    .inspect_ok(move |event| match event {
+        watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
+            let namespace = svc.namespace().unwrap_or_default();
+            service_index
+                .lock()
+                .set_service(&namespace, &svc.name_any(), selector_of(svc));
         }
+        watcher::Event::Delete(svc) => {
+            service_index.lock().set_service(
+                &svc.namespace().unwrap_or_default(),
+                &svc.name_any(),
+                None,
+            );
+            let _ = deleted_tx.send(svc.clone());
+        }
+        watcher::Event::Init | watcher::Event::InitDone => {}
     })
     .applied_objects();
 
     // A pod event concerns the Services that select it now and those that
     // selected it before (a relabelled pod must leave the old ones).
-    let seen_labels: Mutex<HashMap<String, Option<BTreeMap<String, String>>>> =
-        Mutex::new(HashMap::new());
-    let service_store = services.clone();
     let pod_store = pods.clone();
+    let pod_index = index.clone();
     let mapper = move |pod: Pod| {
-        let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        let namespace = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
         // The reflector has already applied this event: a pod it no longer
-        // holds was deleted, and its remembered labels can go.
+        // holds was deleted.
         let gone = pod_store.get(&ObjectRef::from_obj(&pod)).is_none();
-        let previous = if gone {
-            seen_labels.lock().remove(&key)
-        } else {
-            seen_labels.lock().insert(key, pod.metadata.labels.clone())
-        };
-        let mut before = pod.clone();
-        before.metadata.labels = previous.flatten();
-        service_store
-            .state()
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let mut index = pod_index.lock();
+        let before = index.set_pod(&namespace, &name, (!gone).then_some(&labels));
+        let mut services = index.services_selecting(&namespace, &labels);
+        if let Some(before) = before {
+            services.extend(index.services_selecting(&namespace, &before));
+        }
+        services
             .into_iter()
-            .filter(|svc| desired::selects(svc, &pod) || desired::selects(svc, &before))
-            .map(|svc| ObjectRef::from_obj(&*svc))
+            .map(|s| ObjectRef::new(&s).within(&namespace))
             .collect::<Vec<_>>()
     };
 
     tokio::spawn(clean_up_deleted(client.clone(), deleted_rx));
-    let context = Arc::new(Context { client, pods });
+    let context = Arc::new(Context {
+        client,
+        pods,
+        index,
+    });
     Controller::for_stream(service_events, services)
         .watches_stream(pod_events, mapper)
         .run(reconcile, error_policy, context)
@@ -145,10 +166,14 @@ async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, E
     }
     let namespace = service.namespace().unwrap_or_default();
     let name = service.name_any();
-    let pods: Vec<Arc<Pod>> = ctx
-        .pods
-        .state()
-        .into_iter()
+    let empty = BTreeMap::new();
+    let selected = ctx
+        .index
+        .lock()
+        .pods_selected(&namespace, selector_of(&service).unwrap_or(&empty));
+    let pods: Vec<Arc<Pod>> = selected
+        .iter()
+        .filter_map(|pod| ctx.pods.get(&ObjectRef::new(pod).within(&namespace)))
         .filter(|p| desired::selects(&service, p))
         .collect();
     let endpoints = desired::endpoints_of(&service, pods.iter().map(|p| &**p));

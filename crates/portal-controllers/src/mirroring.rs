@@ -1,0 +1,190 @@
+//! EndpointSlice mirroring: the Endpoints a user writes for a Service
+//! without a selector (SPEC S7) are mirrored into EndpointSlices, as
+//! Kubernetes' mirroring controller does, so consumers that read only
+//! slices (the proxy, DNS) see them too.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+
+use crate::endpoints::desired::{
+    MAX_ENDPOINTS_PER_SLICE, SERVICE_NAME_LABEL, TRIGGER_TIME_ANNOTATION,
+};
+
+const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+const MIRRORED_BY: &str = "endpointslicemirroring-controller.k8s.io";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("API request failed: {0}")]
+    Api(#[from] kube::Error),
+}
+
+struct Context {
+    client: Client,
+}
+
+pub async fn run(client: Client) {
+    let context = Arc::new(Context {
+        client: client.clone(),
+    });
+    // Endpoints drive the mirror; a Service gaining or losing its selector
+    // changes whether its Endpoints are mirrored.
+    Controller::new(
+        Api::<Endpoints>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<Service>::all(client),
+        watcher::Config::default(),
+        |svc: Service| {
+            Some(
+                ObjectRef::<Endpoints>::new(&svc.name_any())
+                    .within(&svc.namespace().unwrap_or_default()),
+            )
+        },
+    )
+    .run(reconcile, error_policy, context)
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            tracing::debug!(%error, "endpoints mirroring");
+        }
+    })
+    .await;
+}
+
+fn error_policy(endpoints: Arc<Endpoints>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(%error, endpoints = %endpoints.name_any(), "mirroring failed; retrying");
+    Action::requeue(Duration::from_secs(1))
+}
+
+/// The slices' contents: one per port set, chunked, ready and not ready.
+fn mirrored(endpoints: &Endpoints) -> Vec<(Vec<EndpointPort>, Vec<Endpoint>)> {
+    let mut slices = Vec::new();
+    for subset in endpoints.subsets.iter().flatten() {
+        let ports: Vec<EndpointPort> = subset
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| EndpointPort {
+                name: p.name.clone(),
+                port: Some(p.port),
+                protocol: p.protocol.clone(),
+                app_protocol: p.app_protocol.clone(),
+            })
+            .collect();
+        let mut entries = Vec::new();
+        for (list, ready) in [
+            (&subset.addresses, true),
+            (&subset.not_ready_addresses, false),
+        ] {
+            for address in list.iter().flatten() {
+                entries.push(Endpoint {
+                    addresses: vec![address.ip.clone()],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(ready),
+                        serving: Some(ready),
+                        terminating: Some(false),
+                    }),
+                    hostname: address.hostname.clone(),
+                    node_name: address.node_name.clone(),
+                    target_ref: address.target_ref.clone(),
+                    ..Endpoint::default()
+                });
+            }
+        }
+        for chunk in entries.chunks(MAX_ENDPOINTS_PER_SLICE) {
+            slices.push((ports.clone(), chunk.to_vec()));
+        }
+    }
+    slices
+}
+
+async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = endpoints.namespace().unwrap_or_default();
+    let name = endpoints.name_any();
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
+    let selector = format!("{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={MIRRORED_BY}");
+    let mut existing = slices
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items;
+    existing.sort_by_key(ResourceExt::name_any);
+    let service = services.get_opt(&name).await?;
+    let selectorless = service.as_ref().is_some_and(|s| {
+        s.spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .is_none_or(|s| s.is_empty())
+    });
+    let wanted = if selectorless {
+        mirrored(&endpoints)
+    } else {
+        Vec::new()
+    };
+    let mut labels = endpoints.labels().clone();
+    labels.insert(SERVICE_NAME_LABEL.into(), name.clone());
+    labels.insert(MANAGED_BY_LABEL.into(), MIRRORED_BY.into());
+    for (index, (ports, entries)) in wanted.iter().enumerate() {
+        let current = existing.get(index);
+        let ports = Some(ports.clone());
+        if current.is_some_and(|c| c.ports == ports && &c.endpoints == entries) {
+            continue;
+        }
+        let slice = EndpointSlice {
+            metadata: ObjectMeta {
+                name: current.map(ResourceExt::name_any),
+                generate_name: Some(format!("{name}-")),
+                namespace: Some(namespace.clone()),
+                labels: Some(labels.clone()),
+                annotations: endpoints
+                    .annotations()
+                    .get(TRIGGER_TIME_ANNOTATION)
+                    .map(|t| [(TRIGGER_TIME_ANNOTATION.to_owned(), t.clone())].into()),
+                resource_version: current.and_then(|c| c.metadata.resource_version.clone()),
+                // Owned by the Endpoints: deleting them deletes the mirror.
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Endpoints".into(),
+                    name: name.clone(),
+                    uid: endpoints.metadata.uid.clone().unwrap_or_default(),
+                    controller: Some(true),
+                    block_owner_deletion: Some(true),
+                }]),
+                ..ObjectMeta::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: entries.clone(),
+            ports,
+        };
+        match current {
+            Some(current) => {
+                slices
+                    .replace(&current.name_any(), &PostParams::default(), &slice)
+                    .await?
+            }
+            None => slices.create(&PostParams::default(), &slice).await?,
+        };
+    }
+    for extra in existing.iter().skip(wanted.len()) {
+        match slices
+            .delete(&extra.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Action::await_change())
+}

@@ -177,9 +177,12 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
     let mut samples = Samples::default();
     let mut writer = portal.connect().await?;
     let mut buffer = Vec::new();
+    // Every pod starts ready; each sample inverts one pod's readiness.
+    let mut is_ready = vec![true; args.pods];
     for n in 0..args.samples {
         let i = (n * 7919) % args.pods;
-        let ready = n % 2 == 1;
+        is_ready[i] = !is_ready[i];
+        let ready = is_ready[i];
         let ip = pod_ip(i);
         let sent = Instant::now();
         writer

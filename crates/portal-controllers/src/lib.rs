@@ -36,6 +36,22 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
     Ok(Client::try_from(config)?)
 }
 
+/// Drives a controller's result stream to its end. Failed reconciles were
+/// already logged and requeued by the controller's error policy.
+pub(crate) async fn drive<T, E: std::fmt::Display>(
+    results: impl futures_util::Stream<Item = Result<T, E>>,
+    name: &'static str,
+) {
+    use futures_util::StreamExt;
+    results
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, controller = name, "reconcile");
+            }
+        })
+        .await;
+}
+
 /// Runs every controller until the process ends.
 pub async fn run(client: Client) {
     tokio::join!(

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -39,26 +38,24 @@ pub async fn run(client: Client) {
     });
     // Endpoints drive the mirror; a Service gaining or losing its selector
     // changes whether its Endpoints are mirrored.
-    Controller::new(
-        Api::<Endpoints>::all(client.clone()),
-        watcher::Config::default(),
+    crate::drive(
+        Controller::new(
+            Api::<Endpoints>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .watches(
+            Api::<Service>::all(client),
+            watcher::Config::default(),
+            |svc: Service| {
+                Some(
+                    ObjectRef::<Endpoints>::new(&svc.name_any())
+                        .within(&svc.namespace().unwrap_or_default()),
+                )
+            },
+        )
+        .run(reconcile, error_policy, context),
+        "endpoints mirroring",
     )
-    .watches(
-        Api::<Service>::all(client),
-        watcher::Config::default(),
-        |svc: Service| {
-            Some(
-                ObjectRef::<Endpoints>::new(&svc.name_any())
-                    .within(&svc.namespace().unwrap_or_default()),
-            )
-        },
-    )
-    .run(reconcile, error_policy, context)
-    .for_each(|result| async move {
-        if let Err(error) = result {
-            tracing::debug!(%error, "endpoints mirroring");
-        }
-    })
     .await;
 }
 

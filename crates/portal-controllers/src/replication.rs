@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{
     ObjectReference, Pod, ReplicationController, ReplicationControllerStatus,
 };
@@ -61,17 +60,15 @@ pub async fn run(client: Client) {
         pods,
         expectations: Mutex::new(HashMap::new()),
     });
-    Controller::new(
-        Api::<ReplicationController>::all(client),
-        watcher::Config::default(),
+    crate::drive(
+        Controller::new(
+            Api::<ReplicationController>::all(client),
+            watcher::Config::default(),
+        )
+        .owns_stream(pod_events)
+        .run(reconcile, error_policy, context),
+        "replication reconcile",
     )
-    .owns_stream(pod_events)
-    .run(reconcile, error_policy, context)
-    .for_each(|result| async move {
-        if let Err(error) = result {
-            tracing::debug!(%error, "replication reconcile");
-        }
-    })
     .await;
 }
 

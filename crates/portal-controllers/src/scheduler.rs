@@ -90,15 +90,11 @@ pub async fn run(client: Client) {
         pods,
         assumed: Mutex::new(HashMap::new()),
     });
-    controller
-        .watches_stream(node_events, mapper)
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "scheduling");
-            }
-        })
-        .await;
+    let results =
+        controller
+            .watches_stream(node_events, mapper)
+            .run(reconcile, error_policy, context);
+    crate::drive(results, "scheduling").await;
 }
 
 fn error_policy(pod: Arc<Pod>, error: &Error, _: Arc<Context>) -> Action {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::TryStreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -107,15 +107,13 @@ pub async fn run(client: Client) {
         pods,
         index,
     });
-    Controller::for_stream(service_events, services)
-        .watches_stream(pod_events, mapper)
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "endpoints reconcile");
-            }
-        })
-        .await;
+    crate::drive(
+        Controller::for_stream(service_events, services)
+            .watches_stream(pod_events, mapper)
+            .run(reconcile, error_policy, context),
+        "endpoints reconcile",
+    )
+    .await;
 }
 
 fn error_policy(service: Arc<Service>, error: &Error, _: Arc<Context>) -> Action {
@@ -253,6 +251,7 @@ async fn write_slices(
         .items;
     existing.sort_by_key(ResourceExt::name_any);
     let wanted = desired::slice_contents(service, endpoints);
+    let keep = wanted.len();
     let mut labels = service.metadata.labels.clone().unwrap_or_default();
     labels.insert(SERVICE_NAME_LABEL.into(), name.to_owned());
     labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
@@ -291,7 +290,6 @@ async fn write_slices(
             None => api.create(&PostParams::default(), &slice).await?,
         };
     }
-    let keep = desired::slice_contents(service, endpoints).len();
     for extra in existing.iter().skip(keep) {
         delete_ignoring_missing(&api, &extra.name_any()).await?;
     }

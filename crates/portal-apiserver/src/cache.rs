@@ -179,29 +179,40 @@ impl WatchCache {
         let Some(revision) = batch.first().map(portal_store::Event::revision) else {
             return;
         };
+        // Decode and re-serialize before taking the lock: readers (lists,
+        // watches) are not held up by the JSON work of a large batch.
+        let decoded: Vec<_> = batch
+            .iter()
+            .filter_map(|event| {
+                let kind = kind_of_key(&event.kv.key)?;
+                let object = match event.kind {
+                    EventKind::Put => {
+                        match CachedObject::decode(&event.kv.key, &event.kv.value, revision) {
+                            Ok(object) => Some(Arc::new(object)),
+                            Err(error) => {
+                                tracing::error!(key = %event.kv.key, %error, "undecodable object in store");
+                                return None;
+                            }
+                        }
+                    }
+                    EventKind::Delete => None,
+                };
+                Some((kind, event, object))
+            })
+            .collect();
         let mut state = self.state.write();
-        for event in batch {
-            let Some(kind) = kind_of_key(&event.kv.key) else {
-                continue;
-            };
+        for (kind, event, object) in decoded {
             let Some(resource) = state.resources.get_mut(&kind) else {
                 continue;
             };
             let key = &event.kv.key;
             let prev = resource.objects.get(key).cloned();
-            let object = match event.kind {
-                EventKind::Put => match CachedObject::decode(key, &event.kv.value, revision) {
-                    Ok(object) => {
-                        let object = Arc::new(object);
-                        resource.objects.insert(key.clone(), object.clone());
-                        object
-                    }
-                    Err(error) => {
-                        tracing::error!(%key, %error, "undecodable object in store");
-                        continue;
-                    }
-                },
-                EventKind::Delete => {
+            let object = match object {
+                Some(object) => {
+                    resource.objects.insert(key.clone(), object.clone());
+                    object
+                }
+                None => {
                     resource.objects.remove(key);
                     match &prev {
                         Some(prev) => Arc::new(prev.at_revision(revision)),

@@ -6,8 +6,9 @@
 
 pub mod desired;
 mod index;
+mod written;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use futures_util::TryStreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -23,36 +24,105 @@ use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 
 use desired::{MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, TRIGGER_TIME_ANNOTATION};
+use written::{Expected, Written};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server refused or failed a request.
     #[error("API request failed: {0}")]
     Api(#[from] kube::Error),
+    /// A reflector's initial list has not finished.
+    #[error("reflector not ready: {0}")]
+    NotReady(#[from] reflector::store::WriterDropped),
 }
 
+/// `(namespace, name)` of a Service.
+type ServiceKey = (String, String);
+
+/// Everything a reconcile reads: reflectors only, never the API server.
 struct Context {
     client: Client,
     pods: Store<Pod>,
-    index: Arc<Mutex<index::Index>>,
+    endpoints: Store<Endpoints>,
+    slices: Store<EndpointSlice>,
+    /// The names of the managed slices of each Service.
+    slice_names: Mutex<HashMap<ServiceKey, BTreeSet<String>>>,
+    index: Mutex<index::Index>,
+    written: Mutex<Written>,
+}
+
+impl Context {
+    /// The managed slices of a Service, by name, as the reflector has them.
+    fn slices_of(&self, namespace: &str, service: &str) -> Vec<Arc<EndpointSlice>> {
+        let key = (namespace.to_owned(), service.to_owned());
+        let names = self
+            .slice_names
+            .lock()
+            .get(&key)
+            .cloned()
+            .unwrap_or_default();
+        names
+            .iter()
+            .filter_map(|name| self.slices.get(&ObjectRef::new(name).within(namespace)))
+            .filter(|slice| service_of_slice(slice).as_deref() == Some(service))
+            .collect()
+    }
+
+    /// The reflector's resourceVersion of an object the controller wrote.
+    fn seen(&self, namespace: &str, object: &str) -> Option<String> {
+        let version = |meta: &ObjectMeta| meta.resource_version.clone();
+        match object.split_once('/') {
+            Some(("endpoints", name)) => self
+                .endpoints
+                .get(&ObjectRef::new(name).within(namespace))
+                .and_then(|e| version(&e.metadata)),
+            Some(("slice", name)) => self
+                .slices
+                .get(&ObjectRef::new(name).within(namespace))
+                .and_then(|s| version(&s.metadata)),
+            _ => None,
+        }
+    }
+
+    fn record(&self, service: &ServiceKey, object: String, meta: Option<&ObjectMeta>) {
+        let expected = match meta.and_then(|m| m.resource_version.clone()) {
+            Some(version) => Expected::Version(version),
+            None => Expected::Deleted,
+        };
+        self.written.lock().record(service, &object, expected);
+    }
 }
 
 fn selector_of(service: &Service) -> Option<&BTreeMap<String, String>> {
     service.spec.as_ref().and_then(|s| s.selector.as_ref())
 }
 
+fn service_of_slice(slice: &EndpointSlice) -> Option<String> {
+    slice.labels().get(SERVICE_NAME_LABEL).cloned()
+}
+
 /// Runs the controller until the process ends.
 pub async fn run(client: Client) {
     let (pods, pod_writer) = reflector::store::<Pod>();
     let (services, service_writer) = reflector::store::<Service>();
+    let (endpoints, endpoints_writer) = reflector::store::<Endpoints>();
+    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
     let (deleted_tx, deleted_rx) = tokio::sync::mpsc::unbounded_channel::<Service>();
+    let context = Arc::new(Context {
+        client: client.clone(),
+        pods,
+        endpoints,
+        slices,
+        slice_names: Mutex::default(),
+        index: Mutex::default(),
+        written: Mutex::default(),
+    });
 
     let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(pod_writer)
         .touched_objects();
-    let index = Arc::new(Mutex::new(index::Index::default()));
-    let service_index = index.clone();
+    let ctx = context.clone();
     let service_events = watcher(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
@@ -62,34 +132,74 @@ pub async fn run(client: Client) {
     .inspect_ok(move |event| match event {
         watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
             let namespace = svc.namespace().unwrap_or_default();
-            service_index
+            ctx.index
                 .lock()
                 .set_service(&namespace, &svc.name_any(), selector_of(svc));
         }
         watcher::Event::Delete(svc) => {
-            service_index.lock().set_service(
-                &svc.namespace().unwrap_or_default(),
-                &svc.name_any(),
-                None,
-            );
+            let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+            ctx.index.lock().set_service(&key.0, &key.1, None);
+            ctx.written.lock().forget(&key);
             let _ = deleted_tx.send(svc.clone());
         }
         watcher::Event::Init | watcher::Event::InitDone => {}
     })
     .applied_objects();
 
+    // The managed slices trigger their Service: a write's event releases a
+    // Service waiting on it, and a slice changed or deleted by someone else
+    // is put back.
+    let endpoints_events = watcher(
+        Api::<Endpoints>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(endpoints_writer)
+    .touched_objects();
+    let ctx = context.clone();
+    let slice_events = watcher(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
+    )
+    .default_backoff()
+    .reflect(slice_writer)
+    .inspect_ok(move |event| {
+        // Names only ever point into the reflector, so a name left behind
+        // by a re-list is harmless: `slices_of` skips it.
+        let (watcher::Event::Apply(slice)
+        | watcher::Event::InitApply(slice)
+        | watcher::Event::Delete(slice)) = event
+        else {
+            return;
+        };
+        let Some(service) = service_of_slice(slice) else {
+            return;
+        };
+        let key = (slice.namespace().unwrap_or_default(), service);
+        let mut names = ctx.slice_names.lock();
+        let set = names.entry(key.clone()).or_default();
+        if matches!(event, watcher::Event::Delete(_)) {
+            set.remove(&slice.name_any());
+            if set.is_empty() {
+                names.remove(&key);
+            }
+        } else {
+            set.insert(slice.name_any());
+        }
+    })
+    .touched_objects();
+
     // A pod event concerns the Services that select it now and those that
     // selected it before (a relabelled pod must leave the old ones).
-    let pod_store = pods.clone();
-    let pod_index = index.clone();
+    let ctx = context.clone();
     let mapper = move |pod: Pod| {
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
         // The reflector has already applied this event: a pod it no longer
         // holds was deleted.
-        let gone = pod_store.get(&ObjectRef::from_obj(&pod)).is_none();
+        let gone = ctx.pods.get(&ObjectRef::from_obj(&pod)).is_none();
         let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let mut index = pod_index.lock();
+        let mut index = ctx.index.lock();
         let before = index.set_pod(&namespace, &name, (!gone).then_some(&labels));
         let mut services = index.services_selecting(&namespace, &labels);
         if let Some(before) = before {
@@ -101,15 +211,31 @@ pub async fn run(client: Client) {
             .collect::<Vec<_>>()
     };
 
-    tokio::spawn(clean_up_deleted(client.clone(), deleted_rx));
-    let context = Arc::new(Context {
-        client,
-        pods,
-        index,
-    });
+    // Like Kubernetes, Endpoints written by someone else are left alone
+    // until they are deleted (then recreated); events of the controller's
+    // own writes release the Service waiting on them.
+    let ctx = context.clone();
+    let endpoints_mapper = move |endpoints: Endpoints| {
+        let key = (
+            endpoints.namespace().unwrap_or_default(),
+            endpoints.name_any(),
+        );
+        let gone = ctx
+            .endpoints
+            .get(&ObjectRef::from_obj(&endpoints))
+            .is_none();
+        (gone || ctx.written.lock().pending(&key)).then(|| ObjectRef::new(&key.1).within(&key.0))
+    };
+
+    tokio::spawn(clean_up_deleted(context.clone(), deleted_rx));
     crate::drive(
         Controller::for_stream(service_events, services)
             .watches_stream(pod_events, mapper)
+            .watches_stream(endpoints_events, endpoints_mapper)
+            .watches_stream(slice_events, |s: EndpointSlice| {
+                let namespace = s.namespace().unwrap_or_default();
+                service_of_slice(&s).map(|name| ObjectRef::new(&name).within(&namespace))
+            })
             .run(reconcile, error_policy, context),
         "endpoints reconcile",
     )
@@ -153,17 +279,27 @@ fn owner_reference(service: &Service) -> OwnerReference {
 }
 
 async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let has_selector = service
-        .spec
-        .as_ref()
-        .and_then(|s| s.selector.as_ref())
-        .is_some_and(|s| !s.is_empty());
+    let has_selector = selector_of(&service).is_some_and(|s| !s.is_empty());
     if !has_selector {
         // Selector-less Services: the user writes the Endpoints (S7).
         return Ok(Action::await_change());
     }
+    // Acting before the reflectors hold the cluster would rewrite every
+    // Service's endpoints as empty.
+    ctx.pods.wait_until_ready().await?;
+    ctx.endpoints.wait_until_ready().await?;
+    ctx.slices.wait_until_ready().await?;
     let namespace = service.namespace().unwrap_or_default();
-    let name = service.name_any();
+    let key = (namespace.clone(), service.name_any());
+    if !ctx
+        .written
+        .lock()
+        .caught_up(&key, |object| ctx.seen(&namespace, object))
+    {
+        // The watch event of our own write re-triggers this Service; the
+        // requeue is only a backstop.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let empty = BTreeMap::new();
     let selected = ctx
         .index
@@ -176,39 +312,23 @@ async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, E
         .collect();
     let endpoints = desired::endpoints_of(&service, pods.iter().map(|p| &**p));
     let trigger = trigger_time(&service, &pods);
-    write_endpoints(
-        &ctx.client,
-        &service,
-        &namespace,
-        &name,
-        &endpoints,
-        &trigger,
-    )
-    .await?;
-    write_slices(
-        &ctx.client,
-        &service,
-        &namespace,
-        &name,
-        &endpoints,
-        &trigger,
-    )
-    .await?;
+    write_endpoints(&ctx, &service, &key, &endpoints, &trigger).await?;
+    write_slices(&ctx, &service, &key, &endpoints, &trigger).await?;
     Ok(Action::await_change())
 }
 
 async fn write_endpoints(
-    client: &Client,
+    ctx: &Context,
     service: &Service,
-    namespace: &str,
-    name: &str,
+    key: &ServiceKey,
     endpoints: &[desired::PodEndpoint],
     trigger: &str,
 ) -> Result<(), Error> {
-    let api: Api<Endpoints> = Api::namespaced(client.clone(), namespace);
+    let (namespace, name) = key;
+    let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), namespace);
     let subsets = desired::subsets(service, endpoints);
     let subsets = Some(subsets).filter(|s| !s.is_empty());
-    let existing = api.get_opt(name).await?;
+    let existing = ctx.endpoints.get(&ObjectRef::new(name).within(namespace));
     let labels = service.metadata.labels.clone();
     if let Some(existing) = &existing {
         if existing.subsets == subsets && existing.metadata.labels == labels {
@@ -228,28 +348,24 @@ async fn write_endpoints(
         },
         subsets,
     };
-    match existing {
+    let written = match existing {
         Some(_) => api.replace(name, &PostParams::default(), &object).await?,
         None => api.create(&PostParams::default(), &object).await?,
     };
+    ctx.record(key, format!("endpoints/{name}"), Some(&written.metadata));
     Ok(())
 }
 
 async fn write_slices(
-    client: &Client,
+    ctx: &Context,
     service: &Service,
-    namespace: &str,
-    name: &str,
+    key: &ServiceKey,
     endpoints: &[desired::PodEndpoint],
     trigger: &str,
 ) -> Result<(), Error> {
-    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
-    let selector = format!("{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={MANAGED_BY}");
-    let mut existing = api
-        .list(&ListParams::default().labels(&selector))
-        .await?
-        .items;
-    existing.sort_by_key(ResourceExt::name_any);
+    let (namespace, name) = key;
+    let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), namespace);
+    let existing = ctx.slices_of(namespace, name);
     let wanted = desired::slice_contents(service, endpoints);
     let keep = wanted.len();
     let mut labels = service.metadata.labels.clone().unwrap_or_default();
@@ -267,7 +383,7 @@ async fn write_slices(
         }
         let slice = EndpointSlice {
             metadata: ObjectMeta {
-                name: current.map(ResourceExt::name_any),
+                name: current.map(|c| c.name_any()),
                 generate_name: Some(format!("{name}-")),
                 namespace: Some(namespace.to_owned()),
                 labels: Some(labels.clone()),
@@ -282,16 +398,22 @@ async fn write_slices(
             endpoints: entries,
             ports,
         };
-        match current {
+        let written = match current {
             Some(current) => {
                 api.replace(&current.name_any(), &PostParams::default(), &slice)
                     .await?
             }
             None => api.create(&PostParams::default(), &slice).await?,
         };
+        ctx.record(
+            key,
+            format!("slice/{}", written.name_any()),
+            Some(&written.metadata),
+        );
     }
     for extra in existing.iter().skip(keep) {
         delete_ignoring_missing(&api, &extra.name_any()).await?;
+        ctx.record(key, format!("slice/{}", extra.name_any()), None);
     }
     Ok(())
 }
@@ -309,34 +431,28 @@ where
 
 /// Removes the Endpoints and slices of deleted Services.
 async fn clean_up_deleted(
-    client: Client,
+    ctx: Arc<Context>,
     mut deleted: tokio::sync::mpsc::UnboundedReceiver<Service>,
 ) {
     while let Some(service) = deleted.recv().await {
-        let has_selector = service
-            .spec
-            .as_ref()
-            .and_then(|s| s.selector.as_ref())
-            .is_some_and(|s| !s.is_empty());
+        let has_selector = selector_of(&service).is_some_and(|s| !s.is_empty());
         let namespace = service.namespace().unwrap_or_default();
         let name = service.name_any();
         let result = async {
             if has_selector {
                 delete_ignoring_missing(
-                    &Api::<Endpoints>::namespaced(client.clone(), &namespace),
+                    &Api::<Endpoints>::namespaced(ctx.client.clone(), &namespace),
                     &name,
                 )
                 .await?;
             }
-            let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
-            let selector = format!("{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={MANAGED_BY}");
-            for slice in slices
-                .list(&ListParams::default().labels(&selector))
-                .await?
-                .items
-            {
-                delete_ignoring_missing(&slices, &slice.name_any()).await?;
+            let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
+            for slice in ctx.slices_of(&namespace, &name) {
+                delete_ignoring_missing(&api, &slice.name_any()).await?;
             }
+            ctx.slice_names
+                .lock()
+                .remove(&(namespace.clone(), name.clone()));
             Ok::<_, Error>(())
         }
         .await;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use parking_lot::RwLock;
 use portal_api::{Kind, Resource, Status, RESOURCES};
 use portal_store::{EventKind, KeyValue, Revision, Store};
@@ -17,6 +17,9 @@ use tokio::sync::watch;
 
 /// Every key Portal writes lives under this prefix.
 pub(crate) const REGISTRY_PREFIX: &str = "/registry/";
+
+/// At most this many transactions are applied under one lock.
+const MAX_BATCHES_PER_APPLY: usize = 1024;
 
 /// How long a read waits for the cache to catch up before giving up.
 const FRESHNESS_TIMEOUT: Duration = Duration::from_secs(3);
@@ -108,11 +111,15 @@ impl WatchCache {
         })
     }
 
-    /// Follows the store for ever: list, then watch; on a broken watch resume
-    /// from the last revision seen, and re-list only if history is gone.
+    /// Follows the store until it closes: list, then watch; on a broken
+    /// watch resume from the last revision seen, and re-list only if history
+    /// is gone.
     pub(crate) async fn run(self: Arc<Self>, store: Arc<dyn Store>) {
         loop {
             if let Err(error) = self.follow(store.as_ref()).await {
+                if matches!(error, portal_store::Error::Closed) {
+                    return;
+                }
                 tracing::warn!(%error, "watch cache lost the store; re-listing");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -125,18 +132,32 @@ impl WatchCache {
         let mut last = revision;
         loop {
             let mut stream = store.watch(REGISTRY_PREFIX, last).await?;
+            let mut ended = None;
             while let Some(item) = stream.next().await {
-                match item {
-                    Ok(batch) => {
-                        if let Some(first) = batch.first() {
-                            last = first.revision();
+                // Take every transaction already waiting: one lock and one
+                // wake-up of the watchers for all of them.
+                let mut batches = Vec::new();
+                let mut item = Some(item);
+                while let Some(next) = item.take() {
+                    match next {
+                        Ok(batch) => batches.push(batch),
+                        Err(error) => {
+                            ended = Some(error);
+                            break;
                         }
-                        self.apply(&batch);
                     }
-                    Err(error) => {
-                        tracing::info!(%error, last, "store watch ended; resuming");
-                        break;
+                    if batches.len() < MAX_BATCHES_PER_APPLY {
+                        item = stream.next().now_or_never().flatten();
                     }
+                }
+                if let Some(revision) = batches.last().and_then(|b| b.first()).map(|e| e.revision())
+                {
+                    last = revision;
+                }
+                self.apply(&batches);
+                if let Some(error) = ended.take() {
+                    tracing::info!(%error, last, "store watch ended; resuming");
+                    break;
                 }
             }
         }
@@ -175,19 +196,25 @@ impl WatchCache {
         self.revision.send_replace(revision);
     }
 
-    fn apply(&self, batch: &[portal_store::Event]) {
-        let Some(revision) = batch.first().map(portal_store::Event::revision) else {
+    /// Applies committed transactions, each one revision, in order.
+    fn apply(&self, transactions: &[Vec<portal_store::Event>]) {
+        let Some(newest) = transactions
+            .last()
+            .and_then(|t| t.first())
+            .map(portal_store::Event::revision)
+        else {
             return;
         };
         // Decode and re-serialize before taking the lock: readers (lists,
-        // watches) are not held up by the JSON work of a large batch.
-        let decoded: Vec<_> = batch
+        // watches) are not held up by the JSON work.
+        let decoded: Vec<_> = transactions
             .iter()
+            .flatten()
             .filter_map(|event| {
                 let kind = kind_of_key(&event.kv.key)?;
                 let object = match event.kind {
                     EventKind::Put => {
-                        match CachedObject::decode(&event.kv.key, &event.kv.value, revision) {
+                        match CachedObject::decode(&event.kv.key, &event.kv.value, event.revision()) {
                             Ok(object) => Some(Arc::new(object)),
                             Err(error) => {
                                 tracing::error!(key = %event.kv.key, %error, "undecodable object in store");
@@ -206,6 +233,7 @@ impl WatchCache {
                 continue;
             };
             let key = &event.kv.key;
+            let revision = event.revision();
             let prev = resource.objects.get(key).cloned();
             let object = match object {
                 Some(object) => {
@@ -232,9 +260,9 @@ impl WatchCache {
                 }
             }
         }
-        state.revision = revision;
+        state.revision = newest;
         drop(state);
-        self.revision.send_replace(revision);
+        self.revision.send_replace(newest);
     }
 
     /// A receiver that changes whenever the cache advances.

@@ -43,6 +43,8 @@ pub enum Error {
     Store(#[from] portal_store::Error),
     #[error(transparent)]
     Pki(#[from] pki::Error),
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
     #[error("cannot install signal handler: {0}")]
     Signal(String),
     #[error("cannot listen on {addr}: {source}")]
@@ -166,7 +168,23 @@ impl ApiServer {
         namespace::resume_terminations(store.clone(), allocators.clone()).await?;
 
         let cache = cache::WatchCache::new(RING_CAPACITY);
-        tokio::spawn(cache.clone().run(store.clone()));
+        // The cache follows the store on a thread of its own: under a flood
+        // of requests it gets a core's fair share, not one task's among
+        // hundreds, so reads that wait for it do not starve.
+        let follower = cache.clone();
+        let follower_store = store.clone();
+        std::thread::Builder::new()
+            .name("watch-cache".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(follower.run(follower_store)),
+                    Err(error) => tracing::error!(%error, "watch cache runtime"),
+                }
+            })
+            .map_err(Error::Thread)?;
         let current = store.current_revision().await?;
         if cache.wait_for(current).await.is_err() {
             tracing::warn!("watch cache slow to fill; serving anyway");

@@ -49,12 +49,30 @@ pub(crate) async fn get(
     query: &Query,
     output: Output,
 ) -> Result<Response<Body>, Status> {
-    fresh(state, query).await?;
     let key = scope.resource.key(scope.namespace, name);
-    let object = state
-        .cache
-        .get(scope.resource, &key)
-        .ok_or_else(|| Status::not_found(scope.target(), name))?;
+    let not_found = || Status::not_found(scope.target(), name);
+    let object = match query.get("resourceVersion") {
+        // Like Kubernetes, a GET of the latest state reads the store: one
+        // key costs less than waiting for the cache under a write flood.
+        None | Some("") => {
+            let stored = state
+                .store
+                .get(&key)
+                .await
+                .map_err(store_error)?
+                .ok_or_else(not_found)?;
+            let object = CachedObject::decode(&key, &stored.value, stored.mod_revision)
+                .map_err(|e| Status::internal(format!("stored object {key}: {e}")))?;
+            std::sync::Arc::new(object)
+        }
+        Some(_) => {
+            fresh(state, query).await?;
+            state
+                .cache
+                .get(scope.resource, &key)
+                .ok_or_else(not_found)?
+        }
+    };
     Ok(match output {
         Output::Json => json_response(StatusCode::OK, object.json.clone()),
         Output::Table(include) => {

@@ -104,18 +104,20 @@ fn invalid(scope: &Scope<'_>, object: &Value, causes: Vec<portal_api::Cause>) ->
     Status::invalid(scope.target(), name, causes)
 }
 
-/// 404 unless the namespace exists; 403 while it is being deleted.
+/// 404 unless the namespace exists; 403 while it is being deleted. Read
+/// from the store: a write must not wait for the watch cache.
 async fn check_namespace(state: &ApiState, namespace: &str) -> Result<(), Status> {
-    let current = state.store.current_revision().await.map_err(store_error)?;
-    state.cache.wait_for(current).await?;
     let resource = Resource::of(Kind::Namespace);
-    let Some(ns) = state.cache.get(resource, &resource.key(None, namespace)) else {
-        return Err(Status::not_found(
-            Scope::cluster(resource).target(),
-            namespace,
-        ));
-    };
-    if meta::meta_str(&ns.value, "deletionTimestamp").is_some() {
+    let not_found = || Status::not_found(Scope::cluster(resource).target(), namespace);
+    let stored = state
+        .store
+        .get(&resource.key(None, namespace))
+        .await
+        .map_err(store_error)?
+        .ok_or_else(not_found)?;
+    let ns: Value = serde_json::from_slice(&stored.value)
+        .map_err(|e| Status::internal(format!("stored namespace {namespace}: {e}")))?;
+    if meta::meta_str(&ns, "deletionTimestamp").is_some() {
         return Err(Status::forbidden(format!(
             "unable to create new content in namespace {namespace} because it is being terminated"
         )));

@@ -140,7 +140,8 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
     .await?;
     fill(&portal, args.pods, move |i| {
         let body = serde_json::json!({"metadata": {"name": format!("p{i}"), "labels": {"app": format!("s{}", i % services)}},
-            "spec": {"containers": [{"name": "c", "image": "registry.local/app:1"}]}});
+            // Running pods are bound; the scheduler is not what is measured.
+            "spec": {"nodeName": format!("node-{}", i % 100), "containers": [{"name": "c", "image": "registry.local/app:1"}]}});
         ("POST", format!("/api/v1/namespaces/{NS}/pods"), Bytes::from(body.to_string()))
     })
     .await?;

@@ -45,6 +45,7 @@ struct Expectations {
 
 struct Context {
     client: Client,
+    events: events::Recorder,
     pods: Store<Pod>,
     expectations: Mutex<HashMap<String, Expectations>>,
 }
@@ -57,6 +58,7 @@ pub async fn run(client: Client) {
         .touched_objects();
     let context = Arc::new(Context {
         client: client.clone(),
+        events: events::Recorder::new(client.clone(), COMPONENT),
         pods,
         expectations: Mutex::new(HashMap::new()),
     });
@@ -205,15 +207,14 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
             }
         }
         for pod in made {
-            events::record(
-                &ctx.client,
-                &reference(&rc),
-                "Normal",
-                "SuccessfulCreate",
-                &format!("Created pod: {pod}"),
-                COMPONENT,
-            )
-            .await;
+            ctx.events
+                .record(
+                    &reference(&rc),
+                    "Normal",
+                    "SuccessfulCreate",
+                    &format!("Created pod: {pod}"),
+                )
+                .await;
         }
         if let Some(e) = first_error {
             return Err(e.into());
@@ -236,15 +237,9 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
             match api.delete(victim, &DeleteParams::default()).await {
                 Ok(_) => {
                     let message = format!("Deleted pod: {victim}");
-                    events::record(
-                        &ctx.client,
-                        &reference(&rc),
-                        "Normal",
-                        "SuccessfulDelete",
-                        &message,
-                        COMPONENT,
-                    )
-                    .await;
+                    ctx.events
+                        .record(&reference(&rc), "Normal", "SuccessfulDelete", &message)
+                        .await;
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(e) => return Err(e.into()),

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
@@ -19,8 +19,10 @@ use parking_lot::Mutex;
 use crate::events;
 
 const COMPONENT: &str = "default-scheduler";
-/// How soon an unschedulable pod is tried again (node changes retry at once).
+/// How soon an unschedulable pod is first tried again; the wait doubles up
+/// to `MAX_RETRY`. A node change retries every pending pod at once.
 const RETRY: Duration = Duration::from_secs(10);
+const MAX_RETRY: Duration = Duration::from_secs(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -30,10 +32,13 @@ pub enum Error {
 
 struct Context {
     client: Client,
+    events: events::Recorder,
     nodes: Store<Node>,
     pods: Store<Pod>,
     /// Bindings made but not yet seen in `pods`: pod key → (node, owner).
     assumed: Mutex<HashMap<String, (String, Option<String>)>>,
+    /// Pods no node fits: when to try again, and the wait after that.
+    backoff: Arc<Mutex<HashMap<String, (Instant, Duration)>>>,
 }
 
 fn key(pod: &Pod) -> String {
@@ -76,8 +81,11 @@ pub async fn run(client: Client) {
     let unscheduled = watcher::Config::default().fields("spec.nodeName=");
     let controller = Controller::new(Api::<Pod>::all(client.clone()), unscheduled);
     let pending = controller.store();
+    let backoff = Arc::new(Mutex::new(HashMap::new()));
     // A node appearing or turning ready is a reason to try every pending pod.
+    let node_backoff = backoff.clone();
     let mapper = move |_: Node| {
+        node_backoff.lock().clear();
         pending
             .state()
             .iter()
@@ -85,10 +93,12 @@ pub async fn run(client: Client) {
             .collect::<Vec<_>>()
     };
     let context = Arc::new(Context {
+        events: events::Recorder::new(client.clone(), COMPONENT),
         client,
         nodes,
         pods,
         assumed: Mutex::new(HashMap::new()),
+        backoff,
     });
     let results =
         controller
@@ -159,22 +169,35 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         ..ObjectReference::default()
     };
     if fitting.is_empty() {
+        // Pod updates (status, labels) re-trigger the reconcile; only the
+        // backoff's deadline or a node change makes a new attempt.
+        let now = Instant::now();
+        let wait = {
+            let mut backoff = ctx.backoff.lock();
+            match backoff.get(&key(&pod)).copied() {
+                Some((due, _)) if due > now => Some(due - now),
+                previous => {
+                    let wait = previous.map_or(RETRY, |(_, wait)| (wait * 2).min(MAX_RETRY));
+                    backoff.insert(key(&pod), (now + wait, wait));
+                    None
+                }
+            }
+        };
+        if let Some(wait) = wait {
+            return Ok(Action::requeue(wait));
+        }
         let unready = nodes.len();
         let message = format!(
             "0/{} nodes are available: {unready} node(s) were not ready or were unschedulable.",
             nodes.len()
         );
-        events::record(
-            &ctx.client,
-            &reference,
-            "Warning",
-            "FailedScheduling",
-            &message,
-            COMPONENT,
-        )
-        .await;
-        return Ok(Action::requeue(RETRY));
+        ctx.events
+            .record(&reference, "Warning", "FailedScheduling", &message)
+            .await;
+        let wait = ctx.backoff.lock().get(&key(&pod)).map_or(RETRY, |b| b.1);
+        return Ok(Action::requeue(wait));
     }
+    ctx.backoff.lock().remove(&key(&pod));
     let owner = owner_uid(&pod);
     // Choosing and assuming are one step: pods reconciled concurrently must
     // each see the others' choices.
@@ -223,14 +246,8 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         pod.namespace().unwrap_or_default(),
         pod.name_any()
     );
-    events::record(
-        &ctx.client,
-        &reference,
-        "Normal",
-        "Scheduled",
-        &message,
-        COMPONENT,
-    )
-    .await;
+    ctx.events
+        .record(&reference, "Normal", "Scheduled", &message)
+        .await;
     Ok(Action::await_change())
 }

@@ -1,6 +1,8 @@
 //! The `kubernetes` Service in `default` (SPEC S4): the first address of the
 //! service range, port 443, pointing at this API server. Created at start;
-//! its target port and Endpoints follow the server's real address.
+//! its target port and Endpoints follow the server's real address. Also the
+//! `kube-dns` Service in `kube-system` (the tenth address, as kubeadm
+//! does), the address pods are given as their nameserver.
 
 use std::net::IpAddr;
 
@@ -11,6 +13,55 @@ use serde_json::{json, Value};
 
 use crate::allocator::Allocators;
 use crate::strategy;
+
+/// Creates `kube-system/kube-dns` unless it exists (a user may change it).
+pub(crate) async fn ensure_dns(
+    store: &dyn Store,
+    allocators: &Allocators,
+) -> Result<(), StoreError> {
+    let resource = Resource::of(Kind::Service);
+    let key = resource.key(Some("kube-system"), "kube-dns");
+    if store.get(&key).await?.is_some() {
+        return Ok(());
+    }
+    let mut svc = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "Portal-DNS"}},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": allocators.dns_address(),
+            "selector": {"k8s-app": "kube-dns"},
+            "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},
+            ],
+        },
+    });
+    strategy::prepare_create(resource, &mut svc, Some("kube-system"));
+    defaults::apply(Kind::Service, &mut svc);
+    let mut reservation = allocators
+        .for_create(resource, &mut svc)
+        .map_err(|cause| StoreError::Backend(format!("kube-dns Service: {}", cause.display())))?;
+    let mut ops = vec![Op::Create {
+        key,
+        value: Bytes::from(svc.to_string()),
+    }];
+    ops.append(&mut reservation.ops);
+    match store.txn(ops).await {
+        Ok(_) => {
+            reservation.commit();
+            Ok(())
+        }
+        Err(e) => {
+            reservation.abort(None);
+            match e {
+                // Taken already (by a user's Service, or a second server).
+                StoreError::AlreadyExists { .. } => Ok(()),
+                e => Err(e),
+            }
+        }
+    }
+}
 
 fn ports(api_port: u16) -> Value {
     json!([{"name": "https", "port": 443, "protocol": "TCP", "targetPort": api_port}])

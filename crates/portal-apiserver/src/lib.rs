@@ -137,6 +137,8 @@ pub struct ApiServer {
     pub address: SocketAddr,
     /// The admin kubeconfig, written once the server answers.
     pub kubeconfig: PathBuf,
+    /// The API server's `/metrics`; other components may add theirs.
+    pub metrics: Arc<Metrics>,
     serving: tokio::task::JoinHandle<()>,
 }
 
@@ -202,6 +204,10 @@ impl ApiServer {
         })?;
         let advertise = config.advertise_address.or(Some(address.ip()));
         kubernetes_service::ensure(store.as_ref(), &allocators, address.port(), advertise).await?;
+        if let Err(error) = kubernetes_service::ensure_dns(store.as_ref(), &allocators).await {
+            // Not fatal: the address may be taken by a user's Service.
+            tracing::warn!(%error, "cannot create the kube-dns Service");
+        }
         tokio::spawn(allocator::repair::run(
             store.clone(),
             allocators.clone(),
@@ -217,7 +223,7 @@ impl ApiServer {
             store,
             cache,
             allocators,
-            metrics,
+            metrics: metrics.clone(),
             token: credentials.token.clone(),
             address,
         });
@@ -243,6 +249,7 @@ impl ApiServer {
         Ok(ApiServer {
             address,
             kubeconfig,
+            metrics,
             serving,
         })
     }

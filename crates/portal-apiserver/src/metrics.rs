@@ -22,13 +22,23 @@ pub(crate) struct LatencyLabels {
     pub resource: String,
 }
 
-#[derive(Debug)]
+/// Metrics of another component served on the same `/metrics`.
+type Source = Box<dyn Fn(&mut String) + Send + Sync>;
+
 pub struct Metrics {
     registry: Registry,
+    /// Other components in this process (DNS, proxy) add theirs.
+    sources: parking_lot::Mutex<Vec<Source>>,
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram>,
     commit_latency: Histogram,
     commit_batch: Histogram,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
@@ -62,6 +72,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            sources: parking_lot::Mutex::default(),
             requests,
             latency,
             commit_latency,
@@ -90,12 +101,23 @@ impl Metrics {
         self.commit_batch.observe(transactions as f64);
     }
 
+    /// Serves another component's metrics on this `/metrics` too:
+    /// `source` appends its families (text format, no `# EOF`).
+    pub fn add_source(&self, source: impl Fn(&mut String) + Send + Sync + 'static) {
+        self.sources.lock().push(Box::new(source));
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text;
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        if text::encode_registry(&mut out, &self.registry).is_err() {
             tracing::error!("metrics encoding failed");
         }
+        for source in self.sources.lock().iter() {
+            source(&mut out);
+        }
+        let _ = text::encode_eof(&mut out);
         out
     }
 }

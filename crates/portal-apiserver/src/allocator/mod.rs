@@ -133,6 +133,11 @@ impl Allocators {
         self.ips.range.value(1).unwrap_or_default()
     }
 
+    /// The cluster DNS Service's address: the tenth of the range.
+    pub(crate) fn dns_address(&self) -> String {
+        self.ips.range.value(10).unwrap_or_default()
+    }
+
     fn take_ip<'a>(
         &'a self,
         r: &mut Reservation<'a>,

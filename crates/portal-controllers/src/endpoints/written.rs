@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How long an unmet expectation holds a Service back.
-const EXPIRY: Duration = Duration::from_secs(5);
+const EXPIRY: Duration = Duration::from_secs(60);
 
 /// What the controller expects its reflector to show for one object.
 #[derive(Clone, Debug, PartialEq, Eq)]

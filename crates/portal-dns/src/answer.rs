@@ -186,7 +186,10 @@ pub fn answer(
         lower + "."
     };
     let domain = records.domain();
-    let in_zone = lower == domain || lower.ends_with(&format!(".{domain}"));
+    let in_zone = lower == domain
+        || lower
+            .strip_suffix(domain)
+            .is_some_and(|head| head.ends_with('.'));
     let known_reverse = !in_zone && !matches!(records.lookup(&lower), Lookup::Missing);
     let in_class = matches!(question.query_class(), DNSClass::IN | DNSClass::ANY);
     if !(in_zone || known_reverse) || !in_class {

@@ -18,10 +18,18 @@ struct QueryLabels {
     rcode: &'static str,
 }
 
+/// Every query type and response code label, so the per-query counter is
+/// picked from a table instead of hashing labels on every query.
+const TYPES: [&str; 10] = ["A", "AAAA", "SRV", "PTR", "CNAME", "TXT", "SOA", "NS", "ANY", "other"];
+const RCODES: [&str; 9] = [
+    "NOERROR", "NXDOMAIN", "REFUSED", "FORMERR", "SERVFAIL", "NOTIMP", "BADVERS", "forwarded", "other",
+];
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    queries: Family<QueryLabels, Counter>,
+    /// `TYPES × RCODES` counters of the `queries` family.
+    counters: Vec<Counter>,
     latency: Histogram,
     programming: Histogram,
 }
@@ -53,20 +61,31 @@ impl Metrics {
             "Time from an EndpointSlice's last-change-trigger-time to the change being answerable",
             programming.clone(),
         );
+        let counters = TYPES
+            .iter()
+            .flat_map(|t| RCODES.iter().map(move |r| (*t, *r)))
+            .map(|(r#type, rcode)| queries.get_or_create(&QueryLabels { r#type, rcode }).clone())
+            .collect();
         Metrics {
             registry,
-            queries,
+            counters,
             latency,
             programming,
         }
     }
 
     pub(crate) fn query(&self, summary: Summary, took: Duration) {
-        let labels = QueryLabels {
-            r#type: summary.query_type,
-            rcode: summary.rcode,
+        let position = |labels: &[&str], label: &str| {
+            labels
+                .iter()
+                .position(|l| *l == label)
+                .unwrap_or(labels.len() - 1)
         };
-        self.queries.get_or_create(&labels).inc();
+        let index = position(&TYPES, summary.query_type) * RCODES.len()
+            + position(&RCODES, summary.rcode);
+        if let Some(counter) = self.counters.get(index) {
+            counter.inc();
+        }
         self.latency.observe(took.as_secs_f64());
     }
 

@@ -1,7 +1,9 @@
 //! EndpointSlice mirroring: the Endpoints a user writes for a Service
 //! without a selector (SPEC S7) are mirrored into EndpointSlices, as
 //! Kubernetes' mirroring controller does, so consumers that read only
-//! slices (the proxy, DNS) see them too.
+//! slices (the proxy, DNS) see them too. Endpoints labelled
+//! `endpointslice.kubernetes.io/skip-mirror=true` (the endpoints
+//! controller's own) are left alone. Reads come from reflectors only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +11,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
 use crate::endpoints::desired::{
-    MAX_ENDPOINTS_PER_SLICE, SERVICE_NAME_LABEL, TRIGGER_TIME_ANNOTATION,
+    MAX_ENDPOINTS_PER_SLICE, SERVICE_NAME_LABEL, SKIP_MIRROR_LABEL, TRIGGER_TIME_ANNOTATION,
 };
 
 const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
@@ -26,34 +28,59 @@ const MIRRORED_BY: &str = "endpointslicemirroring-controller.k8s.io";
 pub enum Error {
     #[error("API request failed: {0}")]
     Api(#[from] kube::Error),
+    #[error("reflector not ready: {0}")]
+    NotReady(#[from] reflector::store::WriterDropped),
 }
 
 struct Context {
     client: Client,
+    services: Store<Service>,
+    mirrors: Store<EndpointSlice>,
+}
+
+fn endpoints_of_slice(slice: &EndpointSlice) -> Option<ObjectRef<Endpoints>> {
+    let name = slice.labels().get(SERVICE_NAME_LABEL)?;
+    Some(ObjectRef::new(name).within(&slice.namespace().unwrap_or_default()))
 }
 
 pub async fn run(client: Client) {
+    let (services, service_writer) = reflector::store::<Service>();
+    let (mirrors, mirror_writer) = reflector::store::<EndpointSlice>();
+    // A Service gaining or losing its selector changes whether its
+    // Endpoints are mirrored.
+    let service_events = watcher(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(service_writer)
+    .touched_objects();
+    // The mirrors themselves: changed or deleted by someone else, they are
+    // put back.
+    let mirror_events = watcher(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MIRRORED_BY}")),
+    )
+    .default_backoff()
+    .reflect(mirror_writer)
+    .touched_objects();
     let context = Arc::new(Context {
         client: client.clone(),
+        services,
+        mirrors,
     });
-    // Endpoints drive the mirror; a Service gaining or losing its selector
-    // changes whether its Endpoints are mirrored.
     crate::drive(
-        Controller::new(
-            Api::<Endpoints>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .watches(
-            Api::<Service>::all(client),
-            watcher::Config::default(),
-            |svc: Service| {
+        Controller::new(Api::<Endpoints>::all(client), watcher::Config::default())
+            .watches_stream(service_events, |svc: Service| {
                 Some(
                     ObjectRef::<Endpoints>::new(&svc.name_any())
                         .within(&svc.namespace().unwrap_or_default()),
                 )
-            },
-        )
-        .run(reconcile, error_policy, context),
+            })
+            .watches_stream(mirror_events, |slice: EndpointSlice| {
+                endpoints_of_slice(&slice)
+            })
+            .run(reconcile, error_policy, context),
         "endpoints mirroring",
     )
     .await;
@@ -107,28 +134,44 @@ fn mirrored(endpoints: &Endpoints) -> Vec<(Vec<EndpointPort>, Vec<Endpoint>)> {
 }
 
 async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.services.wait_until_ready().await?;
+    ctx.mirrors.wait_until_ready().await?;
     let namespace = endpoints.namespace().unwrap_or_default();
     let name = endpoints.name_any();
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
-    let selector = format!("{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={MIRRORED_BY}");
-    let mut existing = slices
-        .list(&ListParams::default().labels(&selector))
-        .await?
-        .items;
-    existing.sort_by_key(ResourceExt::name_any);
-    let service = services.get_opt(&name).await?;
-    let selectorless = service.as_ref().is_some_and(|s| {
-        s.spec
-            .as_ref()
-            .and_then(|s| s.selector.as_ref())
-            .is_none_or(|s| s.is_empty())
-    });
+    let mut existing: Vec<Arc<EndpointSlice>> = ctx
+        .mirrors
+        .state()
+        .into_iter()
+        .filter(|s| {
+            s.namespace().as_deref() == Some(namespace.as_str())
+                && s.labels().get(SERVICE_NAME_LABEL) == Some(&name)
+        })
+        .collect();
+    // The endpoints controller's own Endpoints (almost all of them) cost
+    // nothing here.
+    let skip = endpoints
+        .labels()
+        .get(SKIP_MIRROR_LABEL)
+        .map(String::as_str)
+        == Some("true");
+    if skip && existing.is_empty() {
+        return Ok(Action::await_change());
+    }
+    existing.sort_by_key(|s| s.name_any());
+    let service = ctx.services.get(&ObjectRef::new(&name).within(&namespace));
+    let selectorless = !skip
+        && service.as_ref().is_some_and(|s| {
+            s.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_none_or(|s| s.is_empty())
+        });
     let wanted = if selectorless {
         mirrored(&endpoints)
     } else {
         Vec::new()
     };
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut labels = endpoints.labels().clone();
     labels.insert(SERVICE_NAME_LABEL.into(), name.clone());
     labels.insert(MANAGED_BY_LABEL.into(), MIRRORED_BY.into());
@@ -140,8 +183,11 @@ async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Actio
         }
         let slice = EndpointSlice {
             metadata: ObjectMeta {
-                name: current.map(ResourceExt::name_any),
-                generate_name: Some(format!("{name}-")),
+                // Named by position, not generated: a create from a stale
+                // view of the mirrors fails (409) instead of duplicating.
+                name: Some(
+                    current.map_or_else(|| format!("{name}-mirror-{index}"), |c| c.name_any()),
+                ),
                 namespace: Some(namespace.clone()),
                 labels: Some(labels.clone()),
                 annotations: endpoints

@@ -20,9 +20,19 @@ struct QueryLabels {
 
 /// Every query type and response code label, so the per-query counter is
 /// picked from a table instead of hashing labels on every query.
-const TYPES: [&str; 10] = ["A", "AAAA", "SRV", "PTR", "CNAME", "TXT", "SOA", "NS", "ANY", "other"];
+const TYPES: [&str; 10] = [
+    "A", "AAAA", "SRV", "PTR", "CNAME", "TXT", "SOA", "NS", "ANY", "other",
+];
 const RCODES: [&str; 9] = [
-    "NOERROR", "NXDOMAIN", "REFUSED", "FORMERR", "SERVFAIL", "NOTIMP", "BADVERS", "forwarded", "other",
+    "NOERROR",
+    "NXDOMAIN",
+    "REFUSED",
+    "FORMERR",
+    "SERVFAIL",
+    "NOTIMP",
+    "BADVERS",
+    "forwarded",
+    "other",
 ];
 
 #[derive(Debug)]
@@ -64,7 +74,11 @@ impl Metrics {
         let counters = TYPES
             .iter()
             .flat_map(|t| RCODES.iter().map(move |r| (*t, *r)))
-            .map(|(r#type, rcode)| queries.get_or_create(&QueryLabels { r#type, rcode }).clone())
+            .map(|(r#type, rcode)| {
+                queries
+                    .get_or_create(&QueryLabels { r#type, rcode })
+                    .clone()
+            })
             .collect();
         Metrics {
             registry,
@@ -81,8 +95,8 @@ impl Metrics {
                 .position(|l| *l == label)
                 .unwrap_or(labels.len() - 1)
         };
-        let index = position(&TYPES, summary.query_type) * RCODES.len()
-            + position(&RCODES, summary.rcode);
+        let index =
+            position(&TYPES, summary.query_type) * RCODES.len() + position(&RCODES, summary.rcode);
         if let Some(counter) = self.counters.get(index) {
             counter.inc();
         }

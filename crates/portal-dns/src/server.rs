@@ -1,13 +1,18 @@
 //! The sockets: UDP served by a few threads, each with its own
-//! `SO_REUSEPORT` socket and a blocking receive loop (no task switch per
-//! query), TCP by tokio (length-prefixed messages, several per connection),
+//! `SO_REUSEPORT` socket and a blocking loop that takes and answers queries
+//! in batches (`recvmmsg`/`sendmmsg`, no task switch per query), TCP by tokio (length-prefixed messages, several per connection),
 //! and the upstream forwarder for names outside the cluster.
 
-use std::io;
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::sys::socket::{
+    recvmmsg, sendmmsg, ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage,
+};
 use parking_lot::RwLock;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -76,53 +81,127 @@ pub(crate) fn serve_udp(
     Ok(bound)
 }
 
+/// Datagrams taken from (and answers given to) the kernel per system call.
+const BATCH: usize = 32;
+/// A UDP query larger than this is cut (and then answered FORMERR).
+const MAX_UDP_QUERY: usize = 4096;
+
+fn std_address(address: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = address.as_sockaddr_in() {
+        return Some(SocketAddr::V4((*v4).into()));
+    }
+    address
+        .as_sockaddr_in6()
+        .map(|v6| SocketAddr::V6((*v6).into()))
+}
+
+/// Receives up to `BATCH` queries with one `recvmmsg`, answers them under
+/// one read lock and sends the answers with one `sendmmsg`: under load the
+/// system calls, not the answering, are what costs (as Knot does).
 fn udp_loop(socket: &UdpSocket, shared: &Arc<Shared>, runtime: &tokio::runtime::Handle) {
-    let mut buffer = vec![0u8; MAX_MESSAGE];
+    let fd = socket.as_raw_fd();
+    let mut buffers = vec![[0u8; MAX_UDP_QUERY]; BATCH];
+    let mut receive_headers = MultiHeaders::<SockaddrStorage>::preallocate(BATCH, None);
+    let mut send_headers = MultiHeaders::<SockaddrStorage>::preallocate(BATCH, None);
     loop {
-        let (length, peer) = match socket.recv_from(&mut buffer) {
-            Ok(received) => received,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) => {
-                tracing::warn!(%error, "DNS UDP receive failed");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
+        let received: Vec<(usize, Option<SockaddrStorage>)> = {
+            let mut slices: Vec<[IoSliceMut<'_>; 1]> = buffers
+                .iter_mut()
+                .map(|buffer| [IoSliceMut::new(&mut buffer[..])])
+                .collect();
+            match recvmmsg(
+                fd,
+                &mut receive_headers,
+                slices.iter_mut(),
+                MsgFlags::MSG_WAITFORONE,
+                None,
+            ) {
+                Ok(messages) => messages.map(|m| (m.bytes, m.address)).collect(),
+                Err(Errno::EINTR) => continue,
+                Err(error) => {
+                    tracing::warn!(%error, "DNS UDP receive failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
             }
         };
         let started = Instant::now();
-        let query = &buffer[..length];
-        match shared.answer(query, Transport::Udp) {
-            Outcome::Reply(reply, summary) => {
-                if let Err(error) = socket.send_to(&reply, peer) {
-                    tracing::debug!(%error, %peer, "DNS UDP send failed");
-                }
-                shared.metrics.query(summary, started.elapsed());
-            }
-            Outcome::Forward(summary) => {
-                let (Some(upstream), Ok(permit), Ok(reply_socket)) = (
-                    shared.upstream,
-                    shared.forwards.try_acquire(),
-                    socket.try_clone(),
-                ) else {
-                    continue;
-                };
-                permit.forget();
-                let shared = shared.clone();
-                let query = query.to_vec();
-                runtime.spawn(async move {
-                    let reply = forward_udp(upstream, &query).await;
-                    shared.forwards.add_permits(1);
-                    match reply {
-                        Ok(reply) => {
-                            let _ = reply_socket.send_to(&reply, peer);
-                            shared.metrics.query(summary, started.elapsed());
-                        }
-                        Err(error) => tracing::debug!(%error, "upstream query failed"),
+        let mut replies: Vec<Vec<u8>> = Vec::with_capacity(received.len());
+        let mut peers: Vec<Option<SockaddrStorage>> = Vec::with_capacity(received.len());
+        let mut summaries: Vec<Summary> = Vec::with_capacity(received.len());
+        {
+            let records = shared.records.read();
+            for ((length, peer), buffer) in received.iter().zip(&buffers) {
+                let query = &buffer[..*length];
+                match answer(&records, query, Transport::Udp, shared.settings) {
+                    Outcome::Reply(reply, summary) => {
+                        replies.push(reply);
+                        peers.push(*peer);
+                        summaries.push(summary);
                     }
-                });
+                    Outcome::Forward(summary) => {
+                        if let Some(peer) = peer.as_ref().and_then(std_address) {
+                            forward(socket, shared, runtime, query, peer, summary, started);
+                        }
+                    }
+                    Outcome::Drop => {}
+                }
             }
-            Outcome::Drop => {}
+        }
+        if replies.is_empty() {
+            continue;
+        }
+        let slices: Vec<[IoSlice<'_>; 1]> = replies.iter().map(|r| [IoSlice::new(r)]).collect();
+        let no_control: [ControlMessage<'_>; 0] = [];
+        if let Err(error) = sendmmsg(
+            fd,
+            &mut send_headers,
+            slices.iter(),
+            &peers,
+            no_control,
+            MsgFlags::empty(),
+        ) {
+            tracing::debug!(%error, "DNS UDP send failed");
+        }
+        let took = started.elapsed();
+        for summary in summaries {
+            shared.metrics.query(summary, took);
         }
     }
+}
+
+/// Hands a query for the upstream resolver to the async runtime; the answer
+/// goes back to the client from a clone of the serving socket.
+fn forward(
+    socket: &UdpSocket,
+    shared: &Arc<Shared>,
+    runtime: &tokio::runtime::Handle,
+    query: &[u8],
+    peer: SocketAddr,
+    summary: Summary,
+    started: Instant,
+) {
+    let (Some(upstream), Ok(permit), Ok(reply_socket)) = (
+        shared.upstream,
+        shared.forwards.try_acquire(),
+        socket.try_clone(),
+    ) else {
+        return;
+    };
+    permit.forget();
+    let shared = shared.clone();
+    let query = query.to_vec();
+    runtime.spawn(async move {
+        let reply = forward_udp(upstream, &query).await;
+        shared.forwards.add_permits(1);
+        match reply {
+            Ok(reply) => {
+                let _ = reply_socket.send_to(&reply, peer);
+                shared.metrics.query(summary, started.elapsed());
+            }
+            Err(error) => tracing::debug!(%error, "upstream query failed"),
+        }
+    });
 }
 
 /// One query to the upstream resolver over UDP; the reply must carry the

@@ -16,6 +16,9 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
 /// When the change these endpoints reflect happened (E2).
+/// Set on the Endpoints the endpoints controller writes, so the mirroring
+/// controller leaves them alone (as Kubernetes does).
+pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
 pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 /// Most endpoints in one EndpointSlice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;

@@ -63,6 +63,20 @@ impl Index {
     }
 
     /// Records a Service's selector (`None` or empty: no selector, or gone).
+    /// Replaces every pod with `pods` (after a re-list).
+    pub(super) fn reset_pods(&mut self, pods: impl Iterator<Item = (String, String, Labels)>) {
+        self.pod_labels.clear();
+        self.pods_by_pair.clear();
+        for (namespace, name, labels) in pods {
+            self.set_pod(&namespace, &name, Some(&labels));
+        }
+    }
+
+    /// Every Service with a selector, as `(namespace, name)`.
+    pub(super) fn services(&self) -> Vec<(String, String)> {
+        self.selectors.keys().cloned().collect()
+    }
+
     pub(super) fn set_service(&mut self, namespace: &str, name: &str, selector: Option<&Labels>) {
         let key = (namespace.to_owned(), name.to_owned());
         if let Some(before) = self.selectors.remove(&key) {

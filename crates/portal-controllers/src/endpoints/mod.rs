@@ -8,11 +8,11 @@ pub mod desired;
 mod index;
 mod written;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -23,7 +23,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 
-use desired::{MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, TRIGGER_TIME_ANNOTATION};
+use desired::{
+    MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, SKIP_MIRROR_LABEL, TRIGGER_TIME_ANNOTATION,
+};
 use written::{Expected, Written};
 
 #[derive(Debug, thiserror::Error)]
@@ -120,8 +122,7 @@ pub async fn run(client: Client) {
 
     let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
         .default_backoff()
-        .reflect(pod_writer)
-        .touched_objects();
+        .reflect(pod_writer);
     let ctx = context.clone();
     let service_events = watcher(
         Api::<Service>::all(client.clone()),
@@ -190,26 +191,19 @@ pub async fn run(client: Client) {
     .touched_objects();
 
     // A pod event concerns the Services that select it now and those that
-    // selected it before (a relabelled pod must leave the old ones).
+    // selected it before (a relabelled pod must leave the old ones). During
+    // a re-list the reflector shows the new state only at its end, so the
+    // re-listed pods trigger nothing until then, and then every Service.
     let ctx = context.clone();
-    let mapper = move |pod: Pod| {
-        let namespace = pod.namespace().unwrap_or_default();
-        let name = pod.name_any();
-        // The reflector has already applied this event: a pod it no longer
-        // holds was deleted.
-        let gone = ctx.pods.get(&ObjectRef::from_obj(&pod)).is_none();
-        let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let mut index = ctx.index.lock();
-        let before = index.set_pod(&namespace, &name, (!gone).then_some(&labels));
-        let mut services = index.services_selecting(&namespace, &labels);
-        if let Some(before) = before {
-            services.extend(index.services_selecting(&namespace, &before));
-        }
-        services
-            .into_iter()
-            .map(|s| ObjectRef::new(&s).within(&namespace))
-            .collect::<Vec<_>>()
-    };
+    let pod_triggers = pod_events
+        .filter_map(move |event| {
+            let triggers = match event {
+                Ok(event) => pod_triggers(&ctx, event),
+                Err(_) => Vec::new(),
+            };
+            std::future::ready(Some(futures_util::stream::iter(triggers)))
+        })
+        .flatten();
 
     // Like Kubernetes, Endpoints written by someone else are left alone
     // until they are deleted (then recreated); events of the controller's
@@ -230,7 +224,7 @@ pub async fn run(client: Client) {
     tokio::spawn(clean_up_deleted(context.clone(), deleted_rx));
     crate::drive(
         Controller::for_stream(service_events, services)
-            .watches_stream(pod_events, mapper)
+            .reconcile_on(pod_triggers)
             .watches_stream(endpoints_events, endpoints_mapper)
             .watches_stream(slice_events, |s: EndpointSlice| {
                 let namespace = s.namespace().unwrap_or_default();
@@ -240,6 +234,49 @@ pub async fn run(client: Client) {
         "endpoints reconcile",
     )
     .await;
+}
+
+/// The Services a pod event concerns (see `run`).
+fn pod_triggers(ctx: &Context, event: watcher::Event<Pod>) -> Vec<ObjectRef<Service>> {
+    let refs = |namespace: &str, names: HashSet<String>| {
+        names
+            .into_iter()
+            .map(|s| ObjectRef::new(&s).within(namespace))
+            .collect::<Vec<_>>()
+    };
+    match event {
+        watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => {
+            let namespace = pod.namespace().unwrap_or_default();
+            // The reflector has already applied this event: a pod it no
+            // longer holds was deleted.
+            let gone = ctx.pods.get(&ObjectRef::from_obj(&pod)).is_none();
+            let labels = pod.metadata.labels.clone().unwrap_or_default();
+            let mut index = ctx.index.lock();
+            let before = index.set_pod(&namespace, &pod.name_any(), (!gone).then_some(&labels));
+            let mut services = index.services_selecting(&namespace, &labels);
+            if let Some(before) = before {
+                services.extend(index.services_selecting(&namespace, &before));
+            }
+            refs(&namespace, services)
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
+        watcher::Event::InitDone => {
+            let pods = ctx.pods.state();
+            let mut index = ctx.index.lock();
+            index.reset_pods(pods.iter().map(|p| {
+                (
+                    p.namespace().unwrap_or_default(),
+                    p.name_any(),
+                    p.metadata.labels.clone().unwrap_or_default(),
+                )
+            }));
+            index
+                .services()
+                .into_iter()
+                .map(|(namespace, name)| ObjectRef::new(&name).within(&namespace))
+                .collect()
+        }
+    }
 }
 
 fn error_policy(service: Arc<Service>, error: &Error, _: Arc<Context>) -> Action {
@@ -329,7 +366,9 @@ async fn write_endpoints(
     let subsets = desired::subsets(service, endpoints);
     let subsets = Some(subsets).filter(|s| !s.is_empty());
     let existing = ctx.endpoints.get(&ObjectRef::new(name).within(namespace));
-    let labels = service.metadata.labels.clone();
+    let mut labels = service.metadata.labels.clone().unwrap_or_default();
+    labels.insert(SKIP_MIRROR_LABEL.into(), "true".into());
+    let labels = Some(labels);
     if let Some(existing) = &existing {
         if existing.subsets == subsets && existing.metadata.labels == labels {
             return Ok(());

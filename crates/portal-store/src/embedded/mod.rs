@@ -105,6 +105,9 @@ impl Drop for Writer {
     }
 }
 
+/// The most memory redb may use to cache pages.
+const PAGE_CACHE_BYTES: usize = 128 << 20;
+
 fn backend(error: impl Into<redb::Error>) -> Error {
     Error::Backend(error.into().to_string())
 }
@@ -115,7 +118,14 @@ impl EmbeddedStore {
     pub fn open(dir: &Path, options: EmbeddedOptions) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Backend(format!("{}: {e}", dir.display())))?;
-        let db = Database::create(dir.join("store.redb")).map_err(backend)?;
+        // redb's page cache defaults to 1 GiB, which a busy store fills and
+        // keeps. The API server holds every current object in its watch
+        // cache already; the store's cache only needs the B-trees' upper
+        // levels and recent pages.
+        let db = redb::Builder::new()
+            .set_cache_size(PAGE_CACHE_BYTES)
+            .create(dir.join("store.redb"))
+            .map_err(backend)?;
         let (revision, compacted) = {
             let txn = db.begin_write().map_err(backend)?;
             let read = {

@@ -67,3 +67,22 @@ def test_deleting_an_rc_cascades_or_orphans(portal, tmp_path):
     wait_for(lambda: len(owned_pods(core, "cascade")) == 2, "2 pods")
     kubectl.out("delete", "rc", "cascade", "--cascade=foreground")
     assert core.list_namespaced_pod(NS, label_selector="app=cascade").items == [], "foreground: dependents first"
+
+
+def test_orphans_are_adopted_and_relabelled_pods_released(portal):
+    core = portal.core()
+    rcs = client.CoreV1Api(portal.api_client())
+    core.create_namespaced_pod(NS, {
+        "metadata": {"name": "stray", "labels": {"app": "adopter"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.local/app:1"}]},
+    })
+    rcs.create_namespaced_replication_controller(NS, rc_body("adopter", 2))
+    uid = rcs.read_namespaced_replication_controller("adopter", NS).metadata.uid
+    wait_for(lambda: len(owned_pods(core, "adopter")) == 2, "two pods, the stray one adopted")
+    stray = core.read_namespaced_pod("stray", NS)
+    assert [(o.uid, o.controller) for o in stray.metadata.owner_references] == [(uid, True)]
+    # Relabelled out of the selector: released, and replaced.
+    core.patch_namespaced_pod("stray", NS, {"metadata": {"labels": {"app": "debugging"}}})
+    wait_for(lambda: not core.read_namespaced_pod("stray", NS).metadata.owner_references, "the stray pod released")
+    wait_for(lambda: len(owned_pods(core, "adopter")) == 2, "a replacement for the released pod")
+    assert "stray" not in [p.metadata.name for p in owned_pods(core, "adopter")]

@@ -2,11 +2,14 @@
 //! pods from the template alive, creating and deleting in batches, and
 //! reports `status.replicas`, `readyReplicas`, `observedGeneration`.
 //!
+//! Orphaned pods that match the selector are adopted, and owned pods that
+//! stop matching it are released, as upstream does.
+//!
 //! Like upstream it keeps *expectations*: pods it created or deleted that
 //! its pod reflector has not seen yet still count, so a reconcile that runs
 //! before the watch catches up never creates or deletes twice.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,9 +17,9 @@ use k8s_openapi::api::core::v1::{
     ObjectReference, Pod, ReplicationController, ReplicationControllerStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
@@ -62,16 +65,98 @@ pub async fn run(client: Client) {
         pods,
         expectations: Mutex::new(HashMap::new()),
     });
+    let controller = Controller::new(
+        Api::<ReplicationController>::all(client),
+        watcher::Config::default(),
+    );
+    let controllers = controller.store();
+    // A pod concerns its controller, or, when it has none, every RC whose
+    // selector matches it (to be adopted).
+    let mapper = move |pod: Pod| -> Vec<ObjectRef<ReplicationController>> {
+        let namespace = pod.namespace().unwrap_or_default();
+        if let Some(owner) = pod
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+        {
+            return (owner.kind == "ReplicationController")
+                .then(|| ObjectRef::new(&owner.name).within(&namespace))
+                .into_iter()
+                .collect();
+        }
+        controllers
+            .state()
+            .iter()
+            .filter(|rc| rc.namespace().as_deref() == Some(namespace.as_str()))
+            .filter(|rc| selects(&selector_of(rc), pod.labels()))
+            .map(|rc| ObjectRef::from_obj(&**rc))
+            .collect()
+    };
     crate::drive(
-        Controller::new(
-            Api::<ReplicationController>::all(client),
-            watcher::Config::default(),
-        )
-        .owns_stream(pod_events)
-        .run(reconcile, error_policy, context),
+        controller
+            .watches_stream(pod_events, mapper)
+            .run(reconcile, error_policy, context),
         "replication reconcile",
     )
     .await;
+}
+
+/// The RC's selector (the API defaults it to the template's labels).
+fn selector_of(rc: &ReplicationController) -> BTreeMap<String, String> {
+    let spec = rc.spec.as_ref();
+    spec.and_then(|s| s.selector.clone())
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            spec.and_then(|s| s.template.as_ref())
+                .and_then(|t| t.metadata.as_ref())
+                .and_then(|m| m.labels.clone())
+        })
+        .unwrap_or_default()
+}
+
+/// An empty selector selects nothing.
+fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+}
+
+/// Adopts an orphan (adds this RC as its controller) or releases a pod that
+/// no longer matches (removes this RC from its owners), as Kubernetes'
+/// controller reference manager does.
+async fn set_controller(
+    api: &Api<Pod>,
+    pod: &Pod,
+    owner: Option<&OwnerReference>,
+    uid: &str,
+) -> Result<(), Error> {
+    let mut owners: Vec<OwnerReference> = pod
+        .owner_references()
+        .iter()
+        .filter(|o| o.uid != uid)
+        .cloned()
+        .collect();
+    owners.extend(owner.cloned());
+    // The pod's uid makes the patch fail if the pod was replaced meanwhile.
+    let patch = serde_json::json!({
+        "metadata": {"ownerReferences": owners, "uid": pod.metadata.uid}
+    });
+    match api
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn error_policy(rc: Arc<ReplicationController>, error: &Error, _: Arc<Context>) -> Action {
@@ -134,16 +219,36 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
     let key = format!("{namespace}/{name}");
     let spec = rc.spec.clone().unwrap_or_default();
     let wanted = usize::try_from(spec.replicas.unwrap_or(1)).unwrap_or(0);
-    let pods: Vec<Arc<Pod>> = ctx
-        .pods
-        .state()
-        .into_iter()
-        .filter(|p| {
-            p.namespace().as_deref() == Some(namespace.as_str())
-                && owned_by(p, &uid)
-                && is_active(p)
-        })
-        .collect();
+    let selector = selector_of(&rc);
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "ReplicationController".into(),
+        name: name.clone(),
+        uid: uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut pods: Vec<Arc<Pod>> = Vec::new();
+    for pod in ctx.pods.state() {
+        if pod.namespace().as_deref() != Some(namespace.as_str()) || !is_active(&pod) {
+            continue;
+        }
+        let matches = selects(&selector, pod.labels());
+        if owned_by(&pod, &uid) {
+            if matches {
+                pods.push(pod);
+            } else {
+                set_controller(&api, &pod, None, &uid).await?;
+            }
+        } else if matches
+            && controller_of(&pod).is_none()
+            && rc.metadata.deletion_timestamp.is_none()
+        {
+            set_controller(&api, &pod, Some(&owner), &uid).await?;
+            pods.push(pod);
+        }
+    }
     let names: HashSet<String> = pods.iter().map(|p| p.name_any()).collect();
 
     let (pending_creates, pending_deletes) = {
@@ -157,18 +262,9 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
         (expect.created.len(), expect.deleted.len())
     };
     let current = pods.len() + pending_creates - pending_deletes.min(pods.len() + pending_creates);
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
 
     if current < wanted {
         let template = spec.template.clone().unwrap_or_default();
-        let owner = OwnerReference {
-            api_version: "v1".into(),
-            kind: "ReplicationController".into(),
-            name: name.clone(),
-            uid: uid.clone(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        };
         let count = (wanted - current).min(BATCH);
         let creates = (0..count).map(|_| {
             let pod = Pod {

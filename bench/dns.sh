@@ -21,7 +21,7 @@ doc = pathlib.Path("docs/BENCHMARKS.md")
 text = doc.read_text()
 start, end = "<!-- dns:begin -->", "<!-- dns:end -->"
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-body = f"{start}\nRun {datetime.date.today()} on {os.cpu_count()} cores ({cpu}), `bench/dns.sh --write{(" " + os.environ["BENCH_ARGS"]) if os.environ.get("BENCH_ARGS") else ""}`.\n\n{table}{end}"
+body = f"{start}\nRun {datetime.date.today()} on {os.cpu_count()} cores ({cpu}), `bench/dns.sh --write{(' ' + os.environ['BENCH_ARGS']) if os.environ.get('BENCH_ARGS') else ''}`.\n\n{table}{end}"
 if start in text:
     text = text[: text.index(start)] + body + text[text.index(end) + len(end):]
 else:

@@ -104,20 +104,30 @@ fn invalid(scope: &Scope<'_>, object: &Value, causes: Vec<portal_api::Cause>) ->
     Status::invalid(scope.target(), name, causes)
 }
 
-/// 404 unless the namespace exists; 403 while it is being deleted. Read
-/// from the store: a write must not wait for the watch cache.
+/// 404 unless the namespace exists; 403 while it is being deleted. Like
+/// Kubernetes' admission, the cache answers first (without waiting for it
+/// to catch up: a write must not wait on the watch cache) and the store
+/// only when the cache does not know the namespace yet.
 async fn check_namespace(state: &ApiState, namespace: &str) -> Result<(), Status> {
     let resource = Resource::of(Kind::Namespace);
-    let not_found = || Status::not_found(Scope::cluster(resource).target(), namespace);
-    let stored = state
-        .store
-        .get(&resource.key(None, namespace))
-        .await
-        .map_err(store_error)?
-        .ok_or_else(not_found)?;
-    let ns: Value = serde_json::from_slice(&stored.value)
-        .map_err(|e| Status::internal(format!("stored namespace {namespace}: {e}")))?;
-    if meta::meta_str(&ns, "deletionTimestamp").is_some() {
+    let key = resource.key(None, namespace);
+    let terminating = |ns: &Value| meta::meta_str(ns, "deletionTimestamp").is_some();
+    let terminating = match state.cache.get(resource, &key) {
+        Some(cached) => terminating(&cached.value),
+        None => {
+            let not_found = || Status::not_found(Scope::cluster(resource).target(), namespace);
+            let stored = state
+                .store
+                .get(&key)
+                .await
+                .map_err(store_error)?
+                .ok_or_else(not_found)?;
+            let ns: Value = serde_json::from_slice(&stored.value)
+                .map_err(|e| Status::internal(format!("stored namespace {namespace}: {e}")))?;
+            terminating(&ns)
+        }
+    };
+    if terminating {
         return Err(Status::forbidden(format!(
             "unable to create new content in namespace {namespace} because it is being terminated"
         )));

@@ -41,7 +41,8 @@ def test_create_get_list_delete(portal):
     listed = core.list_namespaced_service("default")
     assert [s.metadata.name for s in listed.items] == ["kubernetes", "web"]
     assert int(listed.metadata.resource_version) >= int(created.metadata.resource_version)
-    assert [s.metadata.name for s in core.list_service_for_all_namespaces().items] == ["kubernetes", "web"]
+    # Key order: default/kubernetes, default/web, kube-system/kube-dns.
+    assert [s.metadata.name for s in core.list_service_for_all_namespaces().items] == ["kubernetes", "web", "kube-dns"]
     core.delete_namespaced_service("web", "default")
     with pytest.raises(ApiException) as exc:
         core.read_namespaced_service("web", "default")

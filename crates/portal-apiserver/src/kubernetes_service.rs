@@ -14,13 +14,17 @@ use serde_json::{json, Value};
 use crate::allocator::Allocators;
 use crate::strategy;
 
-/// Creates `kube-system/kube-dns` unless it exists (a user may change it).
+/// Creates `kube-system/kube-dns` unless it exists (a user may change it)
+/// or the range has no tenth address.
 pub(crate) async fn ensure_dns(
     store: &dyn Store,
     allocators: &Allocators,
 ) -> Result<(), StoreError> {
     let resource = Resource::of(Kind::Service);
     let key = resource.key(Some("kube-system"), "kube-dns");
+    let Some(address) = allocators.dns_address() else {
+        return Ok(());
+    };
     if store.get(&key).await?.is_some() {
         return Ok(());
     }
@@ -29,7 +33,7 @@ pub(crate) async fn ensure_dns(
         "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "Portal-DNS"}},
         "spec": {
             "type": "ClusterIP",
-            "clusterIP": allocators.dns_address(),
+            "clusterIP": address,
             "selector": {"k8s-app": "kube-dns"},
             "ports": [
                 {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},

@@ -133,9 +133,10 @@ impl Allocators {
         self.ips.range.value(1).unwrap_or_default()
     }
 
-    /// The cluster DNS Service's address: the tenth of the range.
-    pub(crate) fn dns_address(&self) -> String {
-        self.ips.range.value(10).unwrap_or_default()
+    /// The cluster DNS Service's address: the tenth of the range (none in
+    /// ranges too small to have one).
+    pub(crate) fn dns_address(&self) -> Option<String> {
+        self.ips.range.value(10)
     }
 
     fn take_ip<'a>(

@@ -121,7 +121,7 @@ async fn slice_count(client: &mut Client) -> Result<(usize, String), Error> {
 
 pub(crate) async fn run(args: &Args) -> Result<String, Error> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let portal = Portal::start(&args.portal, dir.path())?;
+    let portal = Portal::start(&args.portal, dir.path(), &[])?;
     let mut admin = portal.connect().await?;
     admin
         .call(

@@ -443,7 +443,13 @@ fn render(rows: &[Row], args: &Args) -> String {
 async fn run(args: &Args) -> Result<String, Error> {
     let portal_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let etcd_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let portal = portal::Portal::start(&args.portal, portal_dir.path())?;
+    // The API server and store alone, as etcd is alone: the controllers
+    // would turn every Service create into three writes.
+    let portal = portal::Portal::start(
+        &args.portal,
+        portal_dir.path(),
+        &["--disable", "controllers"],
+    )?;
     let etcd = etcd::Etcd::start(&args.etcd, etcd_dir.path()).await?;
     portal
         .connect()

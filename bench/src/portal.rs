@@ -29,11 +29,13 @@ impl Drop for Portal {
 }
 
 impl Portal {
-    pub(crate) fn start(binary: &Path, dir: &Path) -> Result<Self, String> {
+    /// Starts `portal server` with `extra` arguments.
+    pub(crate) fn start(binary: &Path, dir: &Path, extra: &[&str]) -> Result<Self, String> {
         let child = Command::new(binary)
             .args(["server", "--data-dir"])
             .arg(dir)
             .args(["--api-bind", "127.0.0.1:0"])
+            .args(extra)
             .env(
                 "RUST_LOG",
                 std::env::var("PORTAL_LOG").unwrap_or_else(|_| "warn".into()),

@@ -121,7 +121,27 @@ async fn slice_count(client: &mut Client) -> Result<(usize, String), Error> {
 
 pub(crate) async fn run(args: &Args) -> Result<String, Error> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let portal = Portal::start(&args.portal, dir.path(), &[])?;
+    // The controllers run as their own process (`portal controllers`, as
+    // they may in production) so their memory is measured apart.
+    let portal = Portal::start(&args.portal, dir.path(), &["--disable", "controllers"])?;
+    let mut controllers = std::process::Command::new(&args.portal)
+        .arg("controllers")
+        .arg("--kubeconfig")
+        .arg(dir.path().join("kubeconfig"))
+        .env(
+            "RUST_LOG",
+            std::env::var("PORTAL_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("portal controllers: {e}"))?;
+    let result = measure(args, &portal, controllers.id()).await;
+    let _ = controllers.kill();
+    let _ = controllers.wait();
+    result
+}
+
+async fn measure(args: &Args, portal: &Portal, controllers: u32) -> Result<String, Error> {
     let mut admin = portal.connect().await?;
     admin
         .call(
@@ -132,20 +152,20 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
         .await?;
     let services = args.services;
     let started = Instant::now();
-    fill(&portal, services, move |i| {
+    fill(portal, services, move |i| {
         let body = serde_json::json!({"metadata": {"name": format!("s{i}")},
             "spec": {"selector": {"app": format!("s{i}")}, "ports": [{"port": 80, "targetPort": 8080}]}});
         ("POST", format!("/api/v1/namespaces/{NS}/services"), Bytes::from(body.to_string()))
     })
     .await?;
-    fill(&portal, args.pods, move |i| {
+    fill(portal, args.pods, move |i| {
         let body = serde_json::json!({"metadata": {"name": format!("p{i}"), "labels": {"app": format!("s{}", i % services)}},
             // Running pods are bound; the scheduler is not what is measured.
             "spec": {"nodeName": format!("node-{}", i % 100), "containers": [{"name": "c", "image": "registry.local/app:1"}]}});
         ("POST", format!("/api/v1/namespaces/{NS}/pods"), Bytes::from(body.to_string()))
     })
     .await?;
-    fill(&portal, args.pods, |i| {
+    fill(portal, args.pods, |i| {
         (
             "PUT",
             format!("/api/v1/namespaces/{NS}/pods/p{i}/status"),
@@ -225,13 +245,15 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
         samples.push(seen);
     }
     let rss = rss_kib(portal.pid());
+    let controllers_rss = rss_kib(controllers);
     Ok(format!(
         "| measure | value |\n| --- | ---: |\n\
          | pod readiness change → EndpointSlice update p50 | {:.2} ms |\n\
          | pod readiness change → EndpointSlice update p99 | {:.2} ms |\n\
          | initial fill ({} Services, {} pods, statuses) | {:.1} s |\n\
          | slices converged after the fill | {:.1} s |\n\
-         | `portal server` RSS (API server, store cache, controllers) | {} MiB |\n\n\
+         | `portal server` RSS (API server and store, controllers off) | {} MiB |\n\
+         | `portal controllers` RSS (endpoints, mirroring, replication, scheduler) | {} MiB |\n\n\
          {} samples, each a single pod's Ready flip, timed from the status write to the slice event.\n",
         samples.percentile_ms(50.0),
         samples.percentile_ms(99.0),
@@ -240,6 +262,7 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
         filled.as_secs_f64(),
         converged.as_secs_f64(),
         rss / 1024,
+        controllers_rss / 1024,
         args.samples,
     ))
 }

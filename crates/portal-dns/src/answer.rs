@@ -19,8 +19,6 @@ use crate::records::{Data, Lookup, Records};
 pub const SCHEMA_VERSION: &str = "1.1.0";
 /// The EDNS0 payload size Portal offers (the DNS flag day 2020 value).
 pub const EDNS_PAYLOAD: u16 = 1232;
-/// The largest UDP answer whatever the client offers.
-const MAX_UDP: usize = 4096;
 /// A plain DNS UDP message.
 const PLAIN_UDP: usize = 512;
 
@@ -131,7 +129,10 @@ pub fn answer(
             let mut ours = Edns::new();
             ours.set_max_payload(EDNS_PAYLOAD);
             response.set_edns(ours);
-            usize::from(edns.max_payload()).clamp(PLAIN_UDP, MAX_UDP)
+            // Never more than we advertise: larger datagrams fragment, and
+            // fragments are often dropped; truncation makes the client
+            // retry over TCP instead.
+            usize::from(edns.max_payload()).clamp(PLAIN_UDP, usize::from(EDNS_PAYLOAD))
         }
         None => PLAIN_UDP,
     };
@@ -190,7 +191,11 @@ pub fn answer(
         || lower
             .strip_suffix(domain)
             .is_some_and(|head| head.ends_with('.'));
-    let known_reverse = !in_zone && !matches!(records.lookup(&lower), Lookup::Missing);
+    // Reverse names are ours only where we hold records (not their
+    // parents: `in-addr.arpa.` is not ours to answer).
+    let known_reverse = !in_zone
+        && (lower.ends_with(".in-addr.arpa.") || lower.ends_with(".ip6.arpa."))
+        && matches!(records.lookup(&lower), Lookup::Found(_));
     let in_class = matches!(question.query_class(), DNSClass::IN | DNSClass::ANY);
     if !(in_zone || known_reverse) || !in_class {
         if settings.upstream && in_class {
@@ -345,6 +350,16 @@ fn finish(
     if transport == Transport::Tcp || bytes.len() <= client_payload {
         return Outcome::Reply(bytes, summary);
     }
+    // Additional records are optional (RFC 2181 §9): drop them before
+    // truncating the answer itself.
+    if !response.additionals().is_empty() {
+        let _ = response.take_additionals();
+        if let Ok(bytes) = response.to_vec() {
+            if bytes.len() <= client_payload {
+                return Outcome::Reply(bytes, summary);
+            }
+        }
+    }
     // Too large for UDP: the question alone, TC set; the client asks again
     // over TCP.
     let mut truncated = Message::new();
@@ -450,7 +465,12 @@ mod tests {
     fn udp_answers_never_exceed_what_the_query_allows() {
         let records = records();
         let name = "big.default.svc.cluster.local.";
-        for (edns, limit) in [(None, 512), (Some(1232), 1232), (Some(100), 512)] {
+        for (edns, limit) in [
+            (None, 512),
+            (Some(1232), 1232),
+            (Some(100), 512),
+            (Some(4096), 1232),
+        ] {
             let outcome = answer(
                 &records,
                 &query(name, RecordType::A, edns),
@@ -490,10 +510,18 @@ mod tests {
             answer(&records, &q, Transport::Udp, forwarding),
             Outcome::Forward(_)
         ));
-        // A reverse name Portal does not know is not its business either.
-        let unknown_ptr = query("9.9.9.9.in-addr.arpa.", RecordType::PTR, None);
-        let message = reply(answer(&records, &unknown_ptr, Transport::Udp, SETTINGS));
-        assert_eq!(message.response_code(), ResponseCode::Refused);
+        // A reverse name Portal does not know is not its business either,
+        // nor are the parents of those it knows.
+        for name in [
+            "9.9.9.9.in-addr.arpa.",
+            "96.10.in-addr.arpa.",
+            "in-addr.arpa.",
+            "local.",
+        ] {
+            let q = query(name, RecordType::PTR, None);
+            let message = reply(answer(&records, &q, Transport::Udp, SETTINGS));
+            assert_eq!(message.response_code(), ResponseCode::Refused, "{name}");
+        }
     }
 
     #[test]

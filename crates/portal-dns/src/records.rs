@@ -9,14 +9,14 @@
 //! count of the names beneath every name tells an empty non-terminal
 //! (NODATA) from a name that does not exist (NXDOMAIN).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 /// `(namespace, name)` of a Service.
 pub type ServiceKey = (String, String);
 
 /// One resource record's data.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Data {
     Address(IpAddr),
     Srv { port: u16, target: String },
@@ -274,13 +274,14 @@ impl Records {
                 }
             }
         }
-        records.dedup();
+        // This Service's old records are gone: only duplicates among the
+        // new ones remain to skip (a set, so a large headless Service
+        // stays linear).
+        let mut seen = HashSet::new();
+        records.retain(|record| seen.insert(record.clone()));
         let mut owned: Vec<String> = Vec::new();
         for (name, data) in records {
             let list = self.names.entry(name.clone()).or_default();
-            if list.iter().any(|(k, d)| k == key && *d == data) {
-                continue;
-            }
             if list.iter().all(|(k, _)| k != key) {
                 owned.push(name.clone());
                 for ancestor in ancestors(&name) {

@@ -152,16 +152,26 @@ fn udp_loop(socket: &UdpSocket, shared: &Arc<Shared>, runtime: &tokio::runtime::
             continue;
         }
         let slices: Vec<[IoSlice<'_>; 1]> = replies.iter().map(|r| [IoSlice::new(r)]).collect();
-        let no_control: [ControlMessage<'_>; 0] = [];
-        if let Err(error) = sendmmsg(
-            fd,
-            &mut send_headers,
-            slices.iter(),
-            &peers,
-            no_control,
-            MsgFlags::empty(),
-        ) {
-            tracing::debug!(%error, "DNS UDP send failed");
+        // sendmmsg stops at the first datagram the kernel refuses (a bad
+        // peer address, say): skip that one and send the rest.
+        let mut next = 0;
+        while next < slices.len() {
+            let no_control: [ControlMessage<'_>; 0] = [];
+            let sent = sendmmsg(
+                fd,
+                &mut send_headers,
+                slices[next..].iter(),
+                &peers[next..],
+                no_control,
+                MsgFlags::empty(),
+            );
+            match sent {
+                Ok(results) => next += results.count() + 1,
+                Err(error) => {
+                    tracing::debug!(%error, "DNS UDP send failed");
+                    next += 1;
+                }
+            }
         }
         let took = started.elapsed();
         for summary in summaries {
@@ -297,7 +307,10 @@ async fn tcp_connection(mut stream: TcpStream, shared: &Shared) -> io::Result<()
             },
             Outcome::Drop => return Ok(()),
         };
-        write_message(&mut stream, &reply).await?;
+        // A client that does not read must not hold a connection for ever.
+        tokio::time::timeout(TCP_IDLE, write_message(&mut stream, &reply))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "client did not read"))??;
         shared.metrics.query(summary, started.elapsed());
     }
 }

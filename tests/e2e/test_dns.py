@@ -180,6 +180,17 @@ def test_external_name_is_a_cname(cluster):
     assert got[0][3:] == ["CNAME", "db.example.com."]
 
 
+def test_external_name_into_the_cluster_is_followed(cluster):
+    server, dig = cluster
+    svc = create_service(server.core(), "web", {"ports": [{"port": 80}]})
+    create_service(server.core(), "alias", {"type": "ExternalName", "externalName": f"web.default.svc.{DOMAIN}"})
+    got = eventually(lambda: len(dig(f"alias.default.svc.{DOMAIN}")["answer"]) == 2)
+    answer = dig(f"alias.default.svc.{DOMAIN}")["answer"]
+    assert got, answer
+    assert answer[0][3:] == ["CNAME", f"web.default.svc.{DOMAIN}."]
+    assert answer[1] == [f"web.default.svc.{DOMAIN}.", "5", "IN", "A", svc.spec.cluster_ip]
+
+
 def test_outside_names_are_refused_without_upstream(cluster):
     _, dig = cluster
     refused = dig("example.com")
@@ -262,6 +273,15 @@ def test_standalone_dns_forwards_to_an_upstream(cluster, tmp_path):
         # With an upstream the server offers recursion.
         assert "ra" in edge("web.default.svc.edge.test")["flags"]
         assert edge(f"web.default.svc.{DOMAIN}", "A", "+tcp")["answer"][0][4] == svc.spec.cluster_ip
+        # An ExternalName to a name only the upstream knows is followed
+        # through it: the stub resolver gets the CNAME and the address.
+        create_service(server.core(), "outside", {"type": "ExternalName", "externalName": f"web.default.svc.{DOMAIN}"})
+        chased = eventually(lambda: len(edge("outside.default.svc.edge.test")["answer"]) == 2)
+        answer = edge("outside.default.svc.edge.test")["answer"]
+        assert chased, answer
+        assert answer[0][3:] == ["CNAME", f"web.default.svc.{DOMAIN}."]
+        assert answer[1][3:] == ["A", svc.spec.cluster_ip]
+        assert edge("outside.default.svc.edge.test", "A", "+tcp")["answer"][1][4] == svc.spec.cluster_ip
         # The upstream refuses what nobody serves; that answer is relayed.
         assert edge("example.com")["status"] == "REFUSED"
     finally:

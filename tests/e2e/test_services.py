@@ -183,8 +183,10 @@ def test_full_ranges_are_clear_errors(data_dir):
 def test_load_balancers_from_the_pool(data_dir):
     portal = Portal(data_dir, ["--load-balancer-pool", "192.0.2.8/30"]).start()
     core = portal.core()
-    create(core, svc("lb", {"type": "LoadBalancer", "ports": [{"port": 80}]}) | {"metadata": {"name": "lb", "annotations": {"example.com/lb-option": "kept"}}})
+    # The pinned one first: a Service content with any address may
+    # otherwise take 192.0.2.10 before the pinned one exists.
     create(core, svc("pinned", {"type": "LoadBalancer", "loadBalancerIP": "192.0.2.10", "ports": [{"port": 80}]}))
+    create(core, svc("lb", {"type": "LoadBalancer", "ports": [{"port": 80}]}) | {"metadata": {"name": "lb", "annotations": {"example.com/lb-option": "kept"}}})
 
     def ingress(name):
         import time

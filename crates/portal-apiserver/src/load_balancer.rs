@@ -69,6 +69,14 @@ pub(crate) async fn reconcile(
     }
     pool.sync(held.keys().map(String::as_str));
     let mut wanted: BTreeMap<String, String> = BTreeMap::new();
+    // Services asking for a given address go first, so a Service content
+    // with any address cannot take it from them in the same pass.
+    let mut services = services;
+    services.sort_by_key(|svc| {
+        svc.value["spec"]["loadBalancerIP"]
+            .as_str()
+            .is_none_or(str::is_empty)
+    });
     for svc in &services {
         let who = owner(&svc.value);
         if let Some(ip) = ingress_ip(&svc.value).filter(|ip| held.get(*ip) == Some(&who)) {

@@ -35,8 +35,61 @@ pub enum Outcome {
     Reply(Vec<u8>, Summary),
     /// Not ours: relay to the upstream resolver.
     Forward(Summary),
+    /// Ours, but a CNAME to a name only the upstream resolver knows.
+    Chase(Chase),
     /// Not even a DNS query: say nothing.
     Drop,
+}
+
+/// A CNAME to follow through the upstream resolver: the answer so far, and
+/// what to ask for.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Chase {
+    /// The encoded answer holding the CNAME.
+    pub partial: Vec<u8>,
+    pub target: Name,
+    pub query_type: RecordType,
+    pub transport: Transport,
+    pub client_payload: usize,
+    pub summary: Summary,
+}
+
+impl Chase {
+    /// The query for the CNAME's target.
+    pub fn query(&self) -> Option<Vec<u8>> {
+        let mut message = Message::new();
+        message
+            .set_id(u16::from_be_bytes([self.partial[0], self.partial[1]]))
+            .set_recursion_desired(true)
+            .add_query(hickory_proto::op::Query::query(
+                self.target.clone(),
+                self.query_type,
+            ));
+        let mut edns = Edns::new();
+        edns.set_max_payload(EDNS_PAYLOAD);
+        message.set_edns(edns);
+        message.to_vec().ok()
+    }
+
+    /// The answer so far plus the upstream's records for the target.
+    pub fn complete(&self, upstream_reply: &[u8]) -> Option<Vec<u8>> {
+        let mut response = Message::from_vec(&self.partial).ok()?;
+        let reply = Message::from_vec(upstream_reply).ok()?;
+        for record in reply.answers() {
+            response.add_answer(record.clone());
+        }
+        let rcode = reply.response_code();
+        match finish(
+            response,
+            rcode,
+            self.summary.query_type,
+            self.transport,
+            self.client_payload,
+        ) {
+            Outcome::Reply(bytes, _) => Some(bytes),
+            _ => None,
+        }
+    }
 }
 
 /// What the metrics record of a query.
@@ -301,6 +354,47 @@ pub fn answer(
             _ => continue,
         };
         response.add_answer(Record::from_rdata(asked.clone(), ttl, rdata));
+    }
+    // An ExternalName's CNAME is followed, as stub resolvers will not do
+    // it themselves: from the index when the target is in the cluster
+    // domain, else through the upstream resolver when there is one.
+    let cname = found.iter().find_map(|d| match d {
+        Data::Cname(target) => Some(target.as_str()),
+        _ => None,
+    });
+    if let Some(target) = cname.filter(|_| query_type != RecordType::CNAME) {
+        let in_cluster = target
+            .strip_suffix(domain)
+            .is_some_and(|h| h.ends_with('.'));
+        if in_cluster {
+            if let (Lookup::Found(data), Some(target_name)) = (records.lookup(target), name(target))
+            {
+                for data in data {
+                    let rdata = match data {
+                        Data::Address(IpAddr::V4(v4)) if wants(RecordType::A) => RData::A(A(*v4)),
+                        Data::Address(IpAddr::V6(v6)) if wants(RecordType::AAAA) => {
+                            RData::AAAA(AAAA(*v6))
+                        }
+                        _ => continue,
+                    };
+                    response.add_answer(Record::from_rdata(target_name.clone(), ttl, rdata));
+                }
+            }
+        } else if settings.upstream {
+            if let (Ok(partial), Some(target_name)) = (response.to_vec(), name(target)) {
+                return Outcome::Chase(Chase {
+                    partial,
+                    target: target_name,
+                    query_type,
+                    transport,
+                    client_payload,
+                    summary: Summary {
+                        query_type: label,
+                        rcode: "NOERROR",
+                    },
+                });
+            }
+        }
     }
     if response.answers().is_empty() {
         // The name exists, not with this type: NODATA.

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::answer::{answer, Outcome, Settings, Summary, Transport};
+use crate::answer::{answer, Chase, Outcome, Settings, Summary, Transport};
 use crate::metrics::Metrics;
 use crate::records::Records;
 
@@ -144,6 +144,11 @@ fn udp_loop(socket: &UdpSocket, shared: &Arc<Shared>, runtime: &tokio::runtime::
                             forward(socket, shared, runtime, query, peer, summary, started);
                         }
                     }
+                    Outcome::Chase(chase) => {
+                        if let Some(peer) = peer.as_ref().and_then(std_address) {
+                            chase_udp(socket, shared, runtime, chase, peer, started);
+                        }
+                    }
                     Outcome::Drop => {}
                 }
             }
@@ -210,6 +215,35 @@ fn forward(
                 shared.metrics.query(summary, started.elapsed());
             }
             Err(error) => tracing::debug!(%error, "upstream query failed"),
+        }
+    });
+}
+
+/// Follows a CNAME through the upstream resolver off the UDP thread.
+fn chase_udp(
+    socket: &UdpSocket,
+    shared: &Arc<Shared>,
+    runtime: &tokio::runtime::Handle,
+    chase: Chase,
+    peer: SocketAddr,
+    started: Instant,
+) {
+    let (Some(upstream), Some(query), Ok(permit), Ok(reply_socket)) = (
+        shared.upstream,
+        chase.query(),
+        shared.forwards.try_acquire(),
+        socket.try_clone(),
+    ) else {
+        return;
+    };
+    permit.forget();
+    let shared = shared.clone();
+    runtime.spawn(async move {
+        let reply = forward_udp(upstream, &query).await;
+        shared.forwards.add_permits(1);
+        if let Some(answer) = reply.ok().and_then(|r| chase.complete(&r)) {
+            let _ = reply_socket.send_to(&answer, peer);
+            shared.metrics.query(chase.summary, started.elapsed());
         }
     });
 }
@@ -305,6 +339,16 @@ async fn tcp_connection(mut stream: TcpStream, shared: &Shared) -> io::Result<()
                 Some(upstream) => (forward_tcp(upstream, &query).await?, summary),
                 None => return Ok(()),
             },
+            Outcome::Chase(chase) => {
+                let (Some(upstream), Some(query)) = (shared.upstream, chase.query()) else {
+                    return Ok(());
+                };
+                let reply = forward_udp(upstream, &query).await?;
+                match chase.complete(&reply) {
+                    Some(answer) => (answer, chase.summary),
+                    None => return Ok(()),
+                }
+            }
             Outcome::Drop => return Ok(()),
         };
         // A client that does not read must not hold a connection for ever.

@@ -73,14 +73,24 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Dns, Error> {
         addr: config.bind,
         source,
     };
-    let addr = server::serve_udp(
-        config.bind,
-        config.threads,
-        shared.clone(),
-        tokio::runtime::Handle::current(),
-    )
-    .map_err(bind_error)?;
-    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+    // UDP and TCP share one port. With port 0 the free UDP port may be
+    // taken for TCP (by any TCP socket): then try another.
+    let mut attempts = 0;
+    let (addr, sockets, listener) = loop {
+        let (addr, sockets) = server::bind_udp(config.bind, config.threads).map_err(bind_error)?;
+        match TcpListener::bind(addr).await {
+            Ok(listener) => break (addr, sockets, listener),
+            Err(error)
+                if error.kind() == std::io::ErrorKind::AddrInUse
+                    && config.bind.port() == 0
+                    && attempts < 20 =>
+            {
+                attempts += 1;
+            }
+            Err(error) => return Err(bind_error(error)),
+        }
+    };
+    server::serve_udp(sockets, &shared, &tokio::runtime::Handle::current()).map_err(bind_error)?;
     tokio::spawn(server::serve_tcp(listener, shared));
     tokio::spawn(feed::run(client, records, metrics.clone()));
     tracing::info!(%addr, domain = %config.cluster_domain, "DNS serving");

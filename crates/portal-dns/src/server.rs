@@ -57,20 +57,26 @@ fn udp_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
     Ok(socket.into())
 }
 
-/// Binds `threads` UDP sockets to `addr` (port 0: one free port for all) and
-/// serves each on its own thread. Returns the bound address.
-pub(crate) fn serve_udp(
+/// Binds `threads` UDP sockets to `addr` (port 0: one free port for all).
+pub(crate) fn bind_udp(
     addr: SocketAddr,
     threads: usize,
-    shared: Arc<Shared>,
-    runtime: tokio::runtime::Handle,
-) -> io::Result<SocketAddr> {
+) -> io::Result<(SocketAddr, Vec<UdpSocket>)> {
     let first = udp_socket(addr)?;
     let bound = first.local_addr()?;
     let mut sockets = vec![first];
     for _ in 1..threads.max(1) {
         sockets.push(udp_socket(bound)?);
     }
+    Ok((bound, sockets))
+}
+
+/// Serves each socket on its own thread.
+pub(crate) fn serve_udp(
+    sockets: Vec<UdpSocket>,
+    shared: &Arc<Shared>,
+    runtime: &tokio::runtime::Handle,
+) -> io::Result<()> {
     for (index, socket) in sockets.into_iter().enumerate() {
         let shared = shared.clone();
         let runtime = runtime.clone();
@@ -78,7 +84,7 @@ pub(crate) fn serve_udp(
             .name(format!("dns-udp-{index}"))
             .spawn(move || udp_loop(&socket, &shared, &runtime))?;
     }
-    Ok(bound)
+    Ok(())
 }
 
 /// Datagrams taken from (and answers given to) the kernel per system call.

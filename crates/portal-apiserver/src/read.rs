@@ -32,6 +32,16 @@ pub(crate) async fn fresh(state: &ApiState, query: &Query) -> Result<(), Status>
     }
 }
 
+/// The latest committed object at `key`, read from the store.
+pub(crate) async fn stored(state: &ApiState, key: &str) -> Result<Option<CachedObject>, Status> {
+    let Some(stored) = state.store.get(key).await.map_err(store_error)? else {
+        return Ok(None);
+    };
+    CachedObject::decode(key, &stored.value, stored.mod_revision)
+        .map(Some)
+        .map_err(|e| Status::internal(format!("stored object {key}: {e}")))
+}
+
 pub(crate) fn parse_revision(value: Option<&str>) -> Result<Option<Revision>, Status> {
     match value {
         None | Some("") => Ok(None),
@@ -54,17 +64,7 @@ pub(crate) async fn get(
     let object = match query.get("resourceVersion") {
         // Like Kubernetes, a GET of the latest state reads the store: one
         // key costs less than waiting for the cache under a write flood.
-        None | Some("") => {
-            let stored = state
-                .store
-                .get(&key)
-                .await
-                .map_err(store_error)?
-                .ok_or_else(not_found)?;
-            let object = CachedObject::decode(&key, &stored.value, stored.mod_revision)
-                .map_err(|e| Status::internal(format!("stored object {key}: {e}")))?;
-            std::sync::Arc::new(object)
-        }
+        None | Some("") => std::sync::Arc::new(stored(state, &key).await?.ok_or_else(not_found)?),
         Some(_) => {
             fresh(state, query).await?;
             state

@@ -14,7 +14,7 @@ use crate::allocator::{delete_stored, Allocators};
 use crate::cache::CachedObject;
 use crate::gc::Propagation;
 use crate::http::{json_response, Body, FieldValidation, Query};
-use crate::read::{fresh, parse_revision, Filter};
+use crate::read::{fresh, parse_revision, stored, Filter};
 use crate::{store_error, strategy, ApiState, Scope};
 
 /// Conflicting writers retry an unconditional update this many times.
@@ -116,15 +116,7 @@ async fn check_namespace(state: &ApiState, namespace: &str) -> Result<(), Status
         Some(cached) => terminating(&cached.value),
         None => {
             let not_found = || Status::not_found(Scope::cluster(resource).target(), namespace);
-            let stored = state
-                .store
-                .get(&key)
-                .await
-                .map_err(store_error)?
-                .ok_or_else(not_found)?;
-            let ns: Value = serde_json::from_slice(&stored.value)
-                .map_err(|e| Status::internal(format!("stored namespace {namespace}: {e}")))?;
-            terminating(&ns)
+            terminating(&stored(state, &key).await?.ok_or_else(not_found)?.value)
         }
     };
     if terminating {

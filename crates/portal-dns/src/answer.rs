@@ -152,6 +152,15 @@ fn format_error(query: &[u8]) -> Outcome {
     Outcome::Reply(reply, summary)
 }
 
+/// An address record's data, when `wanted` asks for its type.
+fn address(data: &Data, wanted: impl Fn(RecordType) -> bool) -> Option<RData> {
+    match data {
+        Data::Address(IpAddr::V4(v4)) if wanted(RecordType::A) => Some(RData::A(A(*v4))),
+        Data::Address(IpAddr::V6(v6)) if wanted(RecordType::AAAA) => Some(RData::AAAA(AAAA(*v6))),
+        _ => None,
+    }
+}
+
 /// Names Portal builds are lower-case ASCII already: no IDNA pass needed.
 fn name(text: &str) -> Option<Name> {
     Name::from_ascii(text).ok()
@@ -333,8 +342,10 @@ pub fn answer(
     let mut additional_targets: Vec<&str> = Vec::new();
     for data in &found {
         let rdata = match data {
-            Data::Address(IpAddr::V4(v4)) if wants(RecordType::A) => RData::A(A(*v4)),
-            Data::Address(IpAddr::V6(v6)) if wants(RecordType::AAAA) => RData::AAAA(AAAA(*v6)),
+            Data::Address(_) => match address(data, wants) {
+                Some(rdata) => rdata,
+                None => continue,
+            },
             // A CNAME answers every type (the resolver follows it).
             Data::Cname(target) => match name(target) {
                 Some(target) => RData::CNAME(CNAME(target)),
@@ -369,14 +380,7 @@ pub fn answer(
         if in_cluster {
             if let (Lookup::Found(data), Some(target_name)) = (records.lookup(target), name(target))
             {
-                for data in data {
-                    let rdata = match data {
-                        Data::Address(IpAddr::V4(v4)) if wants(RecordType::A) => RData::A(A(*v4)),
-                        Data::Address(IpAddr::V6(v6)) if wants(RecordType::AAAA) => {
-                            RData::AAAA(AAAA(*v6))
-                        }
-                        _ => continue,
-                    };
+                for rdata in data.into_iter().filter_map(|d| address(d, wants)) {
                     response.add_answer(Record::from_rdata(target_name.clone(), ttl, rdata));
                 }
             }
@@ -407,12 +411,7 @@ pub fn answer(
         else {
             continue;
         };
-        for data in data {
-            let rdata = match data {
-                Data::Address(IpAddr::V4(v4)) => RData::A(A(*v4)),
-                Data::Address(IpAddr::V6(v6)) => RData::AAAA(AAAA(*v6)),
-                _ => continue,
-            };
+        for rdata in data.into_iter().filter_map(|d| address(d, |_| true)) {
             response.add_additional(Record::from_rdata(target_name.clone(), ttl, rdata));
         }
     }

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::answer::{answer, Chase, Outcome, Settings, Summary, Transport};
+use crate::answer::{answer, Outcome, Settings, Summary, Transport};
 use crate::metrics::Metrics;
 use crate::records::Records;
 
@@ -147,12 +147,29 @@ fn udp_loop(socket: &UdpSocket, shared: &Arc<Shared>, runtime: &tokio::runtime::
                     }
                     Outcome::Forward(summary) => {
                         if let Some(peer) = peer.as_ref().and_then(std_address) {
-                            forward(socket, shared, runtime, query, peer, summary, started);
+                            let query = query.to_vec();
+                            let relayed = Relayed {
+                                query,
+                                peer,
+                                summary,
+                                started,
+                            };
+                            relay(socket, shared, runtime, relayed, Some);
                         }
                     }
                     Outcome::Chase(chase) => {
-                        if let Some(peer) = peer.as_ref().and_then(std_address) {
-                            chase_udp(socket, shared, runtime, chase, peer, started);
+                        if let (Some(peer), Some(query)) =
+                            (peer.as_ref().and_then(std_address), chase.query())
+                        {
+                            let summary = chase.summary;
+                            let finish = move |reply: Vec<u8>| chase.complete(&reply);
+                            let relayed = Relayed {
+                                query,
+                                peer,
+                                summary,
+                                started,
+                            };
+                            relay(socket, shared, runtime, relayed, finish);
                         }
                     }
                     Outcome::Drop => {}
@@ -191,17 +208,29 @@ fn udp_loop(socket: &UdpSocket, shared: &Arc<Shared>, runtime: &tokio::runtime::
     }
 }
 
-/// Hands a query for the upstream resolver to the async runtime; the answer
-/// goes back to the client from a clone of the serving socket.
-fn forward(
-    socket: &UdpSocket,
-    shared: &Arc<Shared>,
-    runtime: &tokio::runtime::Handle,
-    query: &[u8],
+/// A query for the upstream resolver, and for whom.
+struct Relayed {
+    query: Vec<u8>,
     peer: SocketAddr,
     summary: Summary,
     started: Instant,
+}
+
+/// Asks the upstream resolver off the UDP thread; `finish` turns its reply
+/// into the answer, sent back from a clone of the serving socket.
+fn relay(
+    socket: &UdpSocket,
+    shared: &Arc<Shared>,
+    runtime: &tokio::runtime::Handle,
+    relayed: Relayed,
+    finish: impl FnOnce(Vec<u8>) -> Option<Vec<u8>> + Send + 'static,
 ) {
+    let Relayed {
+        query,
+        peer,
+        summary,
+        started,
+    } = relayed;
     let (Some(upstream), Ok(permit), Ok(reply_socket)) = (
         shared.upstream,
         shared.forwards.try_acquire(),
@@ -211,45 +240,16 @@ fn forward(
     };
     permit.forget();
     let shared = shared.clone();
-    let query = query.to_vec();
     runtime.spawn(async move {
         let reply = forward_udp(upstream, &query).await;
         shared.forwards.add_permits(1);
-        match reply {
-            Ok(reply) => {
-                let _ = reply_socket.send_to(&reply, peer);
+        match reply.map(finish) {
+            Ok(Some(answer)) => {
+                let _ = reply_socket.send_to(&answer, peer);
                 shared.metrics.query(summary, started.elapsed());
             }
+            Ok(None) => {}
             Err(error) => tracing::debug!(%error, "upstream query failed"),
-        }
-    });
-}
-
-/// Follows a CNAME through the upstream resolver off the UDP thread.
-fn chase_udp(
-    socket: &UdpSocket,
-    shared: &Arc<Shared>,
-    runtime: &tokio::runtime::Handle,
-    chase: Chase,
-    peer: SocketAddr,
-    started: Instant,
-) {
-    let (Some(upstream), Some(query), Ok(permit), Ok(reply_socket)) = (
-        shared.upstream,
-        chase.query(),
-        shared.forwards.try_acquire(),
-        socket.try_clone(),
-    ) else {
-        return;
-    };
-    permit.forget();
-    let shared = shared.clone();
-    runtime.spawn(async move {
-        let reply = forward_udp(upstream, &query).await;
-        shared.forwards.add_permits(1);
-        if let Some(answer) = reply.ok().and_then(|r| chase.complete(&r)) {
-            let _ = reply_socket.send_to(&answer, peer);
-            shared.metrics.query(chase.summary, started.elapsed());
         }
     });
 }

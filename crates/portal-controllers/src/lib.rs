@@ -13,6 +13,7 @@ pub mod scheduler;
 use std::path::Path;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher;
 use kube::{Client, Config};
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,36 @@ pub(crate) async fn drive<T, E: std::fmt::Display>(
             }
         })
         .await;
+}
+
+/// The objects a reflected watch changed, each passed on only once the
+/// reflector shows it: during a re-list kube's reflector keeps the old state
+/// until the re-list ends, so re-listed objects are held until then (a
+/// reconcile triggered earlier would read the old state and never run
+/// again). Use after `.reflect(writer)` instead of `.touched_objects()`.
+pub(crate) fn settled_objects<K: Send + 'static>(
+    events: impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> impl futures_util::Stream<Item = Result<K, watcher::Error>> + Send {
+    use futures_util::{StreamExt, TryStreamExt};
+    let mut relisted = Vec::new();
+    events
+        .map_ok(move |event| {
+            let ready = match event {
+                watcher::Event::Apply(object) | watcher::Event::Delete(object) => vec![object],
+                watcher::Event::Init => {
+                    relisted.clear();
+                    Vec::new()
+                }
+                watcher::Event::InitApply(object) => {
+                    relisted.push(object);
+                    Vec::new()
+                }
+                watcher::Event::InitDone => std::mem::take(&mut relisted),
+            };
+            futures_util::stream::iter(ready.into_iter().map(Ok))
+        })
+        .try_flatten()
+        .boxed()
 }
 
 /// Runs every controller until the process ends.

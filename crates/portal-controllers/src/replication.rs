@@ -55,10 +55,11 @@ struct Context {
 
 pub async fn run(client: Client) {
     let (pods, pod_writer) = reflector::store::<Pod>();
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer)
-        .touched_objects();
+    let pod_events = crate::settled_objects(
+        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .reflect(pod_writer),
+    );
     let context = Arc::new(Context {
         client: client.clone(),
         events: events::Recorder::new(client.clone(), COMPONENT),

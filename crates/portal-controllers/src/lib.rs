@@ -24,6 +24,17 @@ pub enum Error {
     Client(#[from] kube::Error),
 }
 
+/// Why a reconcile failed (the controllers' error policies retry it).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The API server refused or failed a request.
+    #[error("API request failed: {0}")]
+    Api(#[from] kube::Error),
+    /// A reflector's initial list has not finished.
+    #[error("reflector not ready: {0}")]
+    NotReady(#[from] kube::runtime::reflector::store::WriterDropped),
+}
+
 /// A client for the cluster a kubeconfig file describes.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
     let invalid = |message: String| Error::Kubeconfig {

@@ -24,13 +24,7 @@ use crate::endpoints::desired::{
 const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 const MIRRORED_BY: &str = "endpointslicemirroring-controller.k8s.io";
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("API request failed: {0}")]
-    Api(#[from] kube::Error),
-    #[error("reflector not ready: {0}")]
-    NotReady(#[from] reflector::store::WriterDropped),
-}
+pub use crate::ReconcileError as Error;
 
 struct Context {
     client: Client,

@@ -32,11 +32,7 @@ const BATCH: usize = 500;
 /// block the controller for ever).
 const EXPECTATION_TTL: Duration = Duration::from_secs(30);
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("API request failed: {0}")]
-    Api(#[from] kube::Error),
-}
+pub use crate::ReconcileError as Error;
 
 /// Pods created or deleted but not yet seen so by the reflector.
 #[derive(Debug, Default)]

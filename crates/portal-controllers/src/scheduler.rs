@@ -24,11 +24,7 @@ const COMPONENT: &str = "default-scheduler";
 const RETRY: Duration = Duration::from_secs(10);
 const MAX_RETRY: Duration = Duration::from_secs(300);
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("API request failed: {0}")]
-    Api(#[from] kube::Error),
-}
+pub use crate::ReconcileError as Error;
 
 struct Context {
     client: Client,

@@ -28,15 +28,7 @@ use desired::{
 };
 use written::{Expected, Written};
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The API server refused or failed a request.
-    #[error("API request failed: {0}")]
-    Api(#[from] kube::Error),
-    /// A reflector's initial list has not finished.
-    #[error("reflector not ready: {0}")]
-    NotReady(#[from] reflector::store::WriterDropped),
-}
+pub use crate::ReconcileError as Error;
 
 /// `(namespace, name)` of a Service.
 type ServiceKey = (String, String);

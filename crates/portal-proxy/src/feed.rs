@@ -1,0 +1,133 @@
+//! Feeds the change tracker from watches of Services and EndpointSlices
+//! (so the proxy also runs against a real Kubernetes API server) and wakes
+//! the runner. A re-list drops what disappeared meanwhile.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use parking_lot::Mutex;
+use tokio::sync::{watch, Notify};
+
+use crate::metrics::Metrics;
+use crate::model::ServiceKey;
+use crate::tracker::Tracker;
+
+#[derive(Debug)]
+pub(crate) struct Feed {
+    pub tracker: Arc<Mutex<Tracker>>,
+    pub wake: Arc<Notify>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Feed {
+    fn changed(&self, tracker: &Tracker) {
+        self.metrics.set_pending(tracker.pending());
+        if tracker.has_changes() {
+            self.metrics.queued();
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// Follows both resources until the process ends; `listed` turns true once
+/// both initial lists are in.
+pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>) {
+    let services = watcher(Api::<Service>::all(client.clone()), watcher::Config::default()).default_backoff();
+    let slices = watcher(Api::<EndpointSlice>::all(client), watcher::Config::default()).default_backoff();
+    let (services_listed, slices_listed) = (watch::channel(false), watch::channel(false));
+    let both = {
+        let (mut a, mut b) = (services_listed.1.clone(), slices_listed.1.clone());
+        async move {
+            let _ = a.wait_for(|d| *d).await;
+            let _ = b.wait_for(|d| *d).await;
+            let _ = listed.send(true);
+        }
+    };
+    tokio::join!(
+        both,
+        follow(services, &feed, &services_listed.0, |tracker, event| match event {
+            Item::Put(s) => {
+                let key = key_of(&s);
+                tracker.set_service(key, Some(s));
+            }
+            Item::Gone(s) => tracker.set_service(key_of(&s), None),
+            Item::Forget(keys) => {
+                for key in tracker.service_keys().into_iter().filter(|k| !keys.contains(&(k.namespace.clone(), k.name.clone()))) {
+                    tracker.set_service(key, None);
+                }
+            }
+        }),
+        follow(slices, &feed, &slices_listed.0, |tracker, event| match event {
+            Item::Put(s) => {
+                let (namespace, name) = (s.namespace().unwrap_or_default(), s.name_any());
+                tracker.set_slice(&namespace, &name, Some(s));
+            }
+            Item::Gone(s) => tracker.set_slice(&s.namespace().unwrap_or_default(), &s.name_any(), None),
+            Item::Forget(keys) => {
+                for (namespace, name) in tracker.slice_keys().into_iter().filter(|k| !keys.contains(k)) {
+                    tracker.set_slice(&namespace, &name, None);
+                }
+            }
+        }),
+    );
+}
+
+fn key_of(service: &Service) -> ServiceKey {
+    ServiceKey::new(&service.namespace().unwrap_or_default(), &service.name_any())
+}
+
+enum Item<K> {
+    Put(K),
+    Gone(K),
+    /// A re-list ended: everything not in it is gone.
+    Forget(HashSet<(String, String)>),
+}
+
+async fn follow<K: kube::Resource>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    feed: &Feed,
+    listed: &watch::Sender<bool>,
+    apply: impl Fn(&mut Tracker, Item<K>),
+) {
+    let mut events = std::pin::pin!(events);
+    let mut relisted: Option<HashSet<(String, String)>> = None;
+    while let Some(event) = events.next().await {
+        let item = match event {
+            Ok(watcher::Event::Init) => {
+                relisted = Some(HashSet::new());
+                continue;
+            }
+            Ok(watcher::Event::InitApply(object)) => {
+                if let Some(seen) = relisted.as_mut() {
+                    seen.insert((object.namespace().unwrap_or_default(), object.name_any()));
+                }
+                Item::Put(object)
+            }
+            Ok(watcher::Event::InitDone) => Item::Forget(relisted.take().unwrap_or_default()),
+            Ok(watcher::Event::Apply(object)) => Item::Put(object),
+            Ok(watcher::Event::Delete(object)) => Item::Gone(object),
+            Err(error) => {
+                tracing::warn!(%error, "proxy watch failed; retrying");
+                continue;
+            }
+        };
+        let done = matches!(item, Item::Forget(_));
+        {
+            let mut tracker = feed.tracker.lock();
+            let (services, endpoints) = tracker.pending();
+            apply(&mut tracker, item);
+            let (services_now, endpoints_now) = tracker.pending();
+            feed.metrics.service_changes.inc_by(services_now.saturating_sub(services));
+            feed.metrics.endpoint_changes.inc_by(endpoints_now.saturating_sub(endpoints));
+            feed.changed(&tracker);
+        }
+        if done {
+            let _ = listed.send(true);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Portal's service proxy (SPEC P1–P4): makes every Service's cluster IP,
+//! node ports, external IPs and load-balancer addresses reach its ready
+//! endpoints. Watches feed a change tracker; a bounded-frequency runner
+//! hands the changed Services to a backend: nftables rules in the kernel,
+//! or listeners in userspace. An API client like the DNS, so it also runs
+//! against a real Kubernetes cluster.
+
+mod feed;
+pub mod metrics;
+pub mod model;
+pub mod nftables;
+mod runner;
+pub mod tracker;
+pub mod userspace;
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{watch, Notify};
+
+pub use metrics::Metrics;
+
+/// Where the data plane lives (`--mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// nftables when this process may program it, else userspace.
+    Auto,
+    Nftables,
+    Userspace,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub mode: Mode,
+    /// This node's address: userspace listeners bind it, and the kernel
+    /// redirects Service traffic to them there.
+    pub node_ip: Option<Ipv4Addr>,
+    pub min_sync_period: Duration,
+    pub sync_period: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("nftables mode: {0}")]
+    Nftables(#[from] nftables::Error),
+}
+
+/// A running proxy.
+#[derive(Debug)]
+pub struct Proxy {
+    /// The mode chosen (never `Auto`).
+    pub mode: Mode,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Whether `nft` runs and may read the ruleset here (root or
+/// CAP_NET_ADMIN in this network namespace).
+fn nftables_usable() -> bool {
+    nftables::Nft::existing(&mut nftables::NftCommand).is_ok()
+}
+
+/// Starts the watches and the sync loop; they run until the process ends.
+/// Must be called inside a tokio runtime.
+pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error> {
+    let nft = tokio::task::spawn_blocking(nftables_usable).await.unwrap_or(false);
+    let mode = match config.mode {
+        Mode::Auto if nft => Mode::Nftables,
+        Mode::Auto => Mode::Userspace,
+        mode => mode,
+    };
+    let backend: Box<dyn runner::Backend> = match mode {
+        Mode::Nftables => {
+            if !nft {
+                // Surface nft's own message (missing binary, no permission).
+                nftables::Nft::existing(&mut nftables::NftCommand)?;
+            }
+            Box::new(nftables::Nftables::kernel())
+        }
+        _ => {
+            let redirect = match config.node_ip {
+                Some(ip) if nft => Some(ip),
+                Some(_) => {
+                    tracing::info!("nftables unavailable: Services are reachable on the proxy's listeners only");
+                    None
+                }
+                None => None,
+            };
+            Box::new(userspace::Userspace::new(
+                config.node_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+                redirect,
+                tokio::runtime::Handle::current(),
+            ))
+        }
+    };
+    let metrics = Arc::new(Metrics::new(config.sync_period));
+    let tracker = Arc::new(Mutex::new(tracker::Tracker::default()));
+    let wake = Arc::new(Notify::new());
+    let (listed_tx, listed) = watch::channel(false);
+    let feed = feed::Feed {
+        tracker: tracker.clone(),
+        wake: wake.clone(),
+        metrics: metrics.clone(),
+    };
+    tokio::spawn(feed::run(client, feed, listed_tx));
+    tokio::spawn(runner::run(
+        tracker,
+        wake,
+        listed,
+        backend,
+        metrics.clone(),
+        runner::Timing {
+            min_sync_period: config.min_sync_period,
+            sync_period: config.sync_period,
+        },
+    ));
+    tracing::info!(?mode, "service proxy started");
+    Ok(Proxy { mode, metrics })
+}
+
+impl<N: nftables::Nft + 'static> runner::Backend for nftables::Nftables<N> {
+    fn sync(&mut self, changes: &tracker::Changes, full: bool) -> Result<(), String> {
+        nftables::Nftables::sync(self, changes, full).map_err(|e| e.to_string())
+    }
+}

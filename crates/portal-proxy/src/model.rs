@@ -1,0 +1,216 @@
+//! What the proxy programs, as plain data: a Service's ports joined with
+//! the ready endpoints of its EndpointSlices. Pure functions of the API
+//! objects, so every backend and test sees the same model.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Default `sessionAffinityConfig.clientIP.timeoutSeconds` (S12).
+const DEFAULT_AFFINITY_SECONDS: u32 = 10_800;
+
+/// `namespace/name` of a Service.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceKey {
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// `TCP`/`UDP` (the API's spelling); SCTP and others are not proxied.
+    fn parse(api: Option<&str>) -> Option<Self> {
+        match api.unwrap_or("TCP") {
+            "TCP" => Some(Self::Tcp),
+            "UDP" => Some(Self::Udp),
+            _ => None,
+        }
+    }
+
+    /// nftables' and conntrack's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
+}
+
+/// One port of one Service, with everything that reaches it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub service: ServiceKey,
+    /// The port's name, or its number when unnamed (single-port Services).
+    pub port_name: String,
+    pub protocol: Protocol,
+    pub cluster_ip: Ipv4Addr,
+    pub port: u16,
+    pub node_port: Option<u16>,
+    pub external_ips: Vec<Ipv4Addr>,
+    pub load_balancer_ips: Vec<Ipv4Addr>,
+    /// ClientIP affinity timeout in seconds; `None` spreads every connection.
+    pub affinity: Option<u32>,
+    /// Ready endpoints, sorted and without duplicates.
+    pub endpoints: Vec<SocketAddrV4>,
+}
+
+impl ServicePort {
+    /// `namespace/name/protocol/port`: unique per Service port, and the
+    /// stem of the names of its chains and sets.
+    pub fn id(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.service,
+            self.protocol.as_str(),
+            self.port_name
+        )
+    }
+
+    /// Reached from outside the cluster IP: node port, external or
+    /// load-balancer address.
+    pub fn is_external(&self) -> bool {
+        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+}
+
+/// A Service's proxied ports, without endpoints yet; empty for headless
+/// (P4), ExternalName and IPv6-only Services.
+pub fn service_ports(key: &ServiceKey, service: &Service) -> Vec<ServicePort> {
+    let Some(spec) = &service.spec else {
+        return Vec::new();
+    };
+    let Some(cluster_ip) = spec
+        .cluster_ip
+        .as_deref()
+        .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
+    else {
+        return Vec::new();
+    };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Vec::new();
+    }
+    let v4 = |ips: &mut dyn Iterator<Item = &String>| -> Vec<Ipv4Addr> {
+        let mut ips: Vec<Ipv4Addr> = ips.filter_map(|ip| ip.parse().ok()).collect();
+        ips.sort_unstable();
+        ips.dedup();
+        ips
+    };
+    let external_ips = v4(&mut spec.external_ips.iter().flatten());
+    let load_balancer_ips = v4(&mut service
+        .status
+        .iter()
+        .filter_map(|s| s.load_balancer.as_ref())
+        .flat_map(|lb| lb.ingress.iter().flatten())
+        .filter_map(|ingress| ingress.ip.as_ref()));
+    let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .and_then(|t| u32::try_from(t).ok())
+            .filter(|t| *t > 0)
+            .unwrap_or(DEFAULT_AFFINITY_SECONDS)
+    });
+    spec.ports
+        .iter()
+        .flatten()
+        .filter_map(|p| {
+            Some(ServicePort {
+                service: key.clone(),
+                port_name: p.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| p.port.to_string()),
+                protocol: Protocol::parse(p.protocol.as_deref())?,
+                cluster_ip,
+                port: u16::try_from(p.port).ok()?,
+                node_port: p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n > 0),
+                external_ips: external_ips.clone(),
+                load_balancer_ips: load_balancer_ips.clone(),
+                affinity,
+                endpoints: Vec::new(),
+            })
+        })
+        .collect()
+}
+
+/// The Service an EndpointSlice belongs to, if any.
+pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceKey> {
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some(ServiceKey::new(
+        slice.metadata.namespace.as_deref().unwrap_or_default(),
+        name,
+    ))
+}
+
+/// A slice's ready IPv4 endpoints for one Service port, matched by port
+/// name and protocol like kube-proxy (an unnamed Service port matches the
+/// slice's unnamed port).
+fn slice_endpoints(slice: &EndpointSlice, port: &ServicePort, unnamed: bool) -> Vec<SocketAddrV4> {
+    let wanted_name = if unnamed { "" } else { port.port_name.as_str() };
+    let Some(number) = slice.ports.iter().flatten().find_map(|p| {
+        let name = p.name.as_deref().unwrap_or("");
+        let protocol = Protocol::parse(p.protocol.as_deref())?;
+        (name == wanted_name && protocol == port.protocol)
+            .then_some(p.port)
+            .flatten()
+    }) else {
+        return Vec::new();
+    };
+    let Ok(number) = u16::try_from(number) else {
+        return Vec::new();
+    };
+    slice
+        .endpoints
+        .iter()
+        // Unset means ready (discovery.k8s.io/v1).
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .flat_map(|e| e.addresses.iter())
+        .filter_map(|a| a.parse::<Ipv4Addr>().ok())
+        .map(|ip| SocketAddrV4::new(ip, number))
+        .collect()
+}
+
+/// A Service's ports joined with the ready endpoints of its slices.
+pub fn join<'a>(
+    key: &ServiceKey,
+    service: &Service,
+    slices: impl Iterator<Item = &'a EndpointSlice> + Clone,
+) -> Vec<ServicePort> {
+    let named_in_spec = |name: &str| {
+        service.spec.iter().flat_map(|s| s.ports.iter().flatten()).any(|p| p.name.as_deref() == Some(name))
+    };
+    let mut ports = service_ports(key, service);
+    for port in &mut ports {
+        let unnamed = !named_in_spec(&port.port_name);
+        let mut endpoints: Vec<SocketAddrV4> = slices
+            .clone()
+            .flat_map(|slice| slice_endpoints(slice, port, unnamed))
+            .collect();
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        port.endpoints = endpoints;
+    }
+    ports
+}

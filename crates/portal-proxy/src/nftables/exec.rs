@@ -1,0 +1,123 @@
+//! Talking to the kernel through the `nft` command (as Kubernetes'
+//! knftables does): a transaction is one `nft -f -` run, all or nothing.
+//! [`FakeNft`] records transactions for unit tests.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use super::rules::TABLE;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `nft` could not be started (not installed?).
+    #[error("cannot run nft: {0}")]
+    Spawn(std::io::Error),
+    /// The kernel or nft refused the transaction; nothing was applied.
+    #[error("nft failed: {0}")]
+    Rejected(String),
+    /// `nft -j list` printed something unexpected.
+    #[error("cannot read nft's listing: {0}")]
+    Listing(String),
+}
+
+/// Chains and sets (not maps: those are fixed) in Portal's table.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Existing {
+    pub chains: Vec<String>,
+    pub sets: Vec<String>,
+}
+
+/// Where transactions go.
+pub trait Nft: Send {
+    /// Applies one transaction atomically.
+    fn apply(&mut self, script: &str) -> Result<(), Error>;
+    /// What Portal's table holds now (empty when there is no table).
+    fn existing(&mut self) -> Result<Existing, Error>;
+}
+
+/// The real kernel, through `nft`.
+#[derive(Debug, Default)]
+pub struct NftCommand;
+
+fn run(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
+    let mut child = Command::new("nft")
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(Error::Spawn)?;
+    if let (Some(script), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(script.as_bytes())
+            .map_err(|e| Error::Rejected(format!("writing the transaction: {e}")))?;
+    }
+    let output = child.wait_with_output().map_err(Error::Spawn)?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // nft quotes the offending line; the first lines say what is wrong.
+        let message: Vec<&str> = stderr.lines().take(6).collect();
+        Err(Error::Rejected(message.join(" | ")))
+    }
+}
+
+impl Nft for NftCommand {
+    fn apply(&mut self, script: &str) -> Result<(), Error> {
+        run(&["-f", "-"], Some(script)).map(drop)
+    }
+
+    fn existing(&mut self) -> Result<Existing, Error> {
+        // `list chains/sets ip` lists names without rules or elements, which
+        // stays fast with tens of thousands of chains (a table listing does
+        // not) and does not fail when the table is missing.
+        let (_, table) = TABLE.split_once(' ').unwrap_or(("ip", "portal"));
+        let names = |kind: &str, listing: &str| -> Result<Vec<String>, Error> {
+            let json: serde_json::Value =
+                serde_json::from_str(listing).map_err(|e| Error::Listing(e.to_string()))?;
+            let objects = json["nftables"].as_array().cloned().unwrap_or_default();
+            Ok(objects
+                .iter()
+                .filter_map(|o| o.get(kind))
+                .filter(|o| o["table"] == table)
+                .filter_map(|o| o["name"].as_str().map(str::to_owned))
+                .collect())
+        };
+        Ok(Existing {
+            chains: names("chain", &run(&["-j", "list", "chains", "ip"], None)?)?,
+            sets: names("set", &run(&["-j", "list", "sets", "ip"], None)?)?,
+        })
+    }
+}
+
+/// Records every transaction; can be told to fail the next one.
+#[derive(Debug, Default)]
+pub struct FakeNft {
+    pub transactions: Vec<String>,
+    pub existing: Existing,
+    pub fail_next: bool,
+}
+
+impl Nft for FakeNft {
+    fn apply(&mut self, script: &str) -> Result<(), Error> {
+        if std::mem::take(&mut self.fail_next) {
+            return Err(Error::Rejected("injected failure".into()));
+        }
+        self.transactions.push(script.to_owned());
+        Ok(())
+    }
+
+    fn existing(&mut self) -> Result<Existing, Error> {
+        Ok(self.existing.clone())
+    }
+}
+
+impl<T: Nft + ?Sized> Nft for Box<T> {
+    fn apply(&mut self, script: &str) -> Result<(), Error> {
+        (**self).apply(script)
+    }
+
+    fn existing(&mut self) -> Result<Existing, Error> {
+        (**self).existing()
+    }
+}

@@ -1,0 +1,255 @@
+//! The rules one Service owns in Portal's table, as data: chains of
+//! [`Rule`]s, verdict-map elements, affinity sets and hairpin addresses.
+//! Rendering to nft syntax and the packet tracer both read this.
+//!
+//! Layout (ADR 0006): `services` looks the packet up in verdict maps keyed
+//! by `address . protocol . port` (one lookup whatever the number of
+//! Services), which jump to the Service port's `svc-` chain (cluster IP) or
+//! `ext-` chain (node port, external and load-balancer addresses: marks for
+//! masquerade, then `svc-`). A `svc-` chain picks an endpoint with a
+//! cascade of `numgen random mod k 0` rules, each with its own `dnat`,
+//! kube-proxy's iptables-mode choice without a chain per endpoint:
+//! anonymous maps and per-endpoint chains made the kernel's commits
+//! hundreds of times slower at 10,000 Services.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use crate::model::{Protocol, ServicePort};
+
+pub(crate) const TABLE: &str = "ip portal";
+
+/// Verdict maps from an address (or node port) to a Service port's chain.
+pub(crate) const CLUSTER_IPS: &str = "cluster-ips";
+pub(crate) const EXTERNAL_IPS: &str = "external-ips";
+pub(crate) const LOAD_BALANCER_IPS: &str = "load-balancer-ips";
+pub(crate) const NODE_PORTS: &str = "node-ports";
+/// Addresses and node ports of Service ports without ready endpoints:
+/// rejected (ICMP port unreachable) so clients fail fast, as kube-proxy.
+pub(crate) const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub(crate) const NO_ENDPOINT_NODE_PORTS: &str = "no-endpoint-node-ports";
+/// `endpoint . endpoint` pairs: a connection that DNAT sent back to its own
+/// source (a pod reaching itself through its Service) is masqueraded.
+pub(crate) const HAIRPIN: &str = "hairpin";
+pub(crate) const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+pub(crate) const REJECT: &str = "reject-no-endpoints";
+
+/// One rule of a Service port's chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// `jump mark-for-masquerade`.
+    MarkForMasquerade,
+    /// `goto chain`.
+    Goto(String),
+    /// A client with an affinity entry for this endpoint goes back to it.
+    Sticky { set: String, to: SocketAddrV4, protocol: Protocol },
+    /// Endpoint `to` with probability 1/`of` (1 = always), recording the
+    /// client in the affinity set when there is one.
+    Pick { of: usize, to: SocketAddrV4, protocol: Protocol, affinity: Option<String> },
+}
+
+impl Rule {
+    fn render(&self, out: &mut String) {
+        match self {
+            Self::MarkForMasquerade => out.push_str("jump mark-for-masquerade"),
+            Self::Goto(chain) => {
+                let _ = write!(out, "goto {chain}");
+            }
+            Self::Sticky { set, to, protocol } => {
+                let _ = write!(
+                    out,
+                    "ip saddr @{set} update @{set} {{ ip saddr }} meta l4proto {} dnat to {to}",
+                    protocol.as_str()
+                );
+            }
+            Self::Pick { of, to, protocol, affinity } => {
+                if *of > 1 {
+                    let _ = write!(out, "numgen random mod {of} 0 ");
+                }
+                if let Some(set) = affinity {
+                    let _ = write!(out, "update @{set} {{ ip saddr }} ");
+                }
+                let _ = write!(out, "meta l4proto {} dnat to {to}", protocol.as_str());
+            }
+        }
+    }
+}
+
+/// What one Service owns in the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ServiceRules {
+    pub chains: BTreeMap<String, Vec<Rule>>,
+    /// (map, key) → verdict.
+    pub elements: BTreeMap<(&'static str, String), String>,
+    /// Affinity set → timeout in seconds.
+    pub sets: BTreeMap<String, u32>,
+    pub hairpin: BTreeSet<Ipv4Addr>,
+}
+
+/// How external traffic is treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum External {
+    /// Masqueraded (kernel mode: the endpoint may answer on another path).
+    Masquerade,
+    /// Left alone (userspace mode: the proxy terminates the connection).
+    Keep,
+}
+
+/// The rules for all ports of one Service.
+pub(crate) fn service_rules(ports: &[ServicePort], external: External) -> ServiceRules {
+    let mut rules = ServiceRules::default();
+    for port in ports {
+        add_port(&mut rules, port, external);
+    }
+    rules
+}
+
+fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
+    let id = port.id();
+    let protocol = port.protocol.as_str();
+    let key = |ip: Ipv4Addr, number: u16| format!("{ip} . {protocol} . {number}");
+    let addresses = std::iter::once((CLUSTER_IPS, port.cluster_ip))
+        .chain(port.external_ips.iter().map(|ip| (EXTERNAL_IPS, *ip)))
+        .chain(port.load_balancer_ips.iter().map(|ip| (LOAD_BALANCER_IPS, *ip)));
+    if port.endpoints.is_empty() {
+        for (_, ip) in addresses {
+            rules
+                .elements
+                .insert((NO_ENDPOINT_SERVICES, key(ip, port.port)), format!("goto {REJECT}"));
+        }
+        if let Some(node_port) = port.node_port {
+            rules.elements.insert(
+                (NO_ENDPOINT_NODE_PORTS, format!("{protocol} . {node_port}")),
+                format!("goto {REJECT}"),
+            );
+        }
+        return;
+    }
+    let svc = format!("svc-{id}");
+    let mut chain = Vec::new();
+    let timeout = port.affinity.unwrap_or_default();
+    let affinity_set = |to: &SocketAddrV4| format!("aff-{id}/{}/{}/{timeout}", to.ip(), to.port());
+    if port.affinity.is_some() {
+        for to in &port.endpoints {
+            let set = affinity_set(to);
+            rules.sets.insert(set.clone(), timeout);
+            chain.push(Rule::Sticky { set, to: *to, protocol: port.protocol });
+        }
+    }
+    let n = port.endpoints.len();
+    for (i, to) in port.endpoints.iter().enumerate() {
+        chain.push(Rule::Pick {
+            of: n - i,
+            to: *to,
+            protocol: port.protocol,
+            affinity: port.affinity.map(|_| affinity_set(to)),
+        });
+        rules.hairpin.insert(*to.ip());
+    }
+    rules.chains.insert(svc.clone(), chain);
+    let target = if port.is_external() && external == External::Masquerade {
+        let ext = format!("ext-{id}");
+        rules
+            .chains
+            .insert(ext.clone(), vec![Rule::MarkForMasquerade, Rule::Goto(svc.clone())]);
+        ext
+    } else {
+        svc.clone()
+    };
+    for (map, ip) in addresses {
+        let chain = if map == CLUSTER_IPS { &svc } else { &target };
+        rules.elements.insert((map, key(ip, port.port)), format!("goto {chain}"));
+    }
+    if let Some(node_port) = port.node_port {
+        rules
+            .elements
+            .insert((NODE_PORTS, format!("{protocol} . {node_port}")), format!("goto {target}"));
+    }
+}
+
+/// `add rule ip portal CHAIN RULE` lines for a chain's rules.
+pub(crate) fn render_rules(out: &mut String, chain: &str, rules: &[Rule]) {
+    for rule in rules {
+        let _ = write!(out, "add rule {TABLE} {chain} ");
+        rule.render(out);
+        out.push('\n');
+    }
+}
+
+/// The table's fixed objects: hooks, dispatch chains, maps, hairpin set.
+/// Every statement is idempotent (`add`), and the chains are flushed and
+/// refilled, so applying it over an existing table changes nothing.
+pub(crate) fn render_base(out: &mut String) {
+    let maps: [(&str, &str); 6] = [
+        (CLUSTER_IPS, "ipv4_addr . inet_proto . inet_service"),
+        (EXTERNAL_IPS, "ipv4_addr . inet_proto . inet_service"),
+        (LOAD_BALANCER_IPS, "ipv4_addr . inet_proto . inet_service"),
+        (NODE_PORTS, "inet_proto . inet_service"),
+        (NO_ENDPOINT_SERVICES, "ipv4_addr . inet_proto . inet_service"),
+        (NO_ENDPOINT_NODE_PORTS, "inet_proto . inet_service"),
+    ];
+    let _ = writeln!(out, "add table {TABLE}");
+    for (name, key) in maps {
+        let _ = writeln!(out, "add map {TABLE} {name} {{ type {key} : verdict ; }}");
+        let _ = writeln!(out, "flush map {TABLE} {name}");
+    }
+    let _ = writeln!(out, "add set {TABLE} {HAIRPIN} {{ type ipv4_addr . ipv4_addr ; }}");
+    let _ = writeln!(out, "flush set {TABLE} {HAIRPIN}");
+    for (name, hook, rules) in BASE {
+        if hook.is_empty() {
+            let _ = writeln!(out, "add chain {TABLE} {name}");
+        } else {
+            let _ = writeln!(out, "add chain {TABLE} {name} {{ {hook} }}");
+        }
+        let _ = writeln!(out, "flush chain {TABLE} {name}");
+        for rule in rules {
+            let _ = writeln!(out, "add rule {TABLE} {name} {rule}");
+        }
+    }
+}
+
+/// The fixed chains: name, hook (empty: a regular chain), rules. Regular
+/// chains come first: a rule may only jump to a chain that exists.
+const BASE: [(&str, &str, &[&str]); 10] = [
+    (MARK_FOR_MASQUERADE, "", &["meta mark set meta mark | 0x4000"]),
+    (REJECT, "", &["reject"]),
+    (
+        "endpoints-check",
+        "",
+        &["ip daddr . meta l4proto . th dport vmap @no-endpoint-services"],
+    ),
+    (
+        "services",
+        "",
+        &[
+            "ip daddr . meta l4proto . th dport vmap @cluster-ips",
+            "ip daddr . meta l4proto . th dport vmap @external-ips",
+            "ip daddr . meta l4proto . th dport vmap @load-balancer-ips",
+            "fib daddr type local meta l4proto . th dport vmap @node-ports",
+        ],
+    ),
+    ("nat-prerouting", "type nat hook prerouting priority dstnat ;", &["jump services"]),
+    ("nat-output", "type nat hook output priority -100 ;", &["jump services"]),
+    (
+        "nat-postrouting",
+        "type nat hook postrouting priority srcnat ;",
+        &[
+            "meta mark & 0x4000 == 0x4000 meta mark set meta mark ^ 0x4000 masquerade fully-random",
+            "ct status dnat ip saddr . ip daddr @hairpin masquerade fully-random",
+        ],
+    ),
+    ("filter-forward", "type filter hook forward priority filter ;", &["ct state new jump endpoints-check"]),
+    ("filter-output", "type filter hook output priority filter ;", &["ct state new jump endpoints-check"]),
+    (
+        "filter-input",
+        "type filter hook input priority filter ;",
+        &["ct state new meta l4proto . th dport vmap @no-endpoint-node-ports"],
+    ),
+];
+
+/// Names of the fixed chains (never deleted as stale).
+pub(crate) const BASE_CHAINS: [&str; 10] = [
+    BASE[0].0, BASE[1].0, BASE[2].0, BASE[3].0, BASE[4].0, BASE[5].0, BASE[6].0, BASE[7].0,
+    BASE[8].0, BASE[9].0,
+];

@@ -1,0 +1,86 @@
+//! The bounded-frequency sync runner (kube-proxy's
+//! `BoundedFrequencyRunner`): a change is synced at once unless the last
+//! sync was less than `min_sync_period` ago (then when that has passed, with
+//! everything queued meanwhile in one sync), and a sync runs at least every
+//! `sync_period`. The first sync waits for both watches' initial lists, so
+//! a restarted proxy never replaces good rules with an empty table.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::tracker::{Changes, Tracker};
+
+/// A data plane: kernel rules or userspace listeners.
+pub(crate) trait Backend: Send + 'static {
+    /// Applies the changes (all Services when `full`). An error makes the
+    /// next sync a full one.
+    fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), String>;
+}
+
+#[derive(Debug)]
+pub(crate) struct Timing {
+    pub min_sync_period: Duration,
+    pub sync_period: Duration,
+}
+
+pub(crate) async fn run(
+    tracker: Arc<Mutex<Tracker>>,
+    wake: Arc<Notify>,
+    mut listed: watch::Receiver<bool>,
+    mut backend: Box<dyn Backend>,
+    metrics: Arc<Metrics>,
+    timing: Timing,
+) {
+    let _ = listed.wait_for(|done| *done).await;
+    let mut full = true;
+    let mut last = Instant::now() - timing.min_sync_period;
+    loop {
+        let earliest = last + timing.min_sync_period;
+        if Instant::now() < earliest {
+            tokio::time::sleep_until(earliest).await;
+        }
+        let started = Instant::now();
+        let changes = {
+            let mut tracker = tracker.lock();
+            let changes = tracker.take(full);
+            metrics.set_pending(tracker.pending());
+            changes
+        };
+        let was_full = full;
+        let joined = tokio::task::spawn_blocking(move || {
+            let result = backend.sync(&changes, was_full);
+            (result.map(|()| changes.triggers), backend)
+        })
+        .await;
+        let Ok((result, returned)) = joined else {
+            // A panicking backend is a bug: stop syncing, so /healthz fails.
+            tracing::error!("proxy sync panicked; syncs stopped");
+            return;
+        };
+        backend = returned;
+        let took = started.elapsed();
+        last = Instant::now();
+        match result {
+            Ok(triggers) => {
+                full = false;
+                metrics.observe_sync(took, was_full);
+                metrics.observe_programming(&triggers);
+                metrics.synced(started);
+                tracing::debug!(?took, full = was_full, "proxy rules synced");
+            }
+            Err(error) => {
+                full = true;
+                metrics.failures.inc();
+                tracing::warn!(%error, "proxy sync failed; the next one is a full resync");
+            }
+        }
+        // Wait for a change, the periodic sync, or a retry after a failure.
+        let retry = if full { timing.min_sync_period.max(Duration::from_secs(1)) } else { timing.sync_period };
+        let _ = tokio::time::timeout(retry, wake.notified()).await;
+    }
+}

@@ -1,0 +1,147 @@
+//! The change tracker: the latest Services and EndpointSlices as the watches
+//! deliver them, and which Services changed since the last sync (merged per
+//! Service, like kube-proxy's `ServiceChangeTracker`), with the oldest
+//! trigger time of each pending endpoint change for
+//! `network_programming_duration_seconds`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::model::{self, ServiceKey, ServicePort};
+
+const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// The Services that changed since the last sync, with their ports now.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Every changed Service (all of them for a full sync); an empty list
+    /// means the Service is gone or has nothing to proxy.
+    pub services: BTreeMap<ServiceKey, Vec<ServicePort>>,
+    /// Trigger times of the endpoint changes in this batch.
+    pub triggers: Vec<jiff::Timestamp>,
+}
+
+#[derive(Debug, Default)]
+pub struct Tracker {
+    services: HashMap<ServiceKey, Service>,
+    /// Slices by (namespace, name), with the Service each belongs to.
+    slices: HashMap<(String, String), (ServiceKey, EndpointSlice)>,
+    slices_of: HashMap<ServiceKey, BTreeSet<(String, String)>>,
+    changed: BTreeSet<ServiceKey>,
+    triggers: Vec<jiff::Timestamp>,
+    service_changes: u64,
+    endpoint_changes: u64,
+}
+
+impl Tracker {
+    pub fn set_service(&mut self, key: ServiceKey, service: Option<Service>) {
+        match service {
+            Some(service) => {
+                if self.services.get(&key) == Some(&service) {
+                    return;
+                }
+                self.services.insert(key.clone(), service);
+            }
+            None => {
+                if self.services.remove(&key).is_none() {
+                    return;
+                }
+            }
+        }
+        self.service_changes += 1;
+        self.changed.insert(key);
+    }
+
+    pub fn set_slice(&mut self, namespace: &str, name: &str, slice: Option<EndpointSlice>) {
+        let slot = (namespace.to_owned(), name.to_owned());
+        let new_owner = slice.as_ref().and_then(model::slice_service);
+        if let Some(slice) = &slice {
+            let trigger = slice
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+            self.triggers.extend(trigger);
+        }
+        if let Some((old_owner, old)) = self.slices.remove(&slot) {
+            if Some(&old) == slice.as_ref() && new_owner.as_ref() == Some(&old_owner) {
+                self.slices.insert(slot, (old_owner, old));
+                return;
+            }
+            if let Some(names) = self.slices_of.get_mut(&old_owner) {
+                names.remove(&slot);
+                if names.is_empty() {
+                    self.slices_of.remove(&old_owner);
+                }
+            }
+            self.changed.insert(old_owner);
+            self.endpoint_changes += 1;
+        }
+        if let (Some(owner), Some(slice)) = (new_owner, slice) {
+            self.slices_of.entry(owner.clone()).or_default().insert(slot.clone());
+            self.changed.insert(owner.clone());
+            self.slices.insert(slot, (owner, slice));
+            self.endpoint_changes += 1;
+        }
+    }
+
+    /// Keys of everything known, for dropping what a re-list no longer has.
+    pub fn service_keys(&self) -> Vec<ServiceKey> {
+        self.services.keys().cloned().collect()
+    }
+
+    pub fn slice_keys(&self) -> Vec<(String, String)> {
+        self.slices.keys().cloned().collect()
+    }
+
+    /// (service, endpoint) changes waiting for a sync.
+    pub fn pending(&self) -> (u64, u64) {
+        (self.service_changes, self.endpoint_changes)
+    }
+
+    pub fn has_changes(&self) -> bool {
+        !self.changed.is_empty()
+    }
+
+    /// The changed Services' ports now (every Service when `full`), and
+    /// resets the pending changes.
+    pub fn take(&mut self, full: bool) -> Changes {
+        let keys: Vec<ServiceKey> = if full {
+            let mut all: BTreeSet<ServiceKey> = self.services.keys().cloned().collect();
+            all.append(&mut self.changed);
+            all.into_iter().collect()
+        } else {
+            std::mem::take(&mut self.changed).into_iter().collect()
+        };
+        self.changed.clear();
+        self.service_changes = 0;
+        self.endpoint_changes = 0;
+        let services = keys
+            .into_iter()
+            .map(|key| {
+                let ports = self.ports(&key);
+                (key, ports)
+            })
+            .collect();
+        Changes {
+            services,
+            triggers: std::mem::take(&mut self.triggers),
+        }
+    }
+
+    fn ports(&self, key: &ServiceKey) -> Vec<ServicePort> {
+        let Some(service) = self.services.get(key) else {
+            return Vec::new();
+        };
+        let slices = self
+            .slices_of
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|slot| self.slices.get(slot).map(|(_, slice)| slice));
+        model::join(key, service, slices)
+    }
+}

@@ -1,0 +1,168 @@
+//! Userspace mode (SPEC P3): a listening socket per Service port (on the
+//! node address, and on its node port), each connection or UDP client sent
+//! to an endpoint by round robin or ClientIP affinity, with a retry on
+//! another endpoint when a connect fails. The proxying needs no privilege;
+//! where nftables is usable, cluster IPs, external and load-balancer
+//! addresses are redirected to the listeners by the kernel.
+
+mod balancer;
+mod tcp;
+mod udp;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+
+use tokio::runtime::Handle;
+use tokio::task::AbortHandle;
+
+use crate::model::{Protocol, ServiceKey, ServicePort};
+use crate::nftables::{NftCommand, Nftables};
+use crate::tracker::Changes;
+use balancer::Balancer;
+
+/// A Service port's listeners.
+#[derive(Debug)]
+struct Listener {
+    balancer: Arc<Balancer>,
+    /// Where the proxy listens for this port (on the node address).
+    addr: SocketAddrV4,
+    node_port: Option<u16>,
+    tasks: Vec<AbortHandle>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Userspace {
+    bind: Ipv4Addr,
+    /// The kernel rules sending Service addresses to the listeners.
+    redirect: Option<Nftables<NftCommand>>,
+    handle: Handle,
+    listeners: HashMap<(ServiceKey, String, Protocol), Listener>,
+}
+
+impl Userspace {
+    /// Listeners bind `bind`; with `redirect` (the node address), nftables
+    /// sends Service traffic to them.
+    pub fn new(bind: Ipv4Addr, redirect: Option<Ipv4Addr>, handle: Handle) -> Self {
+        Self {
+            bind,
+            redirect: redirect.map(|_| Nftables::redirecting()),
+            handle,
+            listeners: HashMap::new(),
+        }
+    }
+
+    /// Binds the port's listener (a free port on the node address) and
+    /// its node port, and serves them.
+    fn open(&self, port: &ServicePort, balancer: &Arc<Balancer>) -> std::io::Result<(SocketAddrV4, Vec<AbortHandle>)> {
+        let (addr, main) = self.serve(port.protocol, SocketAddrV4::new(self.bind, 0), balancer)?;
+        let mut tasks = vec![main];
+        if let Some(node_port) = port.node_port {
+            match self.serve(port.protocol, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, node_port), balancer) {
+                Ok((_, task)) => tasks.push(task),
+                Err(error) => {
+                    tasks.iter().for_each(AbortHandle::abort);
+                    return Err(error);
+                }
+            }
+        }
+        Ok((addr, tasks))
+    }
+
+    fn serve(&self, protocol: Protocol, addr: SocketAddrV4, balancer: &Arc<Balancer>) -> std::io::Result<(SocketAddrV4, AbortHandle)> {
+        // Registering sockets with the reactor needs the runtime's context.
+        let _guard = self.handle.enter();
+        let balancer = balancer.clone();
+        Ok(match protocol {
+            Protocol::Tcp => {
+                let listener = tcp::listen(addr)?;
+                (tcp::local_v4(listener.local_addr()?), self.handle.spawn(tcp::serve(listener, balancer)).abort_handle())
+            }
+            Protocol::Udp => {
+                let socket = udp::bind(addr)?;
+                (tcp::local_v4(socket.local_addr()?), self.handle.spawn(udp::serve(socket, balancer)).abort_handle())
+            }
+        })
+    }
+
+    fn sync_listeners(&mut self, changes: &Changes, full: bool) -> Result<(), String> {
+        let mut failures = Vec::new();
+        if full {
+            // Keep listeners of Services still present (no reconnects).
+            self.listeners.retain(|(key, _, _), _| changes.services.contains_key(key));
+        }
+        for (key, ports) in &changes.services {
+            let wanted: Vec<(String, Protocol)> = ports.iter().map(|p| (p.port_name.clone(), p.protocol)).collect();
+            self.listeners
+                .retain(|(k, name, protocol), _| k != key || wanted.contains(&(name.clone(), *protocol)));
+            for port in ports {
+                let slot = (key.clone(), port.port_name.clone(), port.protocol);
+                if let Some(listener) = self.listeners.get(&slot) {
+                    if listener.node_port == port.node_port {
+                        listener.balancer.update(port);
+                        continue;
+                    }
+                    self.listeners.remove(&slot);
+                }
+                let balancer = Arc::new(Balancer::new(port));
+                match self.open(port, &balancer) {
+                    Ok((addr, tasks)) => {
+                        tracing::debug!(service = %port.id(), %addr, "userspace listener");
+                        self.listeners.insert(slot, Listener { balancer, addr, node_port: port.node_port, tasks });
+                    }
+                    Err(error) => failures.push(format!("{}: {error}", port.id())),
+                }
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("cannot listen for {}", failures.join(", ")))
+        }
+    }
+
+    /// The Service ports as the kernel should see them: their only
+    /// "endpoint" is the listener, no affinity (the proxy keeps it).
+    fn redirected(&self, changes: &Changes) -> Changes {
+        let services: BTreeMap<ServiceKey, Vec<ServicePort>> = changes
+            .services
+            .iter()
+            .map(|(key, ports)| {
+                let ports = ports
+                    .iter()
+                    .filter_map(|p| {
+                        let listener = self.listeners.get(&(key.clone(), p.port_name.clone(), p.protocol))?;
+                        Some(ServicePort {
+                            endpoints: vec![listener.addr],
+                            affinity: None,
+                            // The listener on the node port serves it directly.
+                            node_port: None,
+                            ..p.clone()
+                        })
+                    })
+                    .collect();
+                (key.clone(), ports)
+            })
+            .collect();
+        Changes { services, triggers: Vec::new() }
+    }
+}
+
+impl crate::runner::Backend for Userspace {
+    fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), String> {
+        let listening = self.sync_listeners(changes, full);
+        let redirected = self.redirect.is_some().then(|| self.redirected(changes));
+        if let (Some(nft), Some(redirected)) = (&mut self.redirect, redirected) {
+            nft.sync(&redirected, full).map_err(|e| e.to_string())?;
+        }
+        listening
+    }
+}

@@ -1,0 +1,70 @@
+//! TCP: accept, connect to an endpoint (another one when a connect fails),
+//! then copy both ways until both sides are done.
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+
+use super::balancer::Balancer;
+
+/// Connect timeouts of successive attempts (kube-proxy's userspace mode
+/// used the same escalation).
+const ATTEMPTS: [Duration; 4] = [
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+];
+
+pub(crate) fn listen(addr: SocketAddrV4) -> std::io::Result<TcpListener> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr.into())?;
+    socket.listen(1024)
+}
+
+pub(crate) fn local_v4(addr: SocketAddr) -> SocketAddrV4 {
+    match addr {
+        SocketAddr::V4(v4) => v4,
+        SocketAddr::V6(v6) => SocketAddrV4::new(v6.ip().to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED), v6.port()),
+    }
+}
+
+pub(crate) async fn serve(listener: TcpListener, balancer: Arc<Balancer>) {
+    loop {
+        match listener.accept().await {
+            Ok((client, from)) => {
+                tokio::spawn(proxy(client, from, balancer.clone()));
+            }
+            Err(error) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!(%error, "userspace proxy: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn proxy(mut client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>) {
+    let mut upstream = None;
+    for (endpoint, timeout) in balancer.candidates(from.ip(), ATTEMPTS.len()).into_iter().zip(ATTEMPTS) {
+        match tokio::time::timeout(timeout, TcpStream::connect(endpoint)).await {
+            Ok(Ok(stream)) => {
+                balancer.used(from.ip(), endpoint);
+                upstream = Some(stream);
+                break;
+            }
+            Ok(Err(error)) => tracing::debug!(%endpoint, %error, "connect failed; trying another endpoint"),
+            Err(_) => tracing::debug!(%endpoint, "connect timed out; trying another endpoint"),
+        }
+    }
+    let Some(mut upstream) = upstream else {
+        // Closing the client connection is all we can tell it.
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+}

@@ -114,7 +114,7 @@ def main():
     processes = []
     try:
         server = subprocess.Popen(
-            [PORTAL, "server", "--data-dir", work / "data", "--api-bind", "127.0.0.1:0", "--disable", "controllers"],
+            [PORTAL, "server", "--data-dir", work / "data", "--api-bind", "127.0.0.1:0", "--disable", "controllers,proxy"],
             stdout=open(work / "server.log", "wb"), stderr=subprocess.STDOUT,
         )
         processes.append(server)

@@ -123,7 +123,11 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     // The controllers run as their own process (`portal controllers`, as
     // they may in production) so their memory is measured apart.
-    let portal = Portal::start(&args.portal, dir.path(), &["--disable", "controllers"])?;
+    let portal = Portal::start(
+        &args.portal,
+        dir.path(),
+        &["--disable", "controllers,proxy"],
+    )?;
     let mut controllers = std::process::Command::new(&args.portal)
         .arg("controllers")
         .arg("--kubeconfig")

@@ -448,7 +448,7 @@ async fn run(args: &Args) -> Result<String, Error> {
     let portal = portal::Portal::start(
         &args.portal,
         portal_dir.path(),
-        &["--disable", "controllers"],
+        &["--disable", "controllers,proxy"],
     )?;
     let etcd = etcd::Etcd::start(&args.etcd, etcd_dir.path()).await?;
     portal

@@ -23,9 +23,11 @@ START_TIMEOUT = 30
 class Portal:
     """One `portal server` process on a data directory that outlives it."""
 
-    def __init__(self, data_dir, extra_args=()):
+    def __init__(self, data_dir, extra_args=(), proxy=False):
         self.data_dir = pathlib.Path(data_dir)
-        self.extra_args = list(extra_args)
+        # The proxy programs the network namespace it runs in: only tests
+        # that made a namespace for it (netns.py) turn it on.
+        self.extra_args = list(extra_args) + ([] if proxy else ["--disable", "proxy"])
         self.process = None
         self.log_path = self.data_dir / "portal.log"
 

@@ -37,8 +37,16 @@ impl Feed {
 /// Follows both resources until the process ends; `listed` turns true once
 /// both initial lists are in.
 pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>) {
-    let services = watcher(Api::<Service>::all(client.clone()), watcher::Config::default()).default_backoff();
-    let slices = watcher(Api::<EndpointSlice>::all(client), watcher::Config::default()).default_backoff();
+    let services = watcher(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    let slices = watcher(
+        Api::<EndpointSlice>::all(client),
+        watcher::Config::default(),
+    )
+    .default_backoff();
     let (services_listed, slices_listed) = (watch::channel(false), watch::channel(false));
     let both = {
         let (mut a, mut b) = (services_listed.1.clone(), slices_listed.1.clone());
@@ -50,35 +58,57 @@ pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>)
     };
     tokio::join!(
         both,
-        follow(services, &feed, &services_listed.0, |tracker, event| match event {
-            Item::Put(s) => {
-                let key = key_of(&s);
-                tracker.set_service(key, Some(s));
-            }
-            Item::Gone(s) => tracker.set_service(key_of(&s), None),
-            Item::Forget(keys) => {
-                for key in tracker.service_keys().into_iter().filter(|k| !keys.contains(&(k.namespace.clone(), k.name.clone()))) {
-                    tracker.set_service(key, None);
+        follow(
+            services,
+            &feed,
+            &services_listed.0,
+            |tracker, event| match event {
+                Item::Put(s) => {
+                    let key = key_of(&s);
+                    tracker.set_service(key, Some(s));
+                }
+                Item::Gone(s) => tracker.set_service(key_of(&s), None),
+                Item::Forget(keys) => {
+                    for key in tracker
+                        .service_keys()
+                        .into_iter()
+                        .filter(|k| !keys.contains(&(k.namespace.clone(), k.name.clone())))
+                    {
+                        tracker.set_service(key, None);
+                    }
                 }
             }
-        }),
-        follow(slices, &feed, &slices_listed.0, |tracker, event| match event {
-            Item::Put(s) => {
-                let (namespace, name) = (s.namespace().unwrap_or_default(), s.name_any());
-                tracker.set_slice(&namespace, &name, Some(s));
-            }
-            Item::Gone(s) => tracker.set_slice(&s.namespace().unwrap_or_default(), &s.name_any(), None),
-            Item::Forget(keys) => {
-                for (namespace, name) in tracker.slice_keys().into_iter().filter(|k| !keys.contains(k)) {
-                    tracker.set_slice(&namespace, &name, None);
+        ),
+        follow(
+            slices,
+            &feed,
+            &slices_listed.0,
+            |tracker, event| match event {
+                Item::Put(s) => {
+                    let (namespace, name) = (s.namespace().unwrap_or_default(), s.name_any());
+                    tracker.set_slice(&namespace, &name, Some(s));
+                }
+                Item::Gone(s) =>
+                    tracker.set_slice(&s.namespace().unwrap_or_default(), &s.name_any(), None),
+                Item::Forget(keys) => {
+                    for (namespace, name) in tracker
+                        .slice_keys()
+                        .into_iter()
+                        .filter(|k| !keys.contains(k))
+                    {
+                        tracker.set_slice(&namespace, &name, None);
+                    }
                 }
             }
-        }),
+        ),
     );
 }
 
 fn key_of(service: &Service) -> ServiceKey {
-    ServiceKey::new(&service.namespace().unwrap_or_default(), &service.name_any())
+    ServiceKey::new(
+        &service.namespace().unwrap_or_default(),
+        &service.name_any(),
+    )
 }
 
 enum Item<K> {
@@ -122,8 +152,12 @@ async fn follow<K: kube::Resource>(
             let (services, endpoints) = tracker.pending();
             apply(&mut tracker, item);
             let (services_now, endpoints_now) = tracker.pending();
-            feed.metrics.service_changes.inc_by(services_now.saturating_sub(services));
-            feed.metrics.endpoint_changes.inc_by(endpoints_now.saturating_sub(endpoints));
+            feed.metrics
+                .service_changes
+                .inc_by(services_now.saturating_sub(services));
+            feed.metrics
+                .endpoint_changes
+                .inc_by(endpoints_now.saturating_sub(endpoints));
             feed.changed(&tracker);
         }
         if done {

@@ -64,7 +64,9 @@ fn nftables_usable() -> bool {
 /// Starts the watches and the sync loop; they run until the process ends.
 /// Must be called inside a tokio runtime.
 pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error> {
-    let nft = tokio::task::spawn_blocking(nftables_usable).await.unwrap_or(false);
+    let nft = tokio::task::spawn_blocking(nftables_usable)
+        .await
+        .unwrap_or(false);
     let mode = match config.mode {
         Mode::Auto if nft => Mode::Nftables,
         Mode::Auto => Mode::Userspace,

@@ -47,7 +47,8 @@ impl Metrics {
     pub(crate) fn new(sync_period: Duration) -> Self {
         let mut registry = Registry::default();
         let histogram = || Histogram::new(seconds_buckets());
-        let (sync, sync_full, sync_partial, programming) = (histogram(), histogram(), histogram(), histogram());
+        let (sync, sync_full, sync_partial, programming) =
+            (histogram(), histogram(), histogram(), histogram());
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
@@ -80,7 +81,8 @@ impl Metrics {
             "The last time a sync of proxy rules was queued",
             last_queued.clone(),
         );
-        let (service_changes_pending, endpoint_changes_pending) = (Gauge::default(), Gauge::default());
+        let (service_changes_pending, endpoint_changes_pending) =
+            (Gauge::default(), Gauge::default());
         registry.register(
             "kubeproxy_sync_proxy_rules_service_changes_pending",
             "Pending proxy rules Service changes",
@@ -91,7 +93,8 @@ impl Metrics {
             "Pending proxy rules Endpoint changes",
             endpoint_changes_pending.clone(),
         );
-        let (service_changes, endpoint_changes, failures) = (Counter::default(), Counter::default(), Counter::default());
+        let (service_changes, endpoint_changes, failures) =
+            (Counter::default(), Counter::default(), Counter::default());
         registry.register(
             "kubeproxy_sync_proxy_rules_service_changes",
             "Cumulative proxy rules Service changes",
@@ -192,7 +195,9 @@ impl Metrics {
     }
 
     pub(crate) fn set_pending(&self, (services, endpoints): (u64, u64)) {
-        self.service_changes_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
-        self.endpoint_changes_pending.set(i64::try_from(endpoints).unwrap_or(i64::MAX));
+        self.service_changes_pending
+            .set(i64::try_from(services).unwrap_or(i64::MAX));
+        self.endpoint_changes_pending
+            .set(i64::try_from(endpoints).unwrap_or(i64::MAX));
     }
 }

@@ -93,7 +93,9 @@ impl ServicePort {
     /// Reached from outside the cluster IP: node port, external or
     /// load-balancer address.
     pub fn is_external(&self) -> bool {
-        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+        self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
     }
 }
 
@@ -141,11 +143,18 @@ pub fn service_ports(key: &ServiceKey, service: &Service) -> Vec<ServicePort> {
         .filter_map(|p| {
             Some(ServicePort {
                 service: key.clone(),
-                port_name: p.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| p.port.to_string()),
+                port_name: p
+                    .name
+                    .clone()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| p.port.to_string()),
                 protocol: Protocol::parse(p.protocol.as_deref())?,
                 cluster_ip,
                 port: u16::try_from(p.port).ok()?,
-                node_port: p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n > 0),
+                node_port: p
+                    .node_port
+                    .and_then(|n| u16::try_from(n).ok())
+                    .filter(|n| *n > 0),
                 external_ips: external_ips.clone(),
                 load_balancer_ips: load_balancer_ips.clone(),
                 affinity,
@@ -199,7 +208,11 @@ pub fn join<'a>(
     slices: impl Iterator<Item = &'a EndpointSlice> + Clone,
 ) -> Vec<ServicePort> {
     let named_in_spec = |name: &str| {
-        service.spec.iter().flat_map(|s| s.ports.iter().flatten()).any(|p| p.name.as_deref() == Some(name))
+        service
+            .spec
+            .iter()
+            .flat_map(|s| s.ports.iter().flatten())
+            .any(|p| p.name.as_deref() == Some(name))
     };
     let mut ports = service_ports(key, service);
     for port in &mut ports {

@@ -80,7 +80,11 @@ pub(crate) async fn run(
             }
         }
         // Wait for a change, the periodic sync, or a retry after a failure.
-        let retry = if full { timing.min_sync_period.max(Duration::from_secs(1)) } else { timing.sync_period };
+        let retry = if full {
+            timing.min_sync_period.max(Duration::from_secs(1))
+        } else {
+            timing.sync_period
+        };
         let _ = tokio::time::timeout(retry, wake.notified()).await;
     }
 }

@@ -81,7 +81,10 @@ impl Tracker {
             self.endpoint_changes += 1;
         }
         if let (Some(owner), Some(slice)) = (new_owner, slice) {
-            self.slices_of.entry(owner.clone()).or_default().insert(slot.clone());
+            self.slices_of
+                .entry(owner.clone())
+                .or_default()
+                .insert(slot.clone());
             self.changed.insert(owner.clone());
             self.slices.insert(slot, (owner, slice));
             self.endpoint_changes += 1;

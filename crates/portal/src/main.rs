@@ -4,6 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
@@ -30,6 +31,85 @@ enum Command {
     Controllers(ClientArgs),
     /// Run the cluster DNS against an API server.
     Dns(DnsArgs),
+    /// Run the service proxy for this node against an API server.
+    Proxy(ProxyArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ProxyArgs {
+    /// Credentials and address of the API server.
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// This node's name; its InternalIP is the node address unless
+    /// `--node-ip` is given.
+    #[arg(long)]
+    node_name: Option<String>,
+    /// This node's address (userspace listeners bind it).
+    #[arg(long)]
+    node_ip: Option<std::net::Ipv4Addr>,
+    /// Kernel (nftables) or userspace data plane; auto: nftables when usable.
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: ProxyMode,
+    #[command(flatten)]
+    timing: ProxyTiming,
+    /// Where to serve /metrics and /healthz.
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    metrics_bind: SocketAddr,
+}
+
+/// Sync timing shared by `portal proxy` and `portal server`.
+#[derive(clap::Args, Debug)]
+struct ProxyTiming {
+    /// Least time between two syncs: changes meanwhile are batched (e.g. 1s, 250ms, 0).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    min_sync_period: Duration,
+    /// Most time between two syncs.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    sync_period: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ProxyMode {
+    Auto,
+    Nftables,
+    Userspace,
+}
+
+impl ProxyMode {
+    fn config(
+        self,
+        node_ip: Option<std::net::Ipv4Addr>,
+        timing: &ProxyTiming,
+    ) -> portal_proxy::Config {
+        portal_proxy::Config {
+            mode: match self {
+                Self::Auto => portal_proxy::Mode::Auto,
+                Self::Nftables => portal_proxy::Mode::Nftables,
+                Self::Userspace => portal_proxy::Mode::Userspace,
+            },
+            node_ip,
+            min_sync_period: timing.min_sync_period,
+            sync_period: timing.sync_period,
+        }
+    }
+}
+
+/// `250ms`, `1s`, `2m`, or `0`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {text:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(number)),
+        "s" => Ok(Duration::from_secs(number)),
+        "" if number == 0 => Ok(Duration::ZERO),
+        "m" => Ok(Duration::from_secs(number * 60)),
+        _ => Err(format!("not a duration: {text:?} (use ms, s or m)")),
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -114,7 +194,12 @@ struct ServerArgs {
     dns_bind: Option<SocketAddr>,
     #[command(flatten)]
     dns: DnsOptions,
-    /// Components not to run in this process (comma-separated: controllers, dns).
+    /// The service proxy's data plane.
+    #[arg(long, value_enum, default_value = "auto")]
+    proxy_mode: ProxyMode,
+    #[command(flatten)]
+    proxy: ProxyTiming,
+    /// Components not to run in this process (comma-separated: controllers, dns, proxy).
     #[arg(long, value_delimiter = ',')]
     disable: Vec<Component>,
 }
@@ -124,6 +209,7 @@ struct ServerArgs {
 enum Component {
     Controllers,
     Dns,
+    Proxy,
 }
 
 /// Why the process stopped with an error.
@@ -135,6 +221,10 @@ enum Error {
     Controllers(#[from] portal_controllers::Error),
     #[error(transparent)]
     Dns(#[from] portal_dns::Error),
+    #[error(transparent)]
+    Proxy(#[from] portal_proxy::Error),
+    #[error("node {name}: {message}")]
+    Node { name: String, message: String },
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -144,6 +234,7 @@ enum Error {
 
 async fn server(args: ServerArgs) -> Result<(), Error> {
     let disabled = args.disable.clone();
+    let node_ip = args.node_ip;
     let config = portal_apiserver::Config {
         data_dir: args.data_dir,
         bind: args.api_bind,
@@ -167,6 +258,17 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
         let dns = portal_dns::start(client, args.dns.config(bind)).await?;
         let metrics = dns.metrics.clone();
+        api.metrics.add_source(move |out| metrics.encode_into(out));
+    }
+    if !disabled.contains(&Component::Proxy) {
+        let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
+        let node_ip = match node_ip {
+            Some(IpAddr::V4(ip)) => Some(ip),
+            _ => None,
+        };
+        let proxy =
+            portal_proxy::start(client, args.proxy_mode.config(node_ip, &args.proxy)).await?;
+        let metrics = proxy.metrics.clone();
         api.metrics.add_source(move |out| metrics.encode_into(out));
     }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -203,23 +305,88 @@ async fn dns(args: DnsArgs) -> Result<(), Error> {
     Ok(())
 }
 
+async fn proxy(args: ProxyArgs) -> Result<(), Error> {
+    let client = portal_controllers::client_from_kubeconfig(&args.kubeconfig).await?;
+    let node_ip = match (args.node_ip, &args.node_name) {
+        (Some(ip), _) => Some(ip),
+        (None, Some(name)) => Some(node_internal_ip(&client, name).await?),
+        (None, None) => None,
+    };
+    let addr = args.metrics_bind;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Metrics { addr, source })?;
+    let proxy = portal_proxy::start(client, args.mode.config(node_ip, &args.timing)).await?;
+    let (metrics, health) = (proxy.metrics.clone(), proxy.metrics.clone());
+    tokio::spawn(serve_metrics_and_health(
+        listener,
+        move || metrics.encode(),
+        move || health.healthy(),
+    ));
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| portal_apiserver::Error::Signal(e.to_string()))?;
+    // The rules stay in the kernel: traffic keeps flowing until the next start.
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping (rules stay in place)"),
+        _ = terminate.recv() => tracing::info!("terminated; stopping (rules stay in place)"),
+    }
+    Ok(())
+}
+
+/// The node's InternalIP (IPv4) from its Node object.
+async fn node_internal_ip(client: &kube::Client, name: &str) -> Result<std::net::Ipv4Addr, Error> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let error = |message: String| Error::Node {
+        name: name.to_owned(),
+        message,
+    };
+    let node = nodes.get(name).await.map_err(|e| error(e.to_string()))?;
+    node.status
+        .and_then(|s| s.addresses)
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse().ok())
+        .ok_or_else(|| error("has no IPv4 InternalIP; pass --node-ip".into()))
+}
+
 /// Answers every HTTP request on `listener` with the metrics `encode` gives.
 async fn serve_metrics(
     listener: tokio::net::TcpListener,
     encode: impl Fn() -> String + Clone + Send + Sync + 'static,
+) {
+    serve_metrics_and_health(listener, encode, || true).await;
+}
+
+/// `/healthz`: 200 "ok" while `healthy`, else 503; anything else: metrics.
+async fn serve_metrics_and_health(
+    listener: tokio::net::TcpListener,
+    encode: impl Fn() -> String + Clone + Send + Sync + 'static,
+    healthy: impl Fn() -> bool + Clone + Send + Sync + 'static,
 ) {
     use hyper::service::service_fn;
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let encode = encode.clone();
+        let (encode, healthy) = (encode.clone(), healthy.clone());
         tokio::spawn(async move {
-            let service = service_fn(move |_request| {
-                let body = http_body_util::Full::new(bytes::Bytes::from(encode()));
-                let response = hyper::Response::builder()
-                    .header("content-type", "text/plain; version=0.0.4")
-                    .body(body);
+            let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                let response = if request.uri().path() == "/healthz" {
+                    let ok = healthy();
+                    hyper::Response::builder()
+                        .status(if ok { 200 } else { 503 })
+                        .header("content-type", "text/plain")
+                        .body(http_body_util::Full::new(bytes::Bytes::from(if ok {
+                            "ok"
+                        } else {
+                            "proxy syncs have stopped"
+                        })))
+                } else {
+                    hyper::Response::builder()
+                        .header("content-type", "text/plain; version=0.0.4")
+                        .body(http_body_util::Full::new(bytes::Bytes::from(encode())))
+                };
                 async move { response }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
@@ -254,6 +421,7 @@ fn main() -> ExitCode {
             Command::Server(args) => server(args).await,
             Command::Controllers(args) => controllers(args).await,
             Command::Dns(args) => dns(args).await,
+            Command::Proxy(args) => proxy(args).await,
         }
     });
     match result {

@@ -22,7 +22,14 @@ impl Conntrack {
             .collect();
         let mut filters: Vec<Vec<String>> = addresses
             .iter()
-            .map(|ip| vec!["--orig-dst".into(), ip.to_string(), "--orig-port-dst".into(), port.port.to_string()])
+            .map(|ip| {
+                vec![
+                    "--orig-dst".into(),
+                    ip.to_string(),
+                    "--orig-port-dst".into(),
+                    port.port.to_string(),
+                ]
+            })
             .collect();
         if let Some(node_port) = port.node_port {
             filters.push(vec!["--orig-port-dst".into(), node_port.to_string()]);
@@ -31,7 +38,12 @@ impl Conntrack {
             let status = Command::new("conntrack")
                 .args(["-D", "-p", "udp"])
                 .args(&filter)
-                .args(["--reply-src", &endpoint.ip().to_string(), "--reply-port-src", &endpoint.port().to_string()])
+                .args([
+                    "--reply-src",
+                    &endpoint.ip().to_string(),
+                    "--reply-port-src",
+                    &endpoint.port().to_string(),
+                ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();

@@ -42,7 +42,11 @@ pub struct NftCommand;
 fn run(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
     let mut child = Command::new("nft")
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -48,7 +48,11 @@ pub struct Nftables<N> {
 impl Nftables<NftCommand> {
     /// The real kernel.
     pub fn kernel() -> Self {
-        Self::new(NftCommand, External::Masquerade, Some(conntrack::Conntrack::default()))
+        Self::new(
+            NftCommand,
+            External::Masquerade,
+            Some(conntrack::Conntrack::default()),
+        )
     }
 
     /// Rules for the userspace proxy: every Service port's "endpoint" is
@@ -82,7 +86,11 @@ impl<N: Nft> Nftables<N> {
     /// Applies `changes`: every Service when `full` (the table is rebuilt
     /// in one transaction), else only those in `changes`.
     pub fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), Error> {
-        let result = if full { self.full(changes) } else { self.partial(changes) };
+        let result = if full {
+            self.full(changes)
+        } else {
+            self.partial(changes)
+        };
         if result.is_err() {
             // The kernel may hold anything now: the next sync is a full one
             // and must not trust what we think is applied.
@@ -107,7 +115,10 @@ impl<N: Nft> Nftables<N> {
                 sets.insert(set.clone());
             }
             for chain in rules.chains.keys() {
-                let _ = writeln!(script, "add chain {TABLE} {chain}\nflush chain {TABLE} {chain}");
+                let _ = writeln!(
+                    script,
+                    "add chain {TABLE} {chain}\nflush chain {TABLE} {chain}"
+                );
                 chains.insert(chain.clone());
             }
             for (chain, chain_rules) in &rules.chains {
@@ -120,7 +131,13 @@ impl<N: Nft> Nftables<N> {
                 *hairpin.entry(*ip).or_default() += 1;
             }
             if !ports.is_empty() {
-                applied.insert(key.clone(), Applied { ports: ports.clone(), rules });
+                applied.insert(
+                    key.clone(),
+                    Applied {
+                        ports: ports.clone(),
+                        rules,
+                    },
+                );
             }
         }
         for ip in hairpin.keys() {
@@ -139,7 +156,11 @@ impl<N: Nft> Nftables<N> {
         for chain in &stale_chains {
             let _ = writeln!(script, "delete chain {TABLE} {chain}");
         }
-        for set in existing.sets.iter().filter(|s| !sets.contains(*s) && s.as_str() != HAIRPIN) {
+        for set in existing
+            .sets
+            .iter()
+            .filter(|s| !sets.contains(*s) && s.as_str() != HAIRPIN)
+        {
             let _ = writeln!(script, "delete set {TABLE} {set}");
         }
         self.nft.apply(&script)?;
@@ -177,7 +198,11 @@ impl<N: Nft> Nftables<N> {
 
     /// UDP has no connection to end: entries NATed to an endpoint that left
     /// would keep sending there until they time out (P2).
-    fn forget_udp_flows<'a>(&mut self, before: impl Iterator<Item = &'a [ServicePort]>, changes: &Changes) {
+    fn forget_udp_flows<'a>(
+        &mut self,
+        before: impl Iterator<Item = &'a [ServicePort]>,
+        changes: &Changes,
+    ) {
         let Some(conntrack) = &mut self.conntrack else {
             return;
         };
@@ -217,7 +242,12 @@ struct Transaction {
 }
 
 impl Transaction {
-    fn diff(&mut self, old: &ServiceRules, new: &ServiceRules, hairpin: &mut HashMap<Ipv4Addr, usize>) {
+    fn diff(
+        &mut self,
+        old: &ServiceRules,
+        new: &ServiceRules,
+        hairpin: &mut HashMap<Ipv4Addr, usize>,
+    ) {
         // The timeout is part of a set's name: sets are only added or deleted.
         for (set, timeout) in new.sets.iter().filter(|(s, _)| !old.sets.contains_key(*s)) {
             let _ = writeln!(self.add_sets, "add set {TABLE} {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {timeout}s ; }}");
@@ -227,12 +257,18 @@ impl Transaction {
         }
         for ((map, key), verdict) in &old.elements {
             if new.elements.get(&(*map, key.clone())) != Some(verdict) {
-                let _ = writeln!(self.delete_elements, "delete element {TABLE} {map} {{ {key} }}");
+                let _ = writeln!(
+                    self.delete_elements,
+                    "delete element {TABLE} {map} {{ {key} }}"
+                );
             }
         }
         for ((map, key), verdict) in &new.elements {
             if old.elements.get(&(*map, key.clone())) != Some(verdict) {
-                let _ = writeln!(self.add_elements, "add element {TABLE} {map} {{ {key} : {verdict} }}");
+                let _ = writeln!(
+                    self.add_elements,
+                    "add element {TABLE} {map} {{ {key} : {verdict} }}"
+                );
             }
         }
         for (chain, rules) in &new.chains {
@@ -254,7 +290,10 @@ impl Transaction {
             let count = hairpin.entry(*ip).or_default();
             *count += 1;
             if *count == 1 {
-                let _ = writeln!(self.add_elements, "add element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}");
+                let _ = writeln!(
+                    self.add_elements,
+                    "add element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}"
+                );
             }
         }
         for ip in old.hairpin.difference(&new.hairpin) {
@@ -262,7 +301,10 @@ impl Transaction {
                 *count -= 1;
                 if *count == 0 {
                     hairpin.remove(ip);
-                    let _ = writeln!(self.delete_elements, "delete element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}");
+                    let _ = writeln!(
+                        self.delete_elements,
+                        "delete element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}"
+                    );
                 }
             }
         }

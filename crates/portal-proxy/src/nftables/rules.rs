@@ -43,10 +43,19 @@ pub(crate) enum Rule {
     /// `goto chain`.
     Goto(String),
     /// A client with an affinity entry for this endpoint goes back to it.
-    Sticky { set: String, to: SocketAddrV4, protocol: Protocol },
+    Sticky {
+        set: String,
+        to: SocketAddrV4,
+        protocol: Protocol,
+    },
     /// Endpoint `to` with probability 1/`of` (1 = always), recording the
     /// client in the affinity set when there is one.
-    Pick { of: usize, to: SocketAddrV4, protocol: Protocol, affinity: Option<String> },
+    Pick {
+        of: usize,
+        to: SocketAddrV4,
+        protocol: Protocol,
+        affinity: Option<String>,
+    },
 }
 
 impl Rule {
@@ -63,7 +72,12 @@ impl Rule {
                     protocol.as_str()
                 );
             }
-            Self::Pick { of, to, protocol, affinity } => {
+            Self::Pick {
+                of,
+                to,
+                protocol,
+                affinity,
+            } => {
                 if *of > 1 {
                     let _ = write!(out, "numgen random mod {of} 0 ");
                 }
@@ -111,12 +125,17 @@ fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
     let key = |ip: Ipv4Addr, number: u16| format!("{ip} . {protocol} . {number}");
     let addresses = std::iter::once((CLUSTER_IPS, port.cluster_ip))
         .chain(port.external_ips.iter().map(|ip| (EXTERNAL_IPS, *ip)))
-        .chain(port.load_balancer_ips.iter().map(|ip| (LOAD_BALANCER_IPS, *ip)));
+        .chain(
+            port.load_balancer_ips
+                .iter()
+                .map(|ip| (LOAD_BALANCER_IPS, *ip)),
+        );
     if port.endpoints.is_empty() {
         for (_, ip) in addresses {
-            rules
-                .elements
-                .insert((NO_ENDPOINT_SERVICES, key(ip, port.port)), format!("goto {REJECT}"));
+            rules.elements.insert(
+                (NO_ENDPOINT_SERVICES, key(ip, port.port)),
+                format!("goto {REJECT}"),
+            );
         }
         if let Some(node_port) = port.node_port {
             rules.elements.insert(
@@ -134,7 +153,11 @@ fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
         for to in &port.endpoints {
             let set = affinity_set(to);
             rules.sets.insert(set.clone(), timeout);
-            chain.push(Rule::Sticky { set, to: *to, protocol: port.protocol });
+            chain.push(Rule::Sticky {
+                set,
+                to: *to,
+                protocol: port.protocol,
+            });
         }
     }
     let n = port.endpoints.len();
@@ -150,21 +173,25 @@ fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
     rules.chains.insert(svc.clone(), chain);
     let target = if port.is_external() && external == External::Masquerade {
         let ext = format!("ext-{id}");
-        rules
-            .chains
-            .insert(ext.clone(), vec![Rule::MarkForMasquerade, Rule::Goto(svc.clone())]);
+        rules.chains.insert(
+            ext.clone(),
+            vec![Rule::MarkForMasquerade, Rule::Goto(svc.clone())],
+        );
         ext
     } else {
         svc.clone()
     };
     for (map, ip) in addresses {
         let chain = if map == CLUSTER_IPS { &svc } else { &target };
-        rules.elements.insert((map, key(ip, port.port)), format!("goto {chain}"));
-    }
-    if let Some(node_port) = port.node_port {
         rules
             .elements
-            .insert((NODE_PORTS, format!("{protocol} . {node_port}")), format!("goto {target}"));
+            .insert((map, key(ip, port.port)), format!("goto {chain}"));
+    }
+    if let Some(node_port) = port.node_port {
+        rules.elements.insert(
+            (NODE_PORTS, format!("{protocol} . {node_port}")),
+            format!("goto {target}"),
+        );
     }
 }
 
@@ -186,7 +213,10 @@ pub(crate) fn render_base(out: &mut String) {
         (EXTERNAL_IPS, "ipv4_addr . inet_proto . inet_service"),
         (LOAD_BALANCER_IPS, "ipv4_addr . inet_proto . inet_service"),
         (NODE_PORTS, "inet_proto . inet_service"),
-        (NO_ENDPOINT_SERVICES, "ipv4_addr . inet_proto . inet_service"),
+        (
+            NO_ENDPOINT_SERVICES,
+            "ipv4_addr . inet_proto . inet_service",
+        ),
         (NO_ENDPOINT_NODE_PORTS, "inet_proto . inet_service"),
     ];
     let _ = writeln!(out, "add table {TABLE}");
@@ -194,7 +224,10 @@ pub(crate) fn render_base(out: &mut String) {
         let _ = writeln!(out, "add map {TABLE} {name} {{ type {key} : verdict ; }}");
         let _ = writeln!(out, "flush map {TABLE} {name}");
     }
-    let _ = writeln!(out, "add set {TABLE} {HAIRPIN} {{ type ipv4_addr . ipv4_addr ; }}");
+    let _ = writeln!(
+        out,
+        "add set {TABLE} {HAIRPIN} {{ type ipv4_addr . ipv4_addr ; }}"
+    );
     let _ = writeln!(out, "flush set {TABLE} {HAIRPIN}");
     for (name, hook, rules) in BASE {
         if hook.is_empty() {
@@ -212,7 +245,11 @@ pub(crate) fn render_base(out: &mut String) {
 /// The fixed chains: name, hook (empty: a regular chain), rules. Regular
 /// chains come first: a rule may only jump to a chain that exists.
 const BASE: [(&str, &str, &[&str]); 10] = [
-    (MARK_FOR_MASQUERADE, "", &["meta mark set meta mark | 0x4000"]),
+    (
+        MARK_FOR_MASQUERADE,
+        "",
+        &["meta mark set meta mark | 0x4000"],
+    ),
     (REJECT, "", &["reject"]),
     (
         "endpoints-check",
@@ -229,8 +266,16 @@ const BASE: [(&str, &str, &[&str]); 10] = [
             "fib daddr type local meta l4proto . th dport vmap @node-ports",
         ],
     ),
-    ("nat-prerouting", "type nat hook prerouting priority dstnat ;", &["jump services"]),
-    ("nat-output", "type nat hook output priority -100 ;", &["jump services"]),
+    (
+        "nat-prerouting",
+        "type nat hook prerouting priority dstnat ;",
+        &["jump services"],
+    ),
+    (
+        "nat-output",
+        "type nat hook output priority -100 ;",
+        &["jump services"],
+    ),
     (
         "nat-postrouting",
         "type nat hook postrouting priority srcnat ;",
@@ -239,8 +284,16 @@ const BASE: [(&str, &str, &[&str]); 10] = [
             "ct status dnat ip saddr . ip daddr @hairpin masquerade fully-random",
         ],
     ),
-    ("filter-forward", "type filter hook forward priority filter ;", &["ct state new jump endpoints-check"]),
-    ("filter-output", "type filter hook output priority filter ;", &["ct state new jump endpoints-check"]),
+    (
+        "filter-forward",
+        "type filter hook forward priority filter ;",
+        &["ct state new jump endpoints-check"],
+    ),
+    (
+        "filter-output",
+        "type filter hook output priority filter ;",
+        &["ct state new jump endpoints-check"],
+    ),
     (
         "filter-input",
         "type filter hook input priority filter ;",

@@ -9,7 +9,8 @@ use crate::model::{Protocol, ServiceKey, ServicePort};
 use crate::tracker::Changes;
 
 fn ep(s: &str) -> SocketAddrV4 {
-    s.parse().unwrap_or_else(|_| SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
+    s.parse()
+        .unwrap_or_else(|_| SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
 }
 
 fn ip(s: &str) -> Ipv4Addr {
@@ -34,15 +35,24 @@ fn web(endpoints: &[&str]) -> ServicePort {
 fn changes(ports: &[ServicePort]) -> Changes {
     let mut services: BTreeMap<ServiceKey, Vec<ServicePort>> = BTreeMap::new();
     for port in ports {
-        services.entry(port.service.clone()).or_default().push(port.clone());
+        services
+            .entry(port.service.clone())
+            .or_default()
+            .push(port.clone());
     }
-    Changes { services, triggers: Vec::new() }
+    Changes {
+        services,
+        triggers: Vec::new(),
+    }
 }
 
 fn gone(namespace: &str, name: &str) -> Changes {
     let mut services = BTreeMap::new();
     services.insert(ServiceKey::new(namespace, name), Vec::new());
-    Changes { services, triggers: Vec::new() }
+    Changes {
+        services,
+        triggers: Vec::new(),
+    }
 }
 
 fn last(proxy: &mut Nftables<FakeNft>) -> String {
@@ -50,7 +60,13 @@ fn last(proxy: &mut Nftables<FakeNft>) -> String {
 }
 
 fn packet(dst: &str, port: u16) -> Packet {
-    Packet { src: ip("10.244.0.9"), dst: ip(dst), protocol: Protocol::Tcp, port, local: false }
+    Packet {
+        src: ip("10.244.0.9"),
+        dst: ip(dst),
+        protocol: Protocol::Tcp,
+        port,
+        local: false,
+    }
 }
 
 fn traced(proxy: &Nftables<FakeNft>, packet: Packet) -> Outcome {
@@ -58,13 +74,21 @@ fn traced(proxy: &Nftables<FakeNft>, packet: Packet) -> Outcome {
 }
 
 fn dnat(endpoints: &[&str], masquerade: bool) -> Outcome {
-    Outcome::Dnat { endpoints: endpoints.iter().map(|e| ep(e)).collect(), masquerade }
+    Outcome::Dnat {
+        endpoints: endpoints.iter().map(|e| ep(e)).collect(),
+        masquerade,
+    }
 }
 
 #[test]
 fn full_sync_writes_the_whole_table_in_one_transaction() {
     let mut proxy = Nftables::fake(FakeNft::default());
-    assert!(proxy.sync(&changes(&[web(&["10.244.0.5:8080", "10.244.0.6:8080"])]), true).is_ok());
+    assert!(proxy
+        .sync(
+            &changes(&[web(&["10.244.0.5:8080", "10.244.0.6:8080"])]),
+            true
+        )
+        .is_ok());
     let tx = last(&mut proxy);
     assert!(tx.starts_with("add table ip portal\n"));
     let service_part = &tx[tx.find("add chain ip portal svc-").unwrap_or(0)..];
@@ -78,28 +102,50 @@ fn full_sync_writes_the_whole_table_in_one_transaction() {
          add element ip portal hairpin { 10.244.0.5 . 10.244.0.5 }\n\
          add element ip portal hairpin { 10.244.0.6 . 10.244.0.6 }\n"
     );
-    assert_eq!(traced(&proxy, packet("10.96.0.20", 80)), dnat(&["10.244.0.5:8080", "10.244.0.6:8080"], false));
+    assert_eq!(
+        traced(&proxy, packet("10.96.0.20", 80)),
+        dnat(&["10.244.0.5:8080", "10.244.0.6:8080"], false)
+    );
     assert_eq!(traced(&proxy, packet("10.96.0.20", 81)), Outcome::Untouched);
 }
 
 #[test]
 fn partial_sync_sends_only_the_changed_chain() {
     let mut proxy = Nftables::fake(FakeNft::default());
-    let other = ServicePort { service: ServiceKey::new("default", "other"), cluster_ip: ip("10.96.0.21"), ..web(&["10.244.0.7:80"]) };
-    assert!(proxy.sync(&changes(&[web(&["10.244.0.5:8080", "10.244.0.6:8080"]), other]), true).is_ok());
-    assert!(proxy.sync(&changes(&[web(&["10.244.0.6:8080"])]), false).is_ok());
+    let other = ServicePort {
+        service: ServiceKey::new("default", "other"),
+        cluster_ip: ip("10.96.0.21"),
+        ..web(&["10.244.0.7:80"])
+    };
+    assert!(proxy
+        .sync(
+            &changes(&[web(&["10.244.0.5:8080", "10.244.0.6:8080"]), other]),
+            true
+        )
+        .is_ok());
+    assert!(proxy
+        .sync(&changes(&[web(&["10.244.0.6:8080"])]), false)
+        .is_ok());
     assert_eq!(
         last(&mut proxy),
         "delete element ip portal hairpin { 10.244.0.5 . 10.244.0.5 }\n\
          flush chain ip portal svc-default/web/tcp/http\n\
          add rule ip portal svc-default/web/tcp/http meta l4proto tcp dnat to 10.244.0.6:8080\n"
     );
-    assert_eq!(traced(&proxy, packet("10.96.0.20", 80)), dnat(&["10.244.0.6:8080"], false));
-    assert_eq!(traced(&proxy, packet("10.96.0.21", 80)), dnat(&["10.244.0.7:80"], false));
+    assert_eq!(
+        traced(&proxy, packet("10.96.0.20", 80)),
+        dnat(&["10.244.0.6:8080"], false)
+    );
+    assert_eq!(
+        traced(&proxy, packet("10.96.0.21", 80)),
+        dnat(&["10.244.0.7:80"], false)
+    );
 
     // No change, no transaction.
     let count = proxy.nft().transactions.len();
-    assert!(proxy.sync(&changes(&[web(&["10.244.0.6:8080"])]), false).is_ok());
+    assert!(proxy
+        .sync(&changes(&[web(&["10.244.0.6:8080"])]), false)
+        .is_ok());
     assert_eq!(proxy.nft().transactions.len(), count);
 
     // Deleted: its element goes before its chain.
@@ -121,14 +167,30 @@ fn no_endpoints_rejects_and_the_first_endpoint_replaces_the_reject() {
     port.node_port = Some(30080);
     assert!(proxy.sync(&changes(&[port.clone()]), true).is_ok());
     assert_eq!(traced(&proxy, packet("10.96.0.20", 80)), Outcome::Reject);
-    assert_eq!(traced(&proxy, Packet { local: true, ..packet("192.168.1.2", 30080) }), Outcome::Reject);
+    assert_eq!(
+        traced(
+            &proxy,
+            Packet {
+                local: true,
+                ..packet("192.168.1.2", 30080)
+            }
+        ),
+        Outcome::Reject
+    );
     port.endpoints = vec![ep("10.244.0.5:8080")];
     assert!(proxy.sync(&changes(&[port]), false).is_ok());
     let tx = last(&mut proxy);
-    assert!(tx.contains("delete element ip portal no-endpoint-services { 10.96.0.20 . tcp . 80 }\n"));
+    assert!(
+        tx.contains("delete element ip portal no-endpoint-services { 10.96.0.20 . tcp . 80 }\n")
+    );
     assert!(tx.contains("delete element ip portal no-endpoint-node-ports { tcp . 30080 }\n"));
-    assert!(tx.contains("add element ip portal node-ports { tcp . 30080 : goto ext-default/web/tcp/http }\n"));
-    assert_eq!(traced(&proxy, packet("10.96.0.20", 80)), dnat(&["10.244.0.5:8080"], false));
+    assert!(tx.contains(
+        "add element ip portal node-ports { tcp . 30080 : goto ext-default/web/tcp/http }\n"
+    ));
+    assert_eq!(
+        traced(&proxy, packet("10.96.0.20", 80)),
+        dnat(&["10.244.0.5:8080"], false)
+    );
 }
 
 #[test]
@@ -140,20 +202,40 @@ fn node_ports_external_and_load_balancer_addresses_are_masqueraded() {
     port.load_balancer_ips = vec![ip("198.51.100.1")];
     assert!(proxy.sync(&changes(&[port]), true).is_ok());
     let only = dnat(&["10.244.0.5:8080"], true);
-    assert_eq!(traced(&proxy, Packet { local: true, ..packet("192.168.1.2", 30080) }), only);
+    assert_eq!(
+        traced(
+            &proxy,
+            Packet {
+                local: true,
+                ..packet("192.168.1.2", 30080)
+            }
+        ),
+        only
+    );
     assert_eq!(traced(&proxy, packet("192.0.2.10", 80)), only);
     assert_eq!(traced(&proxy, packet("198.51.100.1", 80)), only);
     // A node port is only a node port on the node's own addresses.
-    assert_eq!(traced(&proxy, packet("192.168.1.2", 30080)), Outcome::Untouched);
+    assert_eq!(
+        traced(&proxy, packet("192.168.1.2", 30080)),
+        Outcome::Untouched
+    );
     // The cluster IP keeps the client's address.
-    assert_eq!(traced(&proxy, packet("10.96.0.20", 80)), dnat(&["10.244.0.5:8080"], false));
+    assert_eq!(
+        traced(&proxy, packet("10.96.0.20", 80)),
+        dnat(&["10.244.0.5:8080"], false)
+    );
 }
 
 #[test]
 fn a_pod_reaching_itself_is_masqueraded() {
     let mut proxy = Nftables::fake(FakeNft::default());
-    assert!(proxy.sync(&changes(&[web(&["10.244.0.9:8080"])]), true).is_ok());
-    assert_eq!(traced(&proxy, packet("10.96.0.20", 80)), dnat(&["10.244.0.9:8080"], true));
+    assert!(proxy
+        .sync(&changes(&[web(&["10.244.0.9:8080"])]), true)
+        .is_ok());
+    assert_eq!(
+        traced(&proxy, packet("10.96.0.20", 80)),
+        dnat(&["10.244.0.9:8080"], true)
+    );
 }
 
 #[test]
@@ -164,7 +246,9 @@ fn affinity_uses_a_timed_set_per_endpoint() {
     assert!(proxy.sync(&changes(&[port]), true).is_ok());
     let tx = last(&mut proxy);
     let set = "aff-default/web/tcp/http/10.244.0.5/8080/600";
-    assert!(tx.contains(&format!("add set ip portal {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout 600s ; }}\n")));
+    assert!(tx.contains(&format!(
+        "add set ip portal {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout 600s ; }}\n"
+    )));
     assert!(tx.contains(&format!(
         "add rule ip portal svc-default/web/tcp/http ip saddr @{set} update @{set} {{ ip saddr }} meta l4proto tcp dnat to 10.244.0.5:8080\n"
     )));
@@ -178,13 +262,26 @@ fn affinity_uses_a_timed_set_per_endpoint() {
 #[test]
 fn a_failed_sync_makes_the_next_one_rebuild_and_remove_leftovers() {
     let mut proxy = Nftables::fake(FakeNft::default());
-    assert!(proxy.sync(&changes(&[web(&["10.244.0.5:8080"])]), true).is_ok());
+    assert!(proxy
+        .sync(&changes(&[web(&["10.244.0.5:8080"])]), true)
+        .is_ok());
     proxy.nft().fail_next = true;
-    assert!(proxy.sync(&changes(&[web(&["10.244.0.6:8080"])]), false).is_err());
+    assert!(proxy
+        .sync(&changes(&[web(&["10.244.0.6:8080"])]), false)
+        .is_err());
     assert!(proxy.applied.is_empty());
-    proxy.nft().existing.chains = vec!["services".into(), "svc-gone/old/tcp/80".into(), "svc-default/web/tcp/http".into()];
-    proxy.nft().existing.sets = vec!["hairpin".into(), "aff-gone/old/tcp/80/10.244.0.1/80/10800".into()];
-    assert!(proxy.sync(&changes(&[web(&["10.244.0.6:8080"])]), true).is_ok());
+    proxy.nft().existing.chains = vec![
+        "services".into(),
+        "svc-gone/old/tcp/80".into(),
+        "svc-default/web/tcp/http".into(),
+    ];
+    proxy.nft().existing.sets = vec![
+        "hairpin".into(),
+        "aff-gone/old/tcp/80/10.244.0.1/80/10800".into(),
+    ];
+    assert!(proxy
+        .sync(&changes(&[web(&["10.244.0.6:8080"])]), true)
+        .is_ok());
     let tx = last(&mut proxy);
     assert!(tx.contains("flush chain ip portal svc-gone/old/tcp/80\n"));
     assert!(tx.contains("delete chain ip portal svc-gone/old/tcp/80\n"));
@@ -192,17 +289,35 @@ fn a_failed_sync_makes_the_next_one_rebuild_and_remove_leftovers() {
     assert!(!tx.contains("delete chain ip portal services"));
     assert!(!tx.contains("delete chain ip portal svc-default"));
     assert!(!tx.contains("delete set ip portal hairpin"));
-    assert!(tx.find("delete chain").unwrap_or(0) > tx.find("flush map ip portal cluster-ips").unwrap_or(usize::MAX));
+    assert!(
+        tx.find("delete chain").unwrap_or(0)
+            > tx.find("flush map ip portal cluster-ips")
+                .unwrap_or(usize::MAX)
+    );
 }
 
 #[test]
 fn udp_and_tcp_ports_of_one_service_get_their_own_chains() {
     let mut proxy = Nftables::fake(FakeNft::default());
-    let tcp = ServicePort { port_name: "dns-tcp".into(), port: 53, ..web(&["10.244.0.5:53"]) };
-    let udp = ServicePort { port_name: "dns".into(), port: 53, protocol: Protocol::Udp, ..web(&["10.244.0.5:53"]) };
+    let tcp = ServicePort {
+        port_name: "dns-tcp".into(),
+        port: 53,
+        ..web(&["10.244.0.5:53"])
+    };
+    let udp = ServicePort {
+        port_name: "dns".into(),
+        port: 53,
+        protocol: Protocol::Udp,
+        ..web(&["10.244.0.5:53"])
+    };
     assert!(proxy.sync(&changes(&[tcp, udp]), true).is_ok());
     let tx = last(&mut proxy);
-    assert!(tx.contains("add rule ip portal svc-default/web/udp/dns meta l4proto udp dnat to 10.244.0.5:53\n"));
-    let udp_packet = Packet { protocol: Protocol::Udp, ..packet("10.96.0.20", 53) };
+    assert!(tx.contains(
+        "add rule ip portal svc-default/web/udp/dns meta l4proto udp dnat to 10.244.0.5:53\n"
+    ));
+    let udp_packet = Packet {
+        protocol: Protocol::Udp,
+        ..packet("10.96.0.20", 53)
+    };
     assert_eq!(traced(&proxy, udp_packet), dnat(&["10.244.0.5:53"], false));
 }

@@ -5,7 +5,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use super::rules::{Rule, ServiceRules, CLUSTER_IPS, EXTERNAL_IPS, LOAD_BALANCER_IPS, NODE_PORTS, NO_ENDPOINT_NODE_PORTS, NO_ENDPOINT_SERVICES};
+use super::rules::{
+    Rule, ServiceRules, CLUSTER_IPS, EXTERNAL_IPS, LOAD_BALANCER_IPS, NODE_PORTS,
+    NO_ENDPOINT_NODE_PORTS, NO_ENDPOINT_SERVICES,
+};
 use crate::model::Protocol;
 
 #[derive(Clone, Copy, Debug)]
@@ -21,14 +24,20 @@ pub(crate) struct Packet {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// DNAT to one of `endpoints` (chosen at random), masqueraded or not.
-    Dnat { endpoints: BTreeSet<SocketAddrV4>, masquerade: bool },
+    Dnat {
+        endpoints: BTreeSet<SocketAddrV4>,
+        masquerade: bool,
+    },
     /// Refused: the Service has no ready endpoints.
     Reject,
     /// Not a Service address: the packet goes on unchanged.
     Untouched,
 }
 
-pub(crate) fn trace<'a>(applied: impl Iterator<Item = &'a ServiceRules>, packet: Packet) -> Outcome {
+pub(crate) fn trace<'a>(
+    applied: impl Iterator<Item = &'a ServiceRules>,
+    packet: Packet,
+) -> Outcome {
     let mut elements: HashMap<(&str, String), &str> = HashMap::new();
     let mut chains: HashMap<&str, &[Rule]> = HashMap::new();
     let mut hairpin = BTreeSet::new();
@@ -44,14 +53,25 @@ pub(crate) fn trace<'a>(applied: impl Iterator<Item = &'a ServiceRules>, packet:
     let proto = packet.protocol.as_str();
     let by_address = format!("{} . {proto} . {}", packet.dst, packet.port);
     let by_port = format!("{proto} . {}", packet.port);
-    let mut lookups = vec![(CLUSTER_IPS, &by_address), (EXTERNAL_IPS, &by_address), (LOAD_BALANCER_IPS, &by_address)];
+    let mut lookups = vec![
+        (CLUSTER_IPS, &by_address),
+        (EXTERNAL_IPS, &by_address),
+        (LOAD_BALANCER_IPS, &by_address),
+    ];
     if packet.local {
         lookups.push((NODE_PORTS, &by_port));
     }
-    let Some(verdict) = lookups.iter().find_map(|(map, key)| elements.get(&(*map, (*key).clone()))) else {
+    let Some(verdict) = lookups
+        .iter()
+        .find_map(|(map, key)| elements.get(&(*map, (*key).clone())))
+    else {
         let rejected = elements.contains_key(&(NO_ENDPOINT_SERVICES, by_address.clone()))
             || (packet.local && elements.contains_key(&(NO_ENDPOINT_NODE_PORTS, by_port)));
-        return if rejected { Outcome::Reject } else { Outcome::Untouched };
+        return if rejected {
+            Outcome::Reject
+        } else {
+            Outcome::Untouched
+        };
     };
     let mut chain = verdict.strip_prefix("goto ").unwrap_or(verdict);
     let (mut endpoints, mut masquerade) = (BTreeSet::new(), false);
@@ -76,6 +96,11 @@ pub(crate) fn trace<'a>(applied: impl Iterator<Item = &'a ServiceRules>, packet:
         break;
     }
     // Hairpin: a pod reaching itself through its Service.
-    masquerade |= endpoints.iter().any(|e| *e.ip() == packet.src && hairpin.contains(e.ip()));
-    Outcome::Dnat { endpoints, masquerade }
+    masquerade |= endpoints
+        .iter()
+        .any(|e| *e.ip() == packet.src && hairpin.contains(e.ip()));
+    Outcome::Dnat {
+        endpoints,
+        masquerade,
+    }
 }

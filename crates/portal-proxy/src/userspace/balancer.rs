@@ -39,7 +39,9 @@ impl Balancer {
         *self.endpoints.write() = port.endpoints.clone();
         *self.affinity.write() = port.affinity.map(|s| Duration::from_secs(s.into()));
         let endpoints = &port.endpoints;
-        self.pins.lock().retain(|_, (endpoint, _)| endpoints.contains(endpoint));
+        self.pins
+            .lock()
+            .retain(|_, (endpoint, _)| endpoints.contains(endpoint));
     }
 
     /// Up to `attempts` distinct endpoints to try in order: the pinned one

@@ -62,11 +62,19 @@ impl Userspace {
 
     /// Binds the port's listener (a free port on the node address) and
     /// its node port, and serves them.
-    fn open(&self, port: &ServicePort, balancer: &Arc<Balancer>) -> std::io::Result<(SocketAddrV4, Vec<AbortHandle>)> {
+    fn open(
+        &self,
+        port: &ServicePort,
+        balancer: &Arc<Balancer>,
+    ) -> std::io::Result<(SocketAddrV4, Vec<AbortHandle>)> {
         let (addr, main) = self.serve(port.protocol, SocketAddrV4::new(self.bind, 0), balancer)?;
         let mut tasks = vec![main];
         if let Some(node_port) = port.node_port {
-            match self.serve(port.protocol, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, node_port), balancer) {
+            match self.serve(
+                port.protocol,
+                SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, node_port),
+                balancer,
+            ) {
                 Ok((_, task)) => tasks.push(task),
                 Err(error) => {
                     tasks.iter().for_each(AbortHandle::abort);
@@ -77,18 +85,33 @@ impl Userspace {
         Ok((addr, tasks))
     }
 
-    fn serve(&self, protocol: Protocol, addr: SocketAddrV4, balancer: &Arc<Balancer>) -> std::io::Result<(SocketAddrV4, AbortHandle)> {
+    fn serve(
+        &self,
+        protocol: Protocol,
+        addr: SocketAddrV4,
+        balancer: &Arc<Balancer>,
+    ) -> std::io::Result<(SocketAddrV4, AbortHandle)> {
         // Registering sockets with the reactor needs the runtime's context.
         let _guard = self.handle.enter();
         let balancer = balancer.clone();
         Ok(match protocol {
             Protocol::Tcp => {
                 let listener = tcp::listen(addr)?;
-                (tcp::local_v4(listener.local_addr()?), self.handle.spawn(tcp::serve(listener, balancer)).abort_handle())
+                (
+                    tcp::local_v4(listener.local_addr()?),
+                    self.handle
+                        .spawn(tcp::serve(listener, balancer))
+                        .abort_handle(),
+                )
             }
             Protocol::Udp => {
                 let socket = udp::bind(addr)?;
-                (tcp::local_v4(socket.local_addr()?), self.handle.spawn(udp::serve(socket, balancer)).abort_handle())
+                (
+                    tcp::local_v4(socket.local_addr()?),
+                    self.handle
+                        .spawn(udp::serve(socket, balancer))
+                        .abort_handle(),
+                )
             }
         })
     }
@@ -97,12 +120,17 @@ impl Userspace {
         let mut failures = Vec::new();
         if full {
             // Keep listeners of Services still present (no reconnects).
-            self.listeners.retain(|(key, _, _), _| changes.services.contains_key(key));
+            self.listeners
+                .retain(|(key, _, _), _| changes.services.contains_key(key));
         }
         for (key, ports) in &changes.services {
-            let wanted: Vec<(String, Protocol)> = ports.iter().map(|p| (p.port_name.clone(), p.protocol)).collect();
-            self.listeners
-                .retain(|(k, name, protocol), _| k != key || wanted.contains(&(name.clone(), *protocol)));
+            let wanted: Vec<(String, Protocol)> = ports
+                .iter()
+                .map(|p| (p.port_name.clone(), p.protocol))
+                .collect();
+            self.listeners.retain(|(k, name, protocol), _| {
+                k != key || wanted.contains(&(name.clone(), *protocol))
+            });
             for port in ports {
                 let slot = (key.clone(), port.port_name.clone(), port.protocol);
                 if let Some(listener) = self.listeners.get(&slot) {
@@ -116,7 +144,15 @@ impl Userspace {
                 match self.open(port, &balancer) {
                     Ok((addr, tasks)) => {
                         tracing::debug!(service = %port.id(), %addr, "userspace listener");
-                        self.listeners.insert(slot, Listener { balancer, addr, node_port: port.node_port, tasks });
+                        self.listeners.insert(
+                            slot,
+                            Listener {
+                                balancer,
+                                addr,
+                                node_port: port.node_port,
+                                tasks,
+                            },
+                        );
                     }
                     Err(error) => failures.push(format!("{}: {error}", port.id())),
                 }
@@ -139,7 +175,9 @@ impl Userspace {
                 let ports = ports
                     .iter()
                     .filter_map(|p| {
-                        let listener = self.listeners.get(&(key.clone(), p.port_name.clone(), p.protocol))?;
+                        let listener =
+                            self.listeners
+                                .get(&(key.clone(), p.port_name.clone(), p.protocol))?;
                         Some(ServicePort {
                             endpoints: vec![listener.addr],
                             affinity: None,
@@ -152,7 +190,10 @@ impl Userspace {
                 (key.clone(), ports)
             })
             .collect();
-        Changes { services, triggers: Vec::new() }
+        Changes {
+            services,
+            triggers: Vec::new(),
+        }
     }
 }
 

@@ -28,7 +28,12 @@ pub(crate) fn listen(addr: SocketAddrV4) -> std::io::Result<TcpListener> {
 pub(crate) fn local_v4(addr: SocketAddr) -> SocketAddrV4 {
     match addr {
         SocketAddr::V4(v4) => v4,
-        SocketAddr::V6(v6) => SocketAddrV4::new(v6.ip().to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED), v6.port()),
+        SocketAddr::V6(v6) => SocketAddrV4::new(
+            v6.ip()
+                .to_ipv4_mapped()
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+            v6.port(),
+        ),
     }
 }
 
@@ -49,14 +54,20 @@ pub(crate) async fn serve(listener: TcpListener, balancer: Arc<Balancer>) {
 
 async fn proxy(mut client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>) {
     let mut upstream = None;
-    for (endpoint, timeout) in balancer.candidates(from.ip(), ATTEMPTS.len()).into_iter().zip(ATTEMPTS) {
+    for (endpoint, timeout) in balancer
+        .candidates(from.ip(), ATTEMPTS.len())
+        .into_iter()
+        .zip(ATTEMPTS)
+    {
         match tokio::time::timeout(timeout, TcpStream::connect(endpoint)).await {
             Ok(Ok(stream)) => {
                 balancer.used(from.ip(), endpoint);
                 upstream = Some(stream);
                 break;
             }
-            Ok(Err(error)) => tracing::debug!(%endpoint, %error, "connect failed; trying another endpoint"),
+            Ok(Err(error)) => {
+                tracing::debug!(%endpoint, %error, "connect failed; trying another endpoint")
+            }
             Err(_) => tracing::debug!(%endpoint, "connect timed out; trying another endpoint"),
         }
     }

@@ -45,7 +45,12 @@ pub(crate) async fn serve(socket: UdpSocket, balancer: Arc<Balancer>) {
                     continue;
                 };
                 sessions.lock().insert(client, upstream.clone());
-                tokio::spawn(relay_replies(socket.clone(), upstream.clone(), client, sessions.clone()));
+                tokio::spawn(relay_replies(
+                    socket.clone(),
+                    upstream.clone(),
+                    client,
+                    sessions.clone(),
+                ));
                 upstream
             }
         };
@@ -68,7 +73,12 @@ async fn open(client: SocketAddr, balancer: &Balancer) -> Option<Arc<UdpSocket>>
     None
 }
 
-async fn relay_replies(listener: Arc<UdpSocket>, upstream: Arc<UdpSocket>, client: SocketAddr, sessions: Sessions) {
+async fn relay_replies(
+    listener: Arc<UdpSocket>,
+    upstream: Arc<UdpSocket>,
+    client: SocketAddr,
+    sessions: Sessions,
+) {
     let mut buffer = vec![0u8; MAX_DATAGRAM];
     while let Ok(Ok(len)) = tokio::time::timeout(IDLE, upstream.recv(&mut buffer)).await {
         let _ = listener.send_to(&buffer[..len], client).await;

@@ -1,0 +1,178 @@
+"""Network namespaces for data-plane tests (DESIGN "Tests and benchmarks"):
+a "node" namespace that runs `portal server` (with its proxy), and "pod"
+namespaces joined to it by veth pairs on a bridge. Everything lives in
+namespaces this module creates, with unique names, and is deleted
+afterwards, also on failure: nothing is routed or NATed in the machine's
+own namespace.
+
+The test process itself enters the node namespace (setns on its thread),
+so the API client, kubectl and the `portal` process it starts all run
+there. Pods get a /32 address and reach everything through the node (also
+each other), so every packet crosses the node's nftables hooks.
+"""
+
+import ctypes
+import itertools
+import json
+import os
+import pathlib
+import subprocess
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+CLONE_NEWNET = 0x40000000
+GATEWAY = "10.244.0.1"
+NODE_IP = "192.168.99.1"
+WORLD_IP = "192.168.99.2"
+_counter = itertools.count()
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def sh(*argv, check=True):
+    result = subprocess.run(list(argv), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def _setns(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {path}")
+    finally:
+        os.close(fd)
+
+
+class Cluster:
+    """One node namespace with pods; `with Cluster() as c:` enters it."""
+
+    def __init__(self):
+        tag = f"pt{os.getpid()}x{next(_counter)}"
+        self.node = f"{tag}-node"
+        self.world = f"{tag}-world"
+        self.tag = tag
+        self.namespaces = []
+        self.processes = []
+        self.pods = {}
+        self._home = None
+
+    def __enter__(self):
+        try:
+            self._create_node()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _create_node(self):
+        for ns in (self.node, self.world):
+            sh("ip", "netns", "add", ns)
+            self.namespaces.append(ns)
+        for args in (["link", "set", "lo", "up"],):
+            sh("ip", "netns", "exec", self.world, "ip", *args)
+        # Remember where this thread was, then live in the node.
+        self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        _setns(f"/var/run/netns/{self.node}")
+        for args in (
+            ["link", "set", "lo", "up"],
+            ["link", "add", "br0", "type", "bridge"],
+            ["addr", "add", f"{GATEWAY}/24", "dev", "br0"],
+            ["link", "set", "br0", "up"],
+            # The node's own address, on a link to an "outside" namespace,
+            # and a default route there so traffic for Service addresses
+            # is routed at all (then NATed or rejected).
+            ["link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", self.world],
+            ["addr", "add", f"{NODE_IP}/24", "dev", "eth0"],
+            ["link", "set", "eth0", "up"],
+            ["route", "add", "default", "dev", "eth0"],
+        ):
+            sh("ip", *args)
+        for args in (["link", "set", "eth0", "up"], ["addr", "add", f"{WORLD_IP}/24", "dev", "eth0"]):
+            sh("ip", "netns", "exec", self.world, "ip", *args)
+        for key, value in (("net.ipv4.ip_forward", "1"), ("net.ipv4.conf.all.send_redirects", "0"), ("net.ipv4.conf.br0.send_redirects", "0")):
+            sh("sysctl", "-qw", f"{key}={value}")
+
+    def add_pod(self, name, ip):
+        """A pod namespace with `ip`, plugged into the node's bridge."""
+        ns = f"{self.tag}-{name}"
+        sh("ip", "netns", "add", ns)
+        self.namespaces.append(ns)
+        port = f"vp{len(self.pods)}"
+        sh("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "link", "set", port, "master", "br0", "up")
+        for args in (
+            ["link", "set", "lo", "up"],
+            ["link", "set", "eth0", "up"],
+            ["addr", "add", f"{ip}/32", "dev", "eth0"],
+            ["route", "add", GATEWAY, "dev", "eth0", "scope", "link"],
+            ["route", "add", "default", "via", GATEWAY],
+        ):
+            sh("ip", "netns", "exec", ns, "ip", *args)
+        self.pods[name] = (ns, ip)
+        return ns
+
+    def start_backend(self, name, tcp_port=8080, udp_port=5353):
+        ns, _ = self.pods[name]
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", ns, "python3", str(HERE / "netns" / "backend.py"), name, str(tcp_port), str(udp_port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.processes.append(process)
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"backend {name} did not start")
+        return process
+
+    def client(self, pod, host, port, count=300, udp=False, seconds=None, background=False):
+        """Runs netns/client.py in `pod` (None: on the node); returns its
+        JSON result, or the process when `background`."""
+        argv = ["python3", str(HERE / "netns" / "client.py"), host, str(port), str(count)]
+        if udp:
+            argv.append("--udp")
+        if seconds:
+            argv += ["--seconds", str(seconds), "--pause", "0.01"]
+        if pod is not None:
+            argv = ["ip", "netns", "exec", self.pods[pod][0], *argv]
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if background:
+            self.processes.append(process)
+            return process
+        return result_of(process)
+
+    def close(self):
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        if self._home is not None:
+            if _libc.setns(self._home, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to the original namespace")
+            os.close(self._home)
+            self._home = None
+        for ns in reversed(self.namespaces):
+            # Deleting a namespace ends its interfaces; processes in it were killed above.
+            sh("ip", "netns", "del", ns, check=False)
+        self.namespaces.clear()
+
+
+def result_of(process, timeout=120):
+    out, err = process.communicate(timeout=timeout)
+    if process.returncode != 0:
+        raise RuntimeError(f"client failed: {err}")
+    return json.loads(out)
+
+
+def wait_for(check, what, timeout=15):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last saw {last!r}")

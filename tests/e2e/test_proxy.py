@@ -1,0 +1,223 @@
+"""The service proxy in kernel mode (issue 6, SPEC P1, P2, P4, S8–S12):
+`portal server` runs in a node namespace the test creates, pods are network
+namespaces on the node's bridge with real servers, registered as Pod objects
+through the API; clients in a pod and on the node reach them through
+Service addresses programmed in nftables."""
+
+import re
+import ssl
+import socket
+import time
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from conftest import Portal
+from nodes import GATEWAY, NODE_IP, Cluster, result_of, sh, wait_for
+
+NS = "default"
+BACKENDS = {"web-a": "10.244.0.11", "web-b": "10.244.0.12", "web-c": "10.244.0.13"}
+CLIENT_IP = "10.244.0.50"
+LB_POOL = "198.51.100.0/28"
+EXTERNAL_IP = "192.0.2.10"
+
+
+def server_args(mode):
+    return ["--proxy-mode", mode, "--node-ip", NODE_IP, "--min-sync-period", "200ms", "--load-balancer-pool", LB_POOL]
+
+
+def register_pod(core, name, ip, labels, ready=True):
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1PodSpec(node_name="node-1", containers=[client.V1Container(name="c", image="registry.local/app:1", ports=[client.V1ContainerPort(name="web", container_port=8080), client.V1ContainerPort(name="echo", container_port=5353, protocol="UDP")])]),
+    )
+    core.create_namespaced_pod(NS, pod)
+    set_ready(core, name, ip, ready)
+
+
+def set_ready(core, name, ip, ready):
+    pod = core.read_namespaced_pod(name, NS)
+    condition = client.V1PodCondition(type="Ready", status="True" if ready else "False", last_transition_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    pod.status = client.V1PodStatus(phase="Running", pod_ip=ip, conditions=[condition])
+    core.replace_namespaced_pod_status(name, NS, pod)
+
+
+def make_service(core, name, **spec):
+    body = {"metadata": {"name": name}, "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "web"}], **spec}}
+    return core.create_namespaced_service(NS, body)
+
+
+def ready_endpoints(discovery, name):
+    slices = discovery.list_namespaced_endpoint_slice(NS, label_selector=f"kubernetes.io/service-name={name}").items
+    return {a for s in slices for e in s.endpoints or [] if (e.conditions.ready is not False) for a in e.addresses}
+
+
+def syncs(portal):
+    """How many proxy syncs have completed (from /metrics)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(portal.server + "/metrics", headers={"Authorization": f"Bearer {portal.token}"})
+    text = urllib.request.urlopen(request, context=context, timeout=5).read().decode()
+    match = re.search(r"^kubeproxy_sync_proxy_rules_duration_seconds_count (\d+)", text, re.M)
+    return int(match.group(1)) if match else 0
+
+
+def table():
+    return sh("nft", "list", "table", "ip", "portal", check=False)
+
+
+def chain(name):
+    return sh("nft", "list", "chain", "ip", "portal", f"svc-{NS}/{name}/tcp/http", check=False)
+
+
+def wait_rules(*needles, absent=()):
+    """Waits until Portal's table shows every needle and none of `absent`."""
+    def check():
+        text = table()
+        return all(n in text for n in needles) and not any(a in text for a in absent)
+    wait_for(check, f"rules with {needles} without {absent}")
+
+
+def normalized(listing):
+    """A listing without affinity timers, order-free (elements of a
+    rebuilt map may be listed in another order)."""
+    listing = re.sub(r"expires [0-9hms.]+", "", listing)
+    return sorted(t.strip() for t in re.split(r"[,{}\n]", listing) if t.strip())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with Cluster() as cluster:
+        for name, ip in BACKENDS.items():
+            cluster.add_pod(name, ip)
+            cluster.start_backend(name)
+        cluster.add_pod("client", CLIENT_IP)
+        portal = Portal(tmp_path_factory.mktemp("proxy"), server_args("nftables"), proxy=True).start()
+        cluster.portal = portal
+        core = portal.core()
+        for name, ip in BACKENDS.items():
+            register_pod(core, name, ip, {"app": "web"})
+        try:
+            yield cluster
+        finally:
+            portal.stop()
+
+
+def serve(cluster, name, **spec):
+    """Creates a Service of the three backends; returns it once the kernel has its rules."""
+    core = cluster.portal.core()
+    service = make_service(core, name, **spec)
+    port = service.spec.ports[0]
+    protocol = port.protocol.lower()
+    wait_rules(f"{service.spec.cluster_ip} . {protocol} . {port.port} : goto svc-{NS}/{name}/")
+    # All three backends in the Service's chain.
+    text = lambda: sh("nft", "list", "chain", "ip", "portal", f"svc-{NS}/{name}/{protocol}/{port.name}", check=False)
+    wait_for(lambda: all(f"dnat to {ip}:" in text() for ip in BACKENDS.values()), f"the backends of {name}")
+    return core.read_namespaced_service(name, NS)
+
+
+def test_cluster_ip_reaches_every_ready_backend_from_a_pod_and_the_node(cluster):
+    service = serve(cluster, "web")
+    vip = service.spec.cluster_ip
+    from_pod = cluster.client("client", vip, 80, count=300)
+    assert from_pod["failures"] == 0, from_pod
+    assert set(from_pod["answers"]) == set(BACKENDS), from_pod
+    # Random choice: every backend gets a fair share (expected 100 each).
+    assert min(from_pod["answers"].values()) > 50, from_pod
+    # The client's own address is kept for cluster-IP traffic (P2).
+    assert from_pod["peers"] == [CLIENT_IP]
+    from_node = cluster.client(None, vip, 80, count=300)
+    assert from_node["failures"] == 0 and set(from_node["answers"]) == set(BACKENDS), from_node
+
+
+def test_client_ip_affinity_pins_one_backend(cluster):
+    service = serve(cluster, "sticky", sessionAffinity="ClientIP", sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}})
+    result = cluster.client("client", service.spec.cluster_ip, 80, count=100)
+    assert result["failures"] == 0 and len(result["answers"]) == 1, result
+
+
+def test_node_port_external_ip_and_load_balancer_address(cluster):
+    serve(cluster, "public", type="LoadBalancer", externalIPs=[EXTERNAL_IP])
+    core = cluster.portal.core()
+    ingress = wait_for(lambda: (core.read_namespaced_service("public", NS).status.load_balancer.ingress or [None])[0], "a load-balancer address")
+    service = core.read_namespaced_service("public", NS)
+    wait_rules(f"{ingress.ip} . tcp . 80", f"{EXTERNAL_IP} . tcp . 80")
+    node_port = service.spec.ports[0].node_port
+    for host, port in ((NODE_IP, node_port), (EXTERNAL_IP, 80), (ingress.ip, 80)):
+        result = cluster.client("client", host, port, count=60)
+        assert result["failures"] == 0 and set(result["answers"]) == set(BACKENDS), (host, port, result)
+        # Masqueraded: the endpoint may be on another node and must answer through this one.
+        assert result["peers"] == [GATEWAY], (host, port, result)
+    from_node = cluster.client(None, NODE_IP, node_port, count=30)
+    assert from_node["failures"] == 0, from_node
+
+
+def test_udp_service(cluster):
+    service = serve(cluster, "echo", ports=[{"name": "echo", "port": 53, "protocol": "UDP", "targetPort": "echo"}])
+    # A fresh socket per run of the client: one run is one flow (one backend).
+    answers = set()
+    for _ in range(12):
+        result = cluster.client("client", service.spec.cluster_ip, 53, count=5, udp=True)
+        assert result["failures"] == 0, result
+        answers |= set(result["answers"])
+    assert answers == set(BACKENDS)
+
+
+def test_service_without_endpoints_refuses_connections(cluster):
+    core = cluster.portal.core()
+    body = {"metadata": {"name": "empty"}, "spec": {"selector": {"app": "nothing"}, "ports": [{"port": 80}]}}
+    vip = core.create_namespaced_service(NS, body).spec.cluster_ip
+    wait_rules(f"{vip} . tcp . 80 : goto reject-no-endpoints")
+    started = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((vip, 80), timeout=5)
+    assert time.monotonic() - started < 2
+
+
+def test_headless_service_is_not_proxied(cluster):
+    core = cluster.portal.core()
+    make_service(core, "headless", clusterIP="None")
+    # A Service created after it is programmed, so the headless one was seen.
+    later = make_service(core, "after-headless")
+    wait_rules(f"{later.spec.cluster_ip} . tcp . 80")
+    assert "default/headless/" not in table()
+
+
+def test_unready_endpoint_gets_no_new_connections_after_one_sync(cluster):
+    service = cluster.portal.core().read_namespaced_service("web", NS)
+    core = cluster.portal.core()
+    discovery = client.DiscoveryV1Api(cluster.portal.api_client())
+    set_ready(core, "web-c", BACKENDS["web-c"], False)
+    try:
+        wait_for(lambda: ready_endpoints(discovery, "web") == {BACKENDS["web-a"], BACKENDS["web-b"]}, "web-c to leave")
+        # One sync later (min-sync-period 200ms) the kernel has it.
+        wait_for(lambda: BACKENDS["web-c"] not in chain("web"), "web-c out of the rules", timeout=3)
+        result = cluster.client("client", service.spec.cluster_ip, 80, count=200)
+        assert result["failures"] == 0 and set(result["answers"]) == {"web-a", "web-b"}, result
+    finally:
+        set_ready(core, "web-c", BACKENDS["web-c"], True)
+        wait_for(lambda: BACKENDS["web-c"] in chain("web"), "web-c back in the rules")
+
+
+def test_killed_proxy_keeps_traffic_and_restart_disturbs_nothing(cluster):
+    vip = cluster.portal.core().read_namespaced_service("web", NS).spec.cluster_ip
+    before = table()
+    # A long-lived connection, and new connections all along.
+    held = socket.create_connection((vip, 80), timeout=5)
+    first = held.makefile().readline().split()[0]
+    load = cluster.client("client", vip, 80, seconds=8, background=True)
+    time.sleep(1)
+    cluster.portal.kill()
+    time.sleep(2)
+    cluster.portal.start()
+    wait_for(lambda: syncs(cluster.portal) >= 1, "the first sync after the restart")
+    result = result_of(load)
+    assert result["failures"] == 0 and set(result["answers"]) == set(BACKENDS), result
+    held.sendall(b"again\n")
+    assert held.makefile().readline().split()[0] == first
+    held.close()
+    # Only the `kubernetes` Service moved: the restarted API server took another free port.
+    same = lambda listing: [t for t in normalized(listing) if f"dnat to {NODE_IP}:" not in t]
+    assert same(table()) == same(before)

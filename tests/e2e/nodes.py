@@ -19,6 +19,8 @@ import pathlib
 import subprocess
 import time
 
+from kubernetes import client
+
 HERE = pathlib.Path(__file__).resolve().parent
 CLONE_NEWNET = 0x40000000
 GATEWAY = "10.244.0.1"
@@ -176,3 +178,28 @@ def wait_for(check, what, timeout=15):
             return last
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}; last saw {last!r}")
+
+
+# Pods and Services through the API, as a node agent and a user would make them.
+NS = "default"
+
+
+def register_pod(core, name, ip, labels, ready=True):
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1PodSpec(node_name="node-1", containers=[client.V1Container(name="c", image="registry.local/app:1", ports=[client.V1ContainerPort(name="web", container_port=8080), client.V1ContainerPort(name="echo", container_port=5353, protocol="UDP")])]),
+    )
+    core.create_namespaced_pod(NS, pod)
+    set_ready(core, name, ip, ready)
+
+
+def set_ready(core, name, ip, ready):
+    pod = core.read_namespaced_pod(name, NS)
+    condition = client.V1PodCondition(type="Ready", status="True" if ready else "False", last_transition_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    pod.status = client.V1PodStatus(phase="Running", pod_ip=ip, conditions=[condition])
+    core.replace_namespaced_pod_status(name, NS, pod)
+
+
+def make_service(core, name, **spec):
+    body = {"metadata": {"name": name}, "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "web"}], **spec}}
+    return core.create_namespaced_service(NS, body)

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from conftest import Portal
-from nodes import GATEWAY, NODE_IP, Cluster, result_of, sh, wait_for
+from nodes import GATEWAY, NODE_IP, Cluster, make_service, register_pod, result_of, set_ready, sh, wait_for
 
 NS = "default"
 BACKENDS = {"web-a": "10.244.0.11", "web-b": "10.244.0.12", "web-c": "10.244.0.13"}
@@ -25,27 +25,6 @@ EXTERNAL_IP = "192.0.2.10"
 
 def server_args(mode):
     return ["--proxy-mode", mode, "--node-ip", NODE_IP, "--min-sync-period", "200ms", "--load-balancer-pool", LB_POOL]
-
-
-def register_pod(core, name, ip, labels, ready=True):
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels=labels),
-        spec=client.V1PodSpec(node_name="node-1", containers=[client.V1Container(name="c", image="registry.local/app:1", ports=[client.V1ContainerPort(name="web", container_port=8080), client.V1ContainerPort(name="echo", container_port=5353, protocol="UDP")])]),
-    )
-    core.create_namespaced_pod(NS, pod)
-    set_ready(core, name, ip, ready)
-
-
-def set_ready(core, name, ip, ready):
-    pod = core.read_namespaced_pod(name, NS)
-    condition = client.V1PodCondition(type="Ready", status="True" if ready else "False", last_transition_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    pod.status = client.V1PodStatus(phase="Running", pod_ip=ip, conditions=[condition])
-    core.replace_namespaced_pod_status(name, NS, pod)
-
-
-def make_service(core, name, **spec):
-    body = {"metadata": {"name": name}, "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "web"}], **spec}}
-    return core.create_namespaced_service(NS, body)
 
 
 def ready_endpoints(discovery, name):

@@ -179,7 +179,12 @@ impl Userspace {
                             self.listeners
                                 .get(&(key.clone(), p.port_name.clone(), p.protocol))?;
                         Some(ServicePort {
-                            endpoints: vec![listener.addr],
+                            // None yet: rejected in the kernel, as in kernel mode.
+                            endpoints: if p.endpoints.is_empty() {
+                                Vec::new()
+                            } else {
+                                vec![listener.addr]
+                            },
                             affinity: None,
                             // The listener on the node port serves it directly.
                             node_port: None,

@@ -144,6 +144,28 @@ def test_udp_service(cluster):
     assert answers == set(BACKENDS)
 
 
+def test_udp_flow_moves_when_its_endpoint_leaves(cluster):
+    """UDP has no connection to end: the conntrack entry must be deleted or
+    the flow keeps going to the removed endpoint (P2)."""
+    ports = [{"name": "echo", "port": 53, "protocol": "UDP", "targetPort": "echo"}]
+    vip = serve(cluster, "echo-flow", ports=ports).spec.cluster_ip
+    core = cluster.portal.core()
+    flow = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    flow.settimeout(2)
+    flow.sendto(b"ping", (vip, 53))
+    first = flow.recvfrom(2048)[0].decode().split()[0]
+    set_ready(core, first, BACKENDS[first], False)
+    try:
+        wait_for(lambda: f"dnat to {BACKENDS[first]}:" not in sh("nft", "list", "chain", "ip", "portal", f"svc-{NS}/echo-flow/udp/echo"), f"{first} out of the rules", timeout=5)
+        # Same socket, same flow: now answered by another backend.
+        flow.sendto(b"ping", (vip, 53))
+        assert flow.recvfrom(2048)[0].decode().split()[0] != first
+    finally:
+        flow.close()
+        set_ready(core, first, BACKENDS[first], True)
+        wait_for(lambda: f"dnat to {BACKENDS[first]}:" in sh("nft", "list", "chain", "ip", "portal", f"svc-{NS}/echo-flow/udp/echo"), f"{first} back in the rules")
+
+
 def test_service_without_endpoints_refuses_connections(cluster):
     core = cluster.portal.core()
     body = {"metadata": {"name": "empty"}, "spec": {"selector": {"app": "nothing"}, "ports": [{"port": 80}]}}

@@ -148,9 +148,14 @@ class Cluster:
 
     def close(self):
         for process in self.processes:
+            # SIGTERM first: a server (nginx) stops its own workers then.
             if process.poll() is None:
+                process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 process.kill()
-            process.wait()
+                process.wait()
         if self._home is not None:
             if _libc.setns(self._home, CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "setns back to the original namespace")

@@ -20,6 +20,7 @@ Usage: bench/proxy.py [--services N] [--endpoints M] [--seconds S] [--samples K]
 import argparse
 import concurrent.futures
 import datetime
+import json
 import os
 import pathlib
 import queue
@@ -85,6 +86,25 @@ def wrk(cluster, url, seconds, connections, threads=2, close=False):
     for pct, value, unit in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M):
         latency[pct] = float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
     return {"rps": rps, "p50": latency.get("50"), "p99": latency.get("99"), "errors": errors.group(1) if errors else ""}
+
+
+def connect_latency(cluster, host, port, rounds=3, count=3000):
+    """Median over rounds of connect-time p50/p99 (ms) from the client pod."""
+    runs = []
+    for _ in range(rounds):
+        argv = ["ip", "netns", "exec", cluster.pods["client"][0], "python3", str(ROOT / "tests" / "e2e" / "netns" / "connect_latency.py"), host, str(port), str(count)]
+        result = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+        if result["failures"]:
+            raise SystemExit(f"connects to {host}:{port} failed: {result}")
+        runs.append(result)
+    median = lambda key: sorted(r[key] for r in runs)[len(runs) // 2]
+    return {"p50": median("p50"), "p99": median("p99")}
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Api:
@@ -202,6 +222,7 @@ def main():
     parser.add_argument("--endpoints", type=int, default=50_000)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--only-userspace", action="store_true", help="only the userspace comparison (no table written)")
     args = parser.parse_args()
     per_service = max(1, args.endpoints // args.services)
     work = pathlib.Path(tempfile.mkdtemp(prefix="portal-bench-proxy-"))
@@ -230,15 +251,33 @@ def main():
             for what, url in (("the userspace listener", f"http://{NODE_IP}:{node_port}/"), ("HAProxy", f"http://{NODE_IP}:{HAPROXY_PORT}/")):
                 wait_for(lambda: subprocess.run(["ip", "netns", "exec", cluster.pods["client"][0], "wrk", "-t1", "-c1", "-d1s", url], capture_output=True).returncode == 0, what)
             load = {}
-            for label, url in (("direct", f"http://{BACKEND}:8080/"), ("HAProxy", f"http://{NODE_IP}:{HAPROXY_PORT}/"), ("Portal userspace", f"http://{NODE_IP}:{node_port}/")):
+            for label, url, pid in (("direct", f"http://{BACKEND}:8080/", None), ("HAProxy", f"http://{NODE_IP}:{HAPROXY_PORT}/", haproxy.pid), ("Portal userspace", f"http://{NODE_IP}:{node_port}/", proxy.pid)):
+                before = cpu_seconds(pid) if pid else 0.0
+                perf = None
+                if pid and os.environ.get("BENCH_PERF"):
+                    # A CPU profile of the proxy under load (perf report -i PATH).
+                    profiler = ["perf", "record", "-F", "999", "-g", "-o", f"{os.environ['BENCH_PERF']}.{pid}", "-p", str(pid), "--", "sleep", str(args.seconds)]
+                    if os.environ.get("BENCH_STRACE"):
+                        profiler = ["timeout", "-s", "INT", str(args.seconds), "strace", "-c", "-f", "-o", f"{os.environ['BENCH_PERF']}.{pid}.strace", "-p", str(pid)]
+                    perf = subprocess.Popen(profiler, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 load[label] = wrk(cluster, url, args.seconds, connections=64)
+                if perf:
+                    perf.wait()
+                if pid:
+                    # Requests per CPU-second of the proxy: what it costs, on a machine whose two cores the load generator and the backend share.
+                    load[label]["per_cpu"] = load[label]["rps"] * args.seconds / max(0.001, cpu_seconds(pid) - before)
                 print(label, load[label], file=sys.stderr)
             haproxy.kill()
             stop(proxy)
+            if args.only_userspace:
+                return
             subprocess.run(["nft", "delete", "table", "ip", "portal"], check=False)
             ratio = load["Portal userspace"]["rps"] / load["HAProxy"]["rps"]
             rows.append(("Userspace: requests/s, wrk 2 threads 64 connections, keep-alive (Portal / HAProxy / direct)",
                          f"{load['Portal userspace']['rps']:,.0f} / {load['HAProxy']['rps']:,.0f} / {load['direct']['rps']:,.0f} (**{ratio:.2f}× HAProxy**)"))
+            per_cpu = load["Portal userspace"]["per_cpu"] / load["HAProxy"]["per_cpu"]
+            rows.append(("Userspace: requests per CPU-second of the proxy process (Portal / HAProxy)",
+                         f"{load['Portal userspace']['per_cpu']:,.0f} / {load['HAProxy']['per_cpu']:,.0f} ({per_cpu:.2f}×)"))
             rows.append(("Userspace: p99 latency (Portal / HAProxy / direct)",
                          f"{load['Portal userspace']['p99']:.2f} / {load['HAProxy']['p99']:.2f} / {load['direct']['p99']:.2f} ms"))
 
@@ -247,24 +286,22 @@ def main():
             fill(api, 0, 99, per_service)
             wait_for(lambda: programmed() >= 100, "100 Services programmed", timeout=60)
             vip = web.spec.cluster_ip
-            latency = {}
-            latency["direct"] = wrk(cluster, f"http://{BACKEND}:8080/", args.seconds, connections=1, threads=1, close=True)
-            latency[100] = wrk(cluster, f"http://{vip}:80/", args.seconds, connections=1, threads=1, close=True)
+            latency = {100: connect_latency(cluster, vip, 80), "direct": connect_latency(cluster, BACKEND, 8080)}
             started = time.monotonic()
             fill(api, 99, args.services - 1, per_service)
             filled = time.monotonic() - started
             wait_for(lambda: programmed() >= args.services, f"{args.services} Services programmed", timeout=600)
             print(f"filled {args.services} Services in {filled:.0f} s", file=sys.stderr)
-            latency[args.services] = wrk(cluster, f"http://{vip}:80/", args.seconds, connections=1, threads=1, close=True)
-            latency["direct again"] = wrk(cluster, f"http://{BACKEND}:8080/", args.seconds, connections=1, threads=1, close=True)
+            latency[args.services] = connect_latency(cluster, vip, 80)
+            latency["direct again"] = connect_latency(cluster, BACKEND, 8080)
             print(latency, file=sys.stderr)
-            direct_p99 = min(latency["direct"]["p99"], latency["direct again"]["p99"])
-            rows.append(("Kernel: new-connection request p50 / p99, 100 Services",
-                         f"{latency[100]['p50']:.3f} / {latency[100]['p99']:.3f} ms"))
-            rows.append((f"Kernel: new-connection request p50 / p99, {args.services:,} Services",
-                         f"{latency[args.services]['p50']:.3f} / {latency[args.services]['p99']:.3f} ms (**p99 {latency[args.services]['p99'] / latency[100]['p99']:.2f}× the 100-Service p99**)"))
-            rows.append(("Kernel: direct to the pod p50 / p99 (before / after the fill)",
-                         f"{latency['direct']['p50']:.3f} / {latency['direct']['p99']:.3f} ms, {latency['direct again']['p50']:.3f} / {latency['direct again']['p99']:.3f} ms (**{args.services:,}-Service p99 {latency[args.services]['p99'] / direct_p99:.2f}× direct**)"))
+            big, small = latency[args.services], latency[100]
+            direct = min(latency["direct"]["p99"], latency["direct again"]["p99"])
+            rows.append(("Kernel: TCP connect through the cluster IP p50 / p99, 100 Services", f"{small['p50']:.3f} / {small['p99']:.3f} ms"))
+            rows.append((f"Kernel: TCP connect through the cluster IP p50 / p99, {args.services:,} Services",
+                         f"{big['p50']:.3f} / {big['p99']:.3f} ms (**p99 {big['p99'] / small['p99']:.2f}× the 100-Service p99**)"))
+            rows.append(("Kernel: TCP connect direct to the pod p50 / p99 (before / after the fill)",
+                         f"{latency['direct']['p50']:.3f} / {latency['direct']['p99']:.3f} ms, {latency['direct again']['p50']:.3f} / {latency['direct again']['p99']:.3f} ms (**{args.services:,}-Service p99 {big['p99'] / direct:.2f}× direct**)"))
 
             # 3. Programming latency: one endpoint changed -> rule in the kernel.
             # Line-buffered: nft buffers its output when it goes to a pipe.
@@ -288,11 +325,16 @@ def main():
             subprocess.run(["nft", "add", "chain", "ip", "bench-probe", "c"], check=True)
 
             def probe():
+                # Rarely: every change restarts the monitor's initial read.
                 subprocess.run(["nft", "add", "rule", "ip", "bench-probe", "c", "counter"], check=True)
-                time.sleep(0.5)
-                return any("bench-probe" in line for line in raw)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    if any("bench-probe" in line for line in raw):
+                        return True
+                    time.sleep(0.1)
+                return False
 
-            wait_for(probe, "nft monitor", timeout=120)
+            wait_for(probe, "nft monitor", timeout=300)
             subprocess.run(["nft", "delete", "table", "ip", "bench-probe"], check=True)
             outside = []
             for k in range(args.samples):

@@ -88,7 +88,7 @@ def wrk(cluster, url, seconds, connections, threads=2, close=False):
     return {"rps": rps, "p50": latency.get("50"), "p99": latency.get("99"), "errors": errors.group(1) if errors else ""}
 
 
-def connect_latency(cluster, host, port, rounds=3, count=3000):
+def connect_latency(cluster, host, port, rounds=5, count=3000):
     """Median over rounds of connect-time p50/p99 (ms) from the client pod."""
     runs = []
     for _ in range(rounds):
@@ -285,12 +285,14 @@ def main():
             proxy = start_proxy(portal.kubeconfig, "nftables", log)
             fill(api, 0, 99, per_service)
             wait_for(lambda: programmed() >= 100, "100 Services programmed", timeout=60)
+            time.sleep(5)  # let the fill's syncs settle
             vip = web.spec.cluster_ip
             latency = {100: connect_latency(cluster, vip, 80), "direct": connect_latency(cluster, BACKEND, 8080)}
             started = time.monotonic()
             fill(api, 99, args.services - 1, per_service)
             filled = time.monotonic() - started
             wait_for(lambda: programmed() >= args.services, f"{args.services} Services programmed", timeout=600)
+            time.sleep(5)
             print(f"filled {args.services} Services in {filled:.0f} s", file=sys.stderr)
             latency[args.services] = connect_latency(cluster, vip, 80)
             latency["direct again"] = connect_latency(cluster, BACKEND, 8080)

@@ -227,3 +227,103 @@ pub fn join<'a>(
     }
     ports
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(spec: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": spec,
+        }))
+        .unwrap_or_default()
+    }
+
+    fn slice(ports: serde_json::Value, endpoints: serde_json::Value) -> EndpointSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-x", "namespace": "default", "labels": {SERVICE_NAME_LABEL: "web"}},
+            "addressType": "IPv4",
+            "ports": ports,
+            "endpoints": endpoints,
+        }))
+        .unwrap_or_else(|_| EndpointSlice {
+            address_type: String::new(),
+            endpoints: Vec::new(),
+            metadata: Default::default(),
+            ports: None,
+        })
+    }
+
+    fn key() -> ServiceKey {
+        ServiceKey::new("default", "web")
+    }
+
+    #[test]
+    fn ports_join_the_ready_endpoints_of_every_slice_by_name_and_protocol() {
+        let web = service(serde_json::json!({
+            "clusterIP": "10.96.0.20",
+            "type": "LoadBalancer",
+            "externalIPs": ["192.0.2.10"],
+            "sessionAffinity": "ClientIP",
+            "ports": [
+                {"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080},
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+                {"name": "sctp", "port": 9, "protocol": "SCTP"},
+            ],
+        }));
+        let mut web = web;
+        web.status = serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}})).ok();
+        // A named target port may resolve to other numbers on other pods.
+        let a = slice(
+            serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
+            serde_json::json!([
+                {"addresses": ["10.244.0.5"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.0.6"], "conditions": {"ready": false}},
+                {"addresses": ["10.244.0.7"]},
+            ]),
+        );
+        let b = slice(
+            serde_json::json!([{"name": "http", "port": 9090, "protocol": "TCP"}]),
+            serde_json::json!([{"addresses": ["10.244.0.8"], "conditions": {"ready": true}}]),
+        );
+        let ports = join(&key(), &web, [&a, &b].into_iter());
+        assert_eq!(ports.len(), 2, "SCTP is not proxied");
+        let http = &ports[0];
+        assert_eq!(http.id(), "default/web/tcp/http");
+        assert_eq!(
+            http.endpoints,
+            vec![
+                "10.244.0.5:8080".parse().unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+                "10.244.0.7:8080".parse().unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+                "10.244.0.8:9090".parse().unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+            ]
+        );
+        assert_eq!(http.node_port, Some(30080));
+        assert_eq!(http.external_ips, vec![Ipv4Addr::new(192, 0, 2, 10)]);
+        assert_eq!(http.load_balancer_ips, vec![Ipv4Addr::new(198, 51, 100, 1)]);
+        assert_eq!(http.affinity, Some(DEFAULT_AFFINITY_SECONDS));
+        let dns = &ports[1];
+        assert_eq!((dns.protocol, dns.endpoints.len()), (Protocol::Udp, 2));
+    }
+
+    #[test]
+    fn an_unnamed_port_matches_the_unnamed_slice_port() {
+        let web = service(serde_json::json!({"clusterIP": "10.96.0.20", "ports": [{"port": 80}]}));
+        let s = slice(
+            serde_json::json!([{"port": 8080, "protocol": "TCP"}]),
+            serde_json::json!([{"addresses": ["10.244.0.5"]}]),
+        );
+        let ports = join(&key(), &web, std::iter::once(&s));
+        assert_eq!(ports[0].id(), "default/web/tcp/80");
+        assert_eq!(ports[0].endpoints.len(), 1);
+    }
+
+    #[test]
+    fn headless_and_external_name_services_are_not_proxied() {
+        let headless = service(serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}));
+        assert!(service_ports(&key(), &headless).is_empty());
+        let external = service(serde_json::json!({"type": "ExternalName", "externalName": "example.com"}));
+        assert!(service_ports(&key(), &external).is_empty());
+    }
+}

@@ -148,3 +148,53 @@ impl Tracker {
         model::join(key, service, slices)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(name: &str) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.20", "ports": [{"port": 80}]},
+        }))
+        .unwrap_or_default()
+    }
+
+    fn slice(service: &str, ip: &str) -> Option<EndpointSlice> {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("{service}-1"), "namespace": "default",
+                         "labels": {model::SERVICE_NAME_LABEL: service},
+                         "annotations": {TRIGGER_TIME_ANNOTATION: "2026-11-22T06:00:00.5Z"}},
+            "addressType": "IPv4",
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip]}],
+        }))
+        .ok()
+    }
+
+    #[test]
+    fn changes_are_merged_per_service_and_taken_once() {
+        let mut tracker = Tracker::default();
+        let web = ServiceKey::new("default", "web");
+        tracker.set_service(web.clone(), Some(service("web")));
+        tracker.set_slice("default", "web-1", slice("web", "10.244.0.5"));
+        tracker.set_slice("default", "web-1", slice("web", "10.244.0.6"));
+        assert_eq!(tracker.pending(), (1, 2));
+        let changes = tracker.take(false);
+        assert_eq!(changes.services.len(), 1);
+        assert_eq!(changes.services[&web][0].endpoints.len(), 1);
+        assert_eq!(changes.triggers.len(), 2);
+        assert!(!tracker.has_changes());
+        // The same object again is no change.
+        tracker.set_service(web.clone(), Some(service("web")));
+        tracker.set_slice("default", "web-1", slice("web", "10.244.0.6"));
+        assert!(tracker.take(false).services.is_empty());
+        // A full sync takes every Service; a deleted one comes with no ports.
+        tracker.set_service(ServiceKey::new("default", "db"), Some(service("db")));
+        tracker.set_service(web.clone(), None);
+        let full = tracker.take(true);
+        assert_eq!(full.services.len(), 2);
+        assert!(full.services[&web].is_empty());
+    }
+}

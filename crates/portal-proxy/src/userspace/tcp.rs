@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use super::balancer::Balancer;
 
@@ -37,11 +38,24 @@ pub(crate) fn local_v4(addr: SocketAddr) -> SocketAddrV4 {
     }
 }
 
+/// Concurrent connections per listener (bounded memory and descriptors);
+/// beyond it new connections are closed at once.
+const MAX_CONNECTIONS: usize = 16_384;
+
 pub(crate) async fn serve(listener: TcpListener, balancer: Arc<Balancer>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         match listener.accept().await {
             Ok((client, from)) => {
-                tokio::spawn(proxy(client, from, balancer.clone()));
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::debug!(%from, "userspace proxy: too many connections; closing");
+                    continue;
+                };
+                let balancer = balancer.clone();
+                tokio::spawn(async move {
+                    proxy(client, from, balancer).await;
+                    drop(slot);
+                });
             }
             Err(error) => {
                 // Out of file descriptors and the like: back off, keep serving.

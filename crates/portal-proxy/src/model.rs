@@ -273,7 +273,10 @@ mod tests {
             ],
         }));
         let mut web = web;
-        web.status = serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}})).ok();
+        web.status = serde_json::from_value(
+            serde_json::json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}),
+        )
+        .ok();
         // A named target port may resolve to other numbers on other pods.
         let a = slice(
             serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
@@ -294,9 +297,15 @@ mod tests {
         assert_eq!(
             http.endpoints,
             vec![
-                "10.244.0.5:8080".parse().unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
-                "10.244.0.7:8080".parse().unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
-                "10.244.0.8:9090".parse().unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+                "10.244.0.5:8080"
+                    .parse()
+                    .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+                "10.244.0.7:8080"
+                    .parse()
+                    .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+                "10.244.0.8:9090"
+                    .parse()
+                    .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
             ]
         );
         assert_eq!(http.node_port, Some(30080));
@@ -323,7 +332,8 @@ mod tests {
     fn headless_and_external_name_services_are_not_proxied() {
         let headless = service(serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}));
         assert!(service_ports(&key(), &headless).is_empty());
-        let external = service(serde_json::json!({"type": "ExternalName", "externalName": "example.com"}));
+        let external =
+            service(serde_json::json!({"type": "ExternalName", "externalName": "example.com"}));
         assert!(service_ports(&key(), &external).is_empty());
     }
 }

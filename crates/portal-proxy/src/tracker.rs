@@ -57,18 +57,10 @@ impl Tracker {
     pub fn set_slice(&mut self, namespace: &str, name: &str, slice: Option<EndpointSlice>) {
         let slot = (namespace.to_owned(), name.to_owned());
         let new_owner = slice.as_ref().and_then(model::slice_service);
-        if let Some(slice) = &slice {
-            let trigger = slice
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok());
-            self.triggers.extend(trigger);
-        }
-        if let Some((old_owner, old)) = self.slices.remove(&slot) {
-            if Some(&old) == slice.as_ref() && new_owner.as_ref() == Some(&old_owner) {
-                self.slices.insert(slot, (old_owner, old));
+        let old = self.slices.remove(&slot);
+        if let Some((old_owner, old_slice)) = old {
+            if Some(&old_slice) == slice.as_ref() && new_owner.as_ref() == Some(&old_owner) {
+                self.slices.insert(slot, (old_owner, old_slice));
                 return;
             }
             if let Some(names) = self.slices_of.get_mut(&old_owner) {
@@ -78,16 +70,25 @@ impl Tracker {
                 }
             }
             self.changed.insert(old_owner);
-            self.endpoint_changes += 1;
+        } else if new_owner.is_none() {
+            // Neither before nor now a slice of a Service: nothing to do.
+            return;
         }
+        self.endpoint_changes += 1;
         if let (Some(owner), Some(slice)) = (new_owner, slice) {
+            let trigger = slice
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+            self.triggers.extend(trigger);
             self.slices_of
                 .entry(owner.clone())
                 .or_default()
                 .insert(slot.clone());
             self.changed.insert(owner.clone());
             self.slices.insert(slot, (owner, slice));
-            self.endpoint_changes += 1;
         }
     }
 

@@ -101,7 +101,9 @@ impl<N: Nft> Nftables<N> {
     }
 
     fn full(&mut self, changes: &Changes) -> Result<(), Error> {
+        let started = std::time::Instant::now();
         let existing = self.nft.existing()?;
+        let listed = started.elapsed();
         let mut script = String::new();
         rules::render_base(&mut script);
         let mut applied = HashMap::new();
@@ -163,7 +165,9 @@ impl<N: Nft> Nftables<N> {
         {
             let _ = writeln!(script, "delete set {TABLE} {set}");
         }
+        let rendered = started.elapsed();
         self.nft.apply(&script)?;
+        tracing::debug!(?listed, ?rendered, applied = ?started.elapsed(), bytes = script.len(), "full sync");
         let before = std::mem::replace(&mut self.applied, applied);
         self.hairpin = hairpin.into_iter().collect();
         self.forget_udp_flows(before.values().map(|a| &a.ports[..]), changes);

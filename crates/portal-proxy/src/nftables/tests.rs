@@ -321,3 +321,45 @@ fn udp_and_tcp_ports_of_one_service_get_their_own_chains() {
     };
     assert_eq!(traced(&proxy, udp_packet), dnat(&["10.244.0.5:53"], false));
 }
+
+/// Writes the full-sync transaction for N Services of five endpoints to
+/// $PORTAL_NFT_SCRIPT, for timing `nft -f` by hand (ADR 0006).
+#[test]
+#[ignore = "a tool, not a test"]
+fn write_a_large_full_sync() {
+    let services: usize = std::env::var("PORTAL_NFT_SERVICES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10_000);
+    let ports: Vec<ServicePort> = (0..services)
+        .map(|s| {
+            let endpoint = |i: usize| {
+                let n = s * 5 + i;
+                SocketAddrV4::new(
+                    Ipv4Addr::new(
+                        10,
+                        245 + (n / 65536) as u8,
+                        (n / 256 % 256) as u8,
+                        (n % 256) as u8,
+                    ),
+                    8080,
+                )
+            };
+            ServicePort {
+                service: ServiceKey::new("bench", &format!("s{s}")),
+                cluster_ip: Ipv4Addr::new(
+                    10,
+                    96 + (s / 65536) as u8,
+                    (s / 256 % 256) as u8,
+                    (s % 256) as u8,
+                ),
+                endpoints: (0..5).map(endpoint).collect(),
+                ..web(&[])
+            }
+        })
+        .collect();
+    let mut proxy = Nftables::fake(FakeNft::default());
+    assert!(proxy.sync(&changes(&ports), true).is_ok());
+    let path = std::env::var("PORTAL_NFT_SCRIPT").unwrap_or_else(|_| "/tmp/portal-full.nft".into());
+    assert!(std::fs::write(path, last(&mut proxy)).is_ok());
+}

@@ -125,4 +125,8 @@ impl<N: nftables::Nft + 'static> runner::Backend for nftables::Nftables<N> {
     fn sync(&mut self, changes: &tracker::Changes, full: bool) -> Result<(), String> {
         nftables::Nftables::sync(self, changes, full).map_err(|e| e.to_string())
     }
+
+    fn tampered(&mut self) -> bool {
+        nftables::Nftables::tampered(self)
+    }
 }

@@ -20,7 +20,16 @@ pub(crate) trait Backend: Send + 'static {
     /// Applies the changes (all Services when `full`). An error makes the
     /// next sync a full one.
     fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), String>;
+
+    /// Asked at each periodic sync: has the data plane been changed behind
+    /// our back (a flushed ruleset)? Then the sync is a full one.
+    fn tampered(&mut self) -> bool {
+        false
+    }
 }
+
+/// A full sync at least this often, as kube-proxy does, whatever happened.
+const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
 #[derive(Debug)]
 pub(crate) struct Timing {
@@ -39,12 +48,33 @@ pub(crate) async fn run(
     let _ = listed.wait_for(|done| *done).await;
     let mut full = true;
     let mut last = Instant::now() - timing.min_sync_period;
+    let mut last_full = Instant::now();
+    let mut periodic = false;
     loop {
         let earliest = last + timing.min_sync_period;
         if Instant::now() < earliest {
             tokio::time::sleep_until(earliest).await;
         }
         let started = Instant::now();
+        if !full && started - last_full >= FULL_SYNC_PERIOD {
+            full = true;
+        }
+        if periodic && !full {
+            let checked = tokio::task::spawn_blocking(move || {
+                let tampered = backend.tampered();
+                (backend, tampered)
+            })
+            .await;
+            let Ok((checked, tampered)) = checked else {
+                tracing::error!("proxy check panicked; syncs stopped");
+                return;
+            };
+            backend = checked;
+            if tampered {
+                tracing::warn!("Portal's rules were changed from outside; rebuilding them");
+                full = true;
+            }
+        }
         let changes = {
             let mut tracker = tracker.lock();
             let changes = tracker.take(full);
@@ -53,8 +83,11 @@ pub(crate) async fn run(
         };
         let was_full = full;
         let joined = tokio::task::spawn_blocking(move || {
-            let result = backend.sync(&changes, was_full);
-            (result.map(|()| changes.triggers), backend)
+            let result = match backend.sync(&changes, was_full) {
+                Ok(()) => Ok(changes.triggers),
+                Err(error) => Err((error, changes.triggers)),
+            };
+            (result, backend)
         })
         .await;
         let Ok((result, returned)) = joined else {
@@ -67,13 +100,18 @@ pub(crate) async fn run(
         last = Instant::now();
         match result {
             Ok(triggers) => {
+                if was_full {
+                    last_full = started;
+                }
                 full = false;
                 metrics.observe_sync(took, was_full);
                 metrics.observe_programming(&triggers);
                 metrics.synced(started);
                 tracing::debug!(?took, full = was_full, "proxy rules synced");
             }
-            Err(error) => {
+            Err((error, triggers)) => {
+                // Still waiting to be programmed: measured when they are.
+                tracker.lock().requeue_triggers(triggers);
                 full = true;
                 metrics.failures.inc();
                 tracing::warn!(%error, "proxy sync failed; the next one is a full resync");
@@ -85,6 +123,6 @@ pub(crate) async fn run(
         } else {
             timing.sync_period
         };
-        let _ = tokio::time::timeout(retry, wake.notified()).await;
+        periodic = tokio::time::timeout(retry, wake.notified()).await.is_err();
     }
 }

@@ -23,8 +23,11 @@ pub struct Changes {
     pub triggers: Vec<jiff::Timestamp>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Tracker {
+    /// Trigger times before this are not this process's to measure (an
+    /// initial list carries every slice's last change, however old).
+    started: jiff::Timestamp,
     services: HashMap<ServiceKey, Service>,
     /// Slices by (namespace, name), with the Service each belongs to.
     slices: HashMap<(String, String), (ServiceKey, EndpointSlice)>,
@@ -35,7 +38,27 @@ pub struct Tracker {
     endpoint_changes: u64,
 }
 
+impl Default for Tracker {
+    fn default() -> Self {
+        Self {
+            started: jiff::Timestamp::now(),
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slices_of: HashMap::new(),
+            changed: BTreeSet::new(),
+            triggers: Vec::new(),
+            service_changes: 0,
+            endpoint_changes: 0,
+        }
+    }
+}
+
 impl Tracker {
+    /// Trigger times of a failed sync: measured when a later one succeeds.
+    pub fn requeue_triggers(&mut self, triggers: Vec<jiff::Timestamp>) {
+        self.triggers.extend(triggers);
+    }
+
     pub fn set_service(&mut self, key: ServiceKey, service: Option<Service>) {
         match service {
             Some(service) => {
@@ -81,7 +104,8 @@ impl Tracker {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .filter(|t| *t >= self.started);
             self.triggers.extend(trigger);
             self.slices_of
                 .entry(owner.clone())
@@ -185,7 +209,8 @@ mod tests {
         let changes = tracker.take(false);
         assert_eq!(changes.services.len(), 1);
         assert_eq!(changes.services[&web][0].endpoints.len(), 1);
-        assert_eq!(changes.triggers.len(), 2);
+        // Trigger times from before the tracker started are not measured.
+        assert!(changes.triggers.is_empty());
         assert!(!tracker.has_changes());
         // The same object again is no change.
         tracker.set_service(web.clone(), Some(service("web")));

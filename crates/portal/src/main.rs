@@ -63,8 +63,8 @@ struct ProxyTiming {
     /// Least time between two syncs: changes meanwhile are batched (e.g. 1s, 250ms, 0).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     min_sync_period: Duration,
-    /// Most time between two syncs.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// Most time between two syncs (not 0).
+    #[arg(long, default_value = "30s", value_parser = parse_period)]
     sync_period: Duration,
 }
 
@@ -91,6 +91,14 @@ impl ProxyMode {
             min_sync_period: timing.min_sync_period,
             sync_period: timing.sync_period,
         }
+    }
+}
+
+/// A duration that is not zero.
+fn parse_period(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        Duration::ZERO => Err("must be more than 0".into()),
+        period => Ok(period),
     }
 }
 

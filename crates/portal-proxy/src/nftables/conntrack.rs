@@ -1,21 +1,77 @@
-//! Deleting stale UDP conntrack entries with the `conntrack` command
-//! (conntrack-tools), as kube-proxy once did: the entries whose original
-//! destination is one of the Service port's addresses and whose reply
-//! comes from the endpoint that left.
+//! Stale UDP conntrack entries, deleted with the `conntrack` command
+//! (conntrack-tools). UDP has no connection to end, so without this a flow
+//! keeps going where its entry says:
+//! - to an endpoint that left: delete the entries whose original
+//!   destination is one of the Service port's addresses and whose reply
+//!   comes from that endpoint;
+//! - past a Service port that just got its first endpoints: a client that
+//!   sent before the rules existed has an entry without NAT; delete the
+//!   entries for the port's addresses (as kube-proxy does).
+//!
+//! What was programmed is remembered apart from the rule state, so a
+//! failed sync in between loses nothing.
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Command, Stdio};
 
-use crate::model::ServicePort;
+use crate::model::{Protocol, ServiceKey, ServicePort};
+use crate::tracker::Changes;
 
 #[derive(Debug, Default)]
 pub(crate) struct Conntrack {
+    /// UDP ports as last programmed.
+    programmed: HashMap<ServiceKey, Vec<ServicePort>>,
+    /// A first sync happened: before it, entries were made under the rules
+    /// a previous run left, which are still right.
+    primed: bool,
     /// Warned once that the command is missing.
     missing: bool,
 }
 
+fn udp(ports: &[ServicePort]) -> Vec<ServicePort> {
+    ports.iter().filter(|p| p.protocol == Protocol::Udp).cloned().collect()
+}
+
 impl Conntrack {
-    pub(crate) fn forget(&mut self, port: &ServicePort, endpoint: SocketAddrV4) {
+    /// After a successful sync of `changes` (every Service when `full`).
+    pub(crate) fn programmed(&mut self, changes: &Changes, full: bool) {
+        let mut now: Vec<(ServiceKey, Vec<ServicePort>)> = changes
+            .services
+            .iter()
+            .map(|(key, ports)| (key.clone(), udp(ports)))
+            .collect();
+        if full {
+            let gone = self.programmed.keys().filter(|k| !changes.services.contains_key(*k));
+            now.extend(gone.map(|k| (k.clone(), Vec::new())).collect::<Vec<_>>());
+        }
+        for (key, ports) in now {
+            let before = self.programmed.remove(&key).unwrap_or_default();
+            for old in &before {
+                // Matched by protocol and number: a renamed port is the same port.
+                let current = ports.iter().find(|p| p.port == old.port);
+                for endpoint in old.endpoints.iter().filter(|e| current.is_none_or(|c| !c.endpoints.contains(e))) {
+                    self.forget(old, Some(*endpoint));
+                }
+            }
+            if self.primed {
+                for new in ports.iter().filter(|p| !p.endpoints.is_empty()) {
+                    let served = before.iter().any(|b| b.port == new.port && !b.endpoints.is_empty());
+                    if !served {
+                        self.forget(new, None);
+                    }
+                }
+            }
+            if !ports.is_empty() {
+                self.programmed.insert(key, ports);
+            }
+        }
+        self.primed = true;
+    }
+
+    /// Deletes the UDP entries to `port`'s addresses (and node port) that
+    /// `endpoint` answers, or all of them.
+    fn forget(&mut self, port: &ServicePort, endpoint: Option<SocketAddrV4>) {
         let addresses: Vec<Ipv4Addr> = std::iter::once(port.cluster_ip)
             .chain(port.external_ips.iter().copied())
             .chain(port.load_balancer_ips.iter().copied())
@@ -34,23 +90,26 @@ impl Conntrack {
         if let Some(node_port) = port.node_port {
             filters.push(vec!["--orig-port-dst".into(), node_port.to_string()]);
         }
+        let reply: Vec<String> = endpoint.map_or_else(Vec::new, |e| {
+            vec![
+                "--reply-src".into(),
+                e.ip().to_string(),
+                "--reply-port-src".into(),
+                e.port().to_string(),
+            ]
+        });
         for filter in filters {
             let status = Command::new("conntrack")
                 .args(["-D", "-p", "udp"])
                 .args(&filter)
-                .args([
-                    "--reply-src",
-                    &endpoint.ip().to_string(),
-                    "--reply-port-src",
-                    &endpoint.port().to_string(),
-                ])
+                .args(&reply)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
             // Exit status 1 only means "no entry matched".
             if let Err(error) = status {
                 if !self.missing {
-                    tracing::warn!(%error, "cannot run conntrack: stale UDP flows to removed endpoints stay until they time out");
+                    tracing::warn!(%error, "cannot run conntrack: stale UDP flows stay until they time out");
                     self.missing = true;
                 }
                 return;

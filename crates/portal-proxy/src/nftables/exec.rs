@@ -52,8 +52,13 @@ fn run(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
         .spawn()
         .map_err(Error::Spawn)?;
     if let (Some(script), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(script.as_bytes())
-            .map_err(|e| Error::Rejected(format!("writing the transaction: {e}")))?;
+        if let Err(error) = pipe.write_all(script.as_bytes()) {
+            // nft quit early; reap it and report what it said.
+            drop(pipe);
+            let output = child.wait_with_output().map_err(Error::Spawn)?;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            return Err(Error::Rejected(format!("writing the transaction: {error}: {}", stderr.trim())));
+        }
     }
     let output = child.wait_with_output().map_err(Error::Spawn)?;
     if output.status.success() {

@@ -1,12 +1,12 @@
 //! Kernel mode (SPEC P2): Portal's own nftables table, kept equal to the
 //! Services and endpoints. A partial sync sends only the changed Services'
 //! chains, map elements and sets, in one transaction; a full sync (at
-//! start, after a failure) rewrites every chain and map in one transaction
-//! over whatever the table holds, so packets never see a half-built table,
-//! and deletes leftovers. The table stays when the proxy exits: traffic
-//! keeps flowing, and the next start's full sync changes nothing that was
-//! still right. Affinity sets are never flushed, so pinned clients stay
-//! pinned across restarts.
+//! start, after a failure, when the table was tampered with, and hourly)
+//! rewrites every chain and map in one transaction over whatever the table
+//! holds, so packets never see a half-built table, and deletes leftovers.
+//! The table stays when the proxy exits: traffic keeps flowing, and the
+//! next start's full sync changes nothing that was still right. Affinity
+//! sets are never flushed, so pinned clients stay pinned across restarts.
 
 mod conntrack;
 mod exec;
@@ -15,30 +15,35 @@ pub(crate) mod rules;
 mod tests;
 #[cfg(test)]
 mod tracer;
+mod transaction;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 
 pub use exec::{Error, Existing, FakeNft, Nft, NftCommand};
 use rules::{External, ServiceRules, HAIRPIN, TABLE};
+use transaction::Transaction;
 
-use crate::model::{Protocol, ServiceKey, ServicePort};
+use crate::model::{ServiceKey, ServicePort};
 use crate::tracker::Changes;
 
-/// What one Service has in the kernel now.
-#[derive(Debug, Default)]
-struct Applied {
-    ports: Vec<ServicePort>,
-    rules: ServiceRules,
-}
+/// A map key (`map`, `key`), e.g. an external IP and port.
+type ElementKey = (&'static str, String);
 
 /// Keeps Portal's table equal to the Services it is given.
 #[derive(Debug)]
 pub struct Nftables<N> {
     nft: N,
     external: External,
-    applied: HashMap<ServiceKey, Applied>,
+    /// Every Service's ports as last given.
+    services: HashMap<ServiceKey, Vec<ServicePort>>,
+    /// What each Service has in the kernel now.
+    applied: HashMap<ServiceKey, ServiceRules>,
+    /// Services wanting each map key. Keys are not unique across Services
+    /// (two may list the same external IP and port, as Kubernetes allows):
+    /// the first by name owns it, the others get it when it is released.
+    claims: HashMap<ElementKey, BTreeSet<ServiceKey>>,
     /// Services using each hairpin address.
     hairpin: HashMap<Ipv4Addr, usize>,
     /// Deletes stale UDP conntrack entries (none in tests).
@@ -67,7 +72,9 @@ impl<N: Nft> Nftables<N> {
         Self {
             nft,
             external,
+            services: HashMap::new(),
             applied: HashMap::new(),
+            claims: HashMap::new(),
             hairpin: HashMap::new(),
             conntrack,
         }
@@ -83,6 +90,11 @@ impl<N: Nft> Nftables<N> {
         &mut self.nft
     }
 
+    #[cfg(test)]
+    pub(crate) fn applied(&self) -> impl Iterator<Item = &ServiceRules> {
+        self.applied.values()
+    }
+
     /// Applies `changes`: every Service when `full` (the table is rebuilt
     /// in one transaction), else only those in `changes`.
     pub fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), Error> {
@@ -91,56 +103,103 @@ impl<N: Nft> Nftables<N> {
         } else {
             self.partial(changes)
         };
-        if result.is_err() {
-            // The kernel may hold anything now: the next sync is a full one
-            // and must not trust what we think is applied.
-            self.applied.clear();
-            self.hairpin.clear();
+        match result {
+            Ok(()) => {
+                if let Some(conntrack) = &mut self.conntrack {
+                    conntrack.programmed(changes, full);
+                }
+            }
+            Err(_) => {
+                // The kernel may hold anything now: the next sync is a full
+                // one and must not trust what we think is applied.
+                self.services.clear();
+                self.applied.clear();
+                self.claims.clear();
+                self.hairpin.clear();
+            }
         }
         result
+    }
+
+    /// Whether Portal's table is gone or lost its dispatch chain (someone
+    /// flushed the ruleset): then only a full sync repairs it.
+    pub fn tampered(&mut self) -> bool {
+        self.nft.existing().is_ok_and(|existing| {
+            !existing.chains.iter().any(|c| c == "services")
+        })
+    }
+
+    /// Records the element keys `rules` wants for `key`.
+    fn claim(&mut self, key: &ServiceKey, rules: &ServiceRules, claim: bool) {
+        for element in rules.elements.keys() {
+            if claim {
+                self.claims.entry(element.clone()).or_default().insert(key.clone());
+            } else if let Some(owners) = self.claims.get_mut(element) {
+                owners.remove(key);
+                if owners.is_empty() {
+                    self.claims.remove(element);
+                }
+            }
+        }
+    }
+
+    /// `key`'s rules without the map keys another Service owns.
+    fn owned(&self, key: &ServiceKey) -> ServiceRules {
+        let ports = self.services.get(key).map_or(&[][..], |p| &p[..]);
+        let mut rules = rules::service_rules(ports, self.external);
+        rules.elements.retain(|element, _| {
+            let owner = self.claims.get(element).and_then(|owners| owners.first());
+            if owner != Some(key) {
+                tracing::warn!(service = %key, map = element.0, key = %element.1, owner = ?owner, "another Service has this address and port; not programmed");
+                return false;
+            }
+            true
+        });
+        rules
     }
 
     fn full(&mut self, changes: &Changes) -> Result<(), Error> {
         let started = std::time::Instant::now();
         let existing = self.nft.existing()?;
         let listed = started.elapsed();
+        self.services = changes
+            .services
+            .iter()
+            .filter(|(_, ports)| !ports.is_empty())
+            .map(|(key, ports)| (key.clone(), ports.clone()))
+            .collect();
+        self.claims.clear();
+        let keys: Vec<ServiceKey> = self.services.keys().cloned().collect();
+        for key in &keys {
+            let rules = rules::service_rules(&self.services[key], self.external);
+            self.claim(key, &rules, true);
+        }
         let mut script = String::new();
         rules::render_base(&mut script);
         let mut applied = HashMap::new();
         let mut hairpin: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
         let (mut chains, mut sets) = (BTreeSet::new(), BTreeSet::new());
-        for (key, ports) in &changes.services {
-            let rules = rules::service_rules(ports, self.external);
+        for key in &keys {
+            let rules = self.owned(key);
             for (set, timeout) in &rules.sets {
                 // Not flushed: affinity survives a resync.
                 let _ = writeln!(script, "add set {TABLE} {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {timeout}s ; }}");
                 sets.insert(set.clone());
             }
             for chain in rules.chains.keys() {
-                let _ = writeln!(
-                    script,
-                    "add chain {TABLE} {chain}\nflush chain {TABLE} {chain}"
-                );
+                let _ = writeln!(script, "add chain {TABLE} {chain}\nflush chain {TABLE} {chain}");
                 chains.insert(chain.clone());
             }
             for (chain, chain_rules) in &rules.chains {
                 rules::render_rules(&mut script, chain, chain_rules);
             }
-            for ((map, key), verdict) in &rules.elements {
-                let _ = writeln!(script, "add element {TABLE} {map} {{ {key} : {verdict} }}");
+            for ((map, element), verdict) in &rules.elements {
+                let _ = writeln!(script, "add element {TABLE} {map} {{ {element} : {verdict} }}");
             }
             for ip in &rules.hairpin {
                 *hairpin.entry(*ip).or_default() += 1;
             }
-            if !ports.is_empty() {
-                applied.insert(
-                    key.clone(),
-                    Applied {
-                        ports: ports.clone(),
-                        rules,
-                    },
-                );
-            }
+            applied.insert(key.clone(), rules);
         }
         for ip in hairpin.keys() {
             let _ = writeln!(script, "add element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}");
@@ -158,186 +217,57 @@ impl<N: Nft> Nftables<N> {
         for chain in &stale_chains {
             let _ = writeln!(script, "delete chain {TABLE} {chain}");
         }
-        for set in existing
-            .sets
-            .iter()
-            .filter(|s| !sets.contains(*s) && s.as_str() != HAIRPIN)
-        {
+        for set in existing.sets.iter().filter(|s| !sets.contains(*s) && s.as_str() != HAIRPIN) {
             let _ = writeln!(script, "delete set {TABLE} {set}");
         }
         let rendered = started.elapsed();
         self.nft.apply(&script)?;
         tracing::debug!(?listed, ?rendered, applied = ?started.elapsed(), bytes = script.len(), "full sync");
-        let before = std::mem::replace(&mut self.applied, applied);
+        self.applied = applied;
         self.hairpin = hairpin.into_iter().collect();
-        self.forget_udp_flows(before.values().map(|a| &a.ports[..]), changes);
         Ok(())
     }
 
     fn partial(&mut self, changes: &Changes) -> Result<(), Error> {
+        // Update what every changed Service wants, and find every Service
+        // whose rules may change: the changed ones, and those sharing a map
+        // key with them (ownership may move).
+        let mut affected = BTreeSet::new();
+        for (key, ports) in &changes.services {
+            let old = self.services.get(key).map(|p| rules::service_rules(p, self.external));
+            let new = rules::service_rules(ports, self.external);
+            if let Some(old) = &old {
+                self.claim(key, old, false);
+            }
+            self.claim(key, &new, true);
+            for element in old.iter().flat_map(|r| r.elements.keys()).chain(new.elements.keys()) {
+                affected.extend(self.claims.get(element).into_iter().flatten().cloned());
+            }
+            affected.insert(key.clone());
+            if ports.is_empty() {
+                self.services.remove(key);
+            } else {
+                self.services.insert(key.clone(), ports.clone());
+            }
+        }
         let mut tx = Transaction::default();
         let mut next = Vec::new();
-        for (key, ports) in &changes.services {
-            let old = self.applied.get(key);
-            let new = rules::service_rules(ports, self.external);
-            let empty = ServiceRules::default();
-            tx.diff(old.map_or(&empty, |a| &a.rules), &new, &mut self.hairpin);
-            next.push((key.clone(), ports.clone(), new));
+        let empty = ServiceRules::default();
+        for key in affected {
+            let new = self.owned(&key);
+            tx.diff(self.applied.get(&key).unwrap_or(&empty), &new, &mut self.hairpin);
+            next.push((key, new));
         }
         if !tx.is_empty() {
             self.nft.apply(&tx.finish())?;
         }
-        let mut before = Vec::new();
-        for (key, ports, rules) in next {
-            let old = if ports.is_empty() {
-                self.applied.remove(&key)
+        for (key, rules) in next {
+            if self.services.contains_key(&key) {
+                self.applied.insert(key, rules);
             } else {
-                self.applied.insert(key, Applied { ports, rules })
-            };
-            before.extend(old);
+                self.applied.remove(&key);
+            }
         }
-        self.forget_udp_flows(before.iter().map(|a| &a.ports[..]), changes);
         Ok(())
-    }
-
-    /// UDP has no connection to end: entries NATed to an endpoint that left
-    /// would keep sending there until they time out (P2).
-    fn forget_udp_flows<'a>(
-        &mut self,
-        before: impl Iterator<Item = &'a [ServicePort]>,
-        changes: &Changes,
-    ) {
-        let Some(conntrack) = &mut self.conntrack else {
-            return;
-        };
-        let now: HashMap<(ServiceKey, String), &ServicePort> = changes
-            .services
-            .values()
-            .flatten()
-            .map(|p| ((p.service.clone(), p.port_name.clone()), p))
-            .collect();
-        for old in before.flatten().filter(|p| p.protocol == Protocol::Udp) {
-            let current = now.get(&(old.service.clone(), old.port_name.clone()));
-            let gone: Vec<SocketAddrV4> = old
-                .endpoints
-                .iter()
-                .filter(|e| current.is_none_or(|c| !c.endpoints.contains(e)))
-                .copied()
-                .collect();
-            for endpoint in gone {
-                conntrack.forget(old, endpoint);
-            }
-        }
-    }
-}
-
-/// A partial sync's statements, in an order the kernel accepts within one
-/// transaction: new sets and chains before anything refers to them,
-/// deletions after the last reference is gone.
-#[derive(Debug, Default)]
-struct Transaction {
-    add_sets: String,
-    add_chains: String,
-    delete_elements: String,
-    fill_chains: String,
-    add_elements: String,
-    delete_chains: String,
-    delete_sets: String,
-}
-
-impl Transaction {
-    fn diff(
-        &mut self,
-        old: &ServiceRules,
-        new: &ServiceRules,
-        hairpin: &mut HashMap<Ipv4Addr, usize>,
-    ) {
-        // The timeout is part of a set's name: sets are only added or deleted.
-        for (set, timeout) in new.sets.iter().filter(|(s, _)| !old.sets.contains_key(*s)) {
-            let _ = writeln!(self.add_sets, "add set {TABLE} {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {timeout}s ; }}");
-        }
-        for set in old.sets.keys().filter(|s| !new.sets.contains_key(*s)) {
-            let _ = writeln!(self.delete_sets, "delete set {TABLE} {set}");
-        }
-        for ((map, key), verdict) in &old.elements {
-            if new.elements.get(&(*map, key.clone())) != Some(verdict) {
-                let _ = writeln!(
-                    self.delete_elements,
-                    "delete element {TABLE} {map} {{ {key} }}"
-                );
-            }
-        }
-        for ((map, key), verdict) in &new.elements {
-            if old.elements.get(&(*map, key.clone())) != Some(verdict) {
-                let _ = writeln!(
-                    self.add_elements,
-                    "add element {TABLE} {map} {{ {key} : {verdict} }}"
-                );
-            }
-        }
-        for (chain, rules) in &new.chains {
-            match old.chains.get(chain) {
-                Some(old_rules) if old_rules == rules => continue,
-                Some(_) => {}
-                None => {
-                    let _ = writeln!(self.add_chains, "add chain {TABLE} {chain}");
-                }
-            }
-            let _ = writeln!(self.fill_chains, "flush chain {TABLE} {chain}");
-            rules::render_rules(&mut self.fill_chains, chain, rules);
-        }
-        for chain in old.chains.keys().filter(|c| !new.chains.contains_key(*c)) {
-            let _ = writeln!(self.fill_chains, "flush chain {TABLE} {chain}");
-            let _ = writeln!(self.delete_chains, "delete chain {TABLE} {chain}");
-        }
-        for ip in new.hairpin.difference(&old.hairpin) {
-            let count = hairpin.entry(*ip).or_default();
-            *count += 1;
-            if *count == 1 {
-                let _ = writeln!(
-                    self.add_elements,
-                    "add element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}"
-                );
-            }
-        }
-        for ip in old.hairpin.difference(&new.hairpin) {
-            if let Some(count) = hairpin.get_mut(ip) {
-                *count -= 1;
-                if *count == 0 {
-                    hairpin.remove(ip);
-                    let _ = writeln!(
-                        self.delete_elements,
-                        "delete element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}"
-                    );
-                }
-            }
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        [
-            &self.add_sets,
-            &self.add_chains,
-            &self.delete_elements,
-            &self.fill_chains,
-            &self.add_elements,
-            &self.delete_chains,
-            &self.delete_sets,
-        ]
-        .iter()
-        .all(|s| s.is_empty())
-    }
-
-    fn finish(self) -> String {
-        [
-            self.add_sets,
-            self.add_chains,
-            self.delete_elements,
-            self.fill_chains,
-            self.add_elements,
-            self.delete_chains,
-            self.delete_sets,
-        ]
-        .concat()
     }
 }

@@ -263,7 +263,7 @@ const BASE: [(&str, &str, &[&str]); 10] = [
             "ip daddr . meta l4proto . th dport vmap @cluster-ips",
             "ip daddr . meta l4proto . th dport vmap @external-ips",
             "ip daddr . meta l4proto . th dport vmap @load-balancer-ips",
-            "fib daddr type local meta l4proto . th dport vmap @node-ports",
+            "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @node-ports",
         ],
     ),
     (

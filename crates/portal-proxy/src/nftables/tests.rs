@@ -70,7 +70,7 @@ fn packet(dst: &str, port: u16) -> Packet {
 }
 
 fn traced(proxy: &Nftables<FakeNft>, packet: Packet) -> Outcome {
-    trace(proxy.applied.values().map(|a| &a.rules), packet)
+    trace(proxy.applied(), packet)
 }
 
 fn dnat(endpoints: &[&str], masquerade: bool) -> Outcome {
@@ -269,7 +269,7 @@ fn a_failed_sync_makes_the_next_one_rebuild_and_remove_leftovers() {
     assert!(proxy
         .sync(&changes(&[web(&["10.244.0.6:8080"])]), false)
         .is_err());
-    assert!(proxy.applied.is_empty());
+    assert_eq!(proxy.applied().count(), 0);
     proxy.nft().existing.chains = vec![
         "services".into(),
         "svc-gone/old/tcp/80".into(),

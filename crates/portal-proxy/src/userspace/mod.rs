@@ -39,6 +39,21 @@ impl Drop for Listener {
     }
 }
 
+/// Binds, waiting briefly while the address is still held by a listener
+/// whose task was just aborted (abort takes effect asynchronously).
+fn retry_in_use<T>(mut bind: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let mut attempts = 0;
+    loop {
+        match bind() {
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && attempts < 20 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            result => return result,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Userspace {
     bind: Ipv4Addr,
@@ -46,6 +61,9 @@ pub struct Userspace {
     redirect: Option<Nftables<NftCommand>>,
     handle: Handle,
     listeners: HashMap<(ServiceKey, String, Protocol), Listener>,
+    /// Services with a port that could not listen (node port taken):
+    /// tried again at each sync without failing the others.
+    unbound: BTreeMap<ServiceKey, Vec<ServicePort>>,
 }
 
 impl Userspace {
@@ -57,6 +75,7 @@ impl Userspace {
             redirect: redirect.map(|_| Nftables::redirecting()),
             handle,
             listeners: HashMap::new(),
+            unbound: BTreeMap::new(),
         }
     }
 
@@ -116,14 +135,15 @@ impl Userspace {
         })
     }
 
-    fn sync_listeners(&mut self, changes: &Changes, full: bool) -> Result<(), String> {
-        let mut failures = Vec::new();
+    /// Opens, updates and closes listeners for `services` (every Service
+    /// when `full`).
+    fn sync_listeners(&mut self, services: &BTreeMap<ServiceKey, Vec<ServicePort>>, full: bool) {
         if full {
             // Keep listeners of Services still present (no reconnects).
             self.listeners
-                .retain(|(key, _, _), _| changes.services.contains_key(key));
+                .retain(|(key, _, _), _| services.contains_key(key));
         }
-        for (key, ports) in &changes.services {
+        for (key, ports) in services {
             let wanted: Vec<(String, Protocol)> = ports
                 .iter()
                 .map(|p| (p.port_name.clone(), p.protocol))
@@ -154,14 +174,12 @@ impl Userspace {
                             },
                         );
                     }
-                    Err(error) => failures.push(format!("{}: {error}", port.id())),
+                    Err(error) => {
+                        tracing::warn!(service = %port.id(), node_port = ?port.node_port, %error, "cannot listen; retrying at the next sync");
+                        self.unbound.insert(key.clone(), ports.clone());
+                    }
                 }
             }
-        }
-        if failures.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("cannot listen for {}", failures.join(", ")))
         }
     }
 
@@ -204,11 +222,21 @@ impl Userspace {
 
 impl crate::runner::Backend for Userspace {
     fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), String> {
-        let listening = self.sync_listeners(changes, full);
-        let redirected = self.redirect.is_some().then(|| self.redirected(changes));
-        if let (Some(nft), Some(redirected)) = (&mut self.redirect, redirected) {
-            nft.sync(&redirected, full).map_err(|e| e.to_string())?;
+        // Services with a port that could not listen last time are tried again.
+        let mut services = if full { BTreeMap::new() } else { std::mem::take(&mut self.unbound) };
+        self.unbound.clear();
+        services.extend(changes.services.iter().map(|(k, p)| (k.clone(), p.clone())));
+        self.sync_listeners(&services, full);
+        if self.redirect.is_some() {
+            let redirected = self.redirected(&Changes { services, triggers: Vec::new() });
+            if let Some(nft) = &mut self.redirect {
+                nft.sync(&redirected, full).map_err(|e| e.to_string())?;
+            }
         }
-        listening
+        Ok(())
+    }
+
+    fn tampered(&mut self) -> bool {
+        self.redirect.as_mut().is_some_and(Nftables::tampered)
     }
 }

@@ -22,7 +22,7 @@ const ATTEMPTS: [Duration; 4] = [
 pub(crate) fn listen(addr: SocketAddrV4) -> std::io::Result<TcpListener> {
     let socket = tokio::net::TcpSocket::new_v4()?;
     socket.set_reuseaddr(true)?;
-    socket.bind(addr.into())?;
+    super::retry_in_use(|| socket.bind(addr.into()))?;
     socket.listen(1024)
 }
 
@@ -68,20 +68,17 @@ pub(crate) async fn serve(listener: TcpListener, balancer: Arc<Balancer>) {
 
 async fn proxy(mut client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>) {
     let mut upstream = None;
-    for (endpoint, timeout) in balancer
-        .candidates(from.ip(), ATTEMPTS.len())
-        .into_iter()
-        .zip(ATTEMPTS)
-    {
-        match tokio::time::timeout(timeout, TcpStream::connect(endpoint)).await {
+    let candidates = balancer.candidates(from.ip(), ATTEMPTS.len());
+    // Every attempt is made, cycling through the candidates: one lost SYN
+    // to a single endpoint must not fail the client.
+    for (endpoint, timeout) in candidates.iter().cycle().zip(ATTEMPTS) {
+        match tokio::time::timeout(timeout, TcpStream::connect(*endpoint)).await {
             Ok(Ok(stream)) => {
-                balancer.used(from.ip(), endpoint);
+                balancer.used(from.ip(), *endpoint);
                 upstream = Some(stream);
                 break;
             }
-            Ok(Err(error)) => {
-                tracing::debug!(%endpoint, %error, "connect failed; trying another endpoint")
-            }
+            Ok(Err(error)) => tracing::debug!(%endpoint, %error, "connect failed; trying another endpoint"),
             Err(_) => tracing::debug!(%endpoint, "connect timed out; trying another endpoint"),
         }
     }
@@ -89,7 +86,16 @@ async fn proxy(mut client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>)
         // Closing the client connection is all we can tell it.
         return;
     };
-    let _ = client.set_nodelay(true);
-    let _ = upstream.set_nodelay(true);
+    for stream in [&client, &upstream] {
+        let _ = stream.set_nodelay(true);
+        // Dead peers are found and their slots freed.
+        let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&KEEPALIVE);
+    }
     let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
 }
+
+static KEEPALIVE: std::sync::LazyLock<socket2::TcpKeepalive> = std::sync::LazyLock::new(|| {
+    socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10))
+});

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::net::UdpSocket;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use super::balancer::Balancer;
 
@@ -19,24 +21,35 @@ const MAX_SESSIONS: usize = 4096;
 const MAX_DATAGRAM: usize = 65_536;
 
 pub(crate) fn bind(addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
-    let socket = std::net::UdpSocket::bind(addr)?;
+    let socket = super::retry_in_use(|| std::net::UdpSocket::bind(addr))?;
     socket.set_nonblocking(true)?;
     UdpSocket::from_std(socket)
 }
 
-type Sessions = Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>;
+/// A client's session: its socket to the endpoint, and when the client
+/// last sent (replies alone do not keep a session alive).
+#[derive(Debug)]
+struct Session {
+    upstream: Arc<UdpSocket>,
+    last_sent: Mutex<Instant>,
+}
+
+type Sessions = Arc<Mutex<HashMap<SocketAddr, Arc<Session>>>>;
 
 pub(crate) async fn serve(socket: UdpSocket, balancer: Arc<Balancer>) {
     let socket = Arc::new(socket);
     let sessions: Sessions = Arc::default();
+    // The sessions' tasks end with this one (the listener closes with them).
+    let mut relays = JoinSet::new();
     let mut buffer = vec![0u8; MAX_DATAGRAM];
     loop {
+        while relays.try_join_next().is_some() {}
         let Ok((len, client)) = socket.recv_from(&mut buffer).await else {
             continue;
         };
         let existing = sessions.lock().get(&client).cloned();
-        let upstream = match existing {
-            Some(upstream) => upstream,
+        let session = match existing {
+            Some(session) => session,
             None => {
                 if sessions.lock().len() >= MAX_SESSIONS {
                     continue;
@@ -44,17 +57,17 @@ pub(crate) async fn serve(socket: UdpSocket, balancer: Arc<Balancer>) {
                 let Some(upstream) = open(client, &balancer).await else {
                     continue;
                 };
-                sessions.lock().insert(client, upstream.clone());
-                tokio::spawn(relay_replies(
-                    socket.clone(),
-                    upstream.clone(),
-                    client,
-                    sessions.clone(),
-                ));
-                upstream
+                let session = Arc::new(Session {
+                    upstream,
+                    last_sent: Mutex::new(Instant::now()),
+                });
+                sessions.lock().insert(client, session.clone());
+                relays.spawn(relay_replies(socket.clone(), session.clone(), client, sessions.clone()));
+                session
             }
         };
-        let _ = upstream.send(&buffer[..len]).await;
+        *session.last_sent.lock() = Instant::now();
+        let _ = session.upstream.send(&buffer[..len]).await;
     }
 }
 
@@ -73,15 +86,18 @@ async fn open(client: SocketAddr, balancer: &Balancer) -> Option<Arc<UdpSocket>>
     None
 }
 
-async fn relay_replies(
-    listener: Arc<UdpSocket>,
-    upstream: Arc<UdpSocket>,
-    client: SocketAddr,
-    sessions: Sessions,
-) {
+async fn relay_replies(listener: Arc<UdpSocket>, session: Arc<Session>, client: SocketAddr, sessions: Sessions) {
     let mut buffer = vec![0u8; MAX_DATAGRAM];
-    while let Ok(Ok(len)) = tokio::time::timeout(IDLE, upstream.recv(&mut buffer)).await {
-        let _ = listener.send_to(&buffer[..len], client).await;
+    loop {
+        match tokio::time::timeout(IDLE, session.upstream.recv(&mut buffer)).await {
+            Ok(Ok(len)) => {
+                let _ = listener.send_to(&buffer[..len], client).await;
+            }
+            // Quiet upstream: the session lives while the client sends.
+            Err(_) if session.last_sent.lock().elapsed() < IDLE => {}
+            // Idle both ways, or the endpoint refused (ICMP): end it.
+            _ => break,
+        }
     }
     sessions.lock().remove(&client);
 }

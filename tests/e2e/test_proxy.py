@@ -137,10 +137,13 @@ def test_udp_service(cluster):
     service = serve(cluster, "echo", ports=[{"name": "echo", "port": 53, "protocol": "UDP", "targetPort": "echo"}])
     # A fresh socket per run of the client: one run is one flow (one backend).
     answers = set()
-    for _ in range(12):
-        result = cluster.client("client", service.spec.cluster_ip, 53, count=5, udp=True)
-        assert result["failures"] == 0, result
+    # 3 x (2/3)^30 = 2e-5: the chance random choice misses a backend.
+    for _ in range(30):
+        result = cluster.client("client", service.spec.cluster_ip, 53, count=3, udp=True)
+        assert result["failures"] == 0 and len(result["answers"]) == 1, result
         answers |= set(result["answers"])
+        if answers == set(BACKENDS):
+            break
     assert answers == set(BACKENDS)
 
 
@@ -157,9 +160,13 @@ def test_udp_flow_moves_when_its_endpoint_leaves(cluster):
     set_ready(core, first, BACKENDS[first], False)
     try:
         wait_for(lambda: f"dnat to {BACKENDS[first]}:" not in sh("nft", "list", "chain", "ip", "portal", f"svc-{NS}/echo-flow/udp/echo"), f"{first} out of the rules", timeout=5)
-        # Same socket, same flow: now answered by another backend.
-        flow.sendto(b"ping", (vip, 53))
-        assert flow.recvfrom(2048)[0].decode().split()[0] != first
+        # Same socket, same flow: answered by another backend once the
+        # conntrack entry is deleted (right after the rules change). Without
+        # the deletion every datagram keeps the entry alive and goes to `first`.
+        def moved():
+            flow.sendto(b"ping", (vip, 53))
+            return flow.recvfrom(2048)[0].decode().split()[0] != first
+        wait_for(moved, "the flow to move", timeout=3)
     finally:
         flow.close()
         set_ready(core, first, BACKENDS[first], True)
@@ -175,6 +182,15 @@ def test_service_without_endpoints_refuses_connections(cluster):
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((vip, 80), timeout=5)
     assert time.monotonic() - started < 2
+
+
+def test_no_endpoints_is_refused_from_a_pod_too(cluster):
+    core = cluster.portal.core()
+    body = {"metadata": {"name": "empty-too"}, "spec": {"selector": {"app": "nothing"}, "ports": [{"port": 8080}]}}
+    vip = core.create_namespaced_service(NS, body).spec.cluster_ip
+    wait_rules(f"{vip} . tcp . 8080 : goto reject-no-endpoints")
+    result = cluster.client("client", vip, 8080, count=3)
+    assert result["failures"] == 3 and all("ConnectionRefused" in e for e in result["errors"]), result
 
 
 def test_headless_service_is_not_proxied(cluster):

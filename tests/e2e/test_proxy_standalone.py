@@ -90,6 +90,15 @@ def test_standalone_proxy_metrics_health_and_recovery(setup):
     wait_for(lambda: programmed(second), "the missed Service after the full resync", timeout=20)
     wait_for(lambda: http_get("/healthz")[0] == 200, "/healthz to recover", timeout=20)
 
+    # A Service deleted while the proxy is down is removed at its next start.
+    proxy.terminate()
+    proxy.wait(timeout=10)
+    core.delete_namespaced_service("second", NS)
+    proxy = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+    cluster.processes.append(proxy)
+    wait_for(lambda: "default/second/" not in sh("nft", "list", "table", "ip", "portal"), "the stale chain to go")
+    assert programmed(vip)
+
     # Proxy and API server down: the kernel keeps forwarding.
     proxy.terminate()
     proxy.wait(timeout=10)

@@ -78,3 +78,18 @@ def test_udp_sessions(cluster):
         assert result["failures"] == 0 and len(result["answers"]) == 1, result
         answers |= set(result["answers"])
     assert answers == set(LIVE)
+
+
+def test_a_node_port_is_reused_after_its_service_is_recreated(cluster):
+    """The listeners of a deleted Service are closed (UDP sessions too), so
+    a new Service can take the same node ports at once."""
+    core = cluster.portal.core()
+    ports = [{"name": "http", "port": 80, "targetPort": "web", "nodePort": 30555},
+             {"name": "echo", "port": 53, "protocol": "UDP", "targetPort": "echo", "nodePort": 30555}]
+    for round_ in range(2):
+        serve(cluster, "again", {"app": "web", "alive": "yes"}, type="NodePort", ports=ports)
+        tcp = cluster.client("client", NODE_IP, 30555, count=10)
+        udp = cluster.client("client", NODE_IP, 30555, count=3, udp=True)
+        assert tcp["failures"] == 0 and udp["failures"] == 0, (round_, tcp, udp)
+        core.delete_namespaced_service("again", NS)
+        wait_for(lambda: "default/again/" not in sh("nft", "list", "table", "ip", "portal", check=False), "the Service's redirect to go")

@@ -30,7 +30,11 @@ pub(crate) struct Conntrack {
 }
 
 fn udp(ports: &[ServicePort]) -> Vec<ServicePort> {
-    ports.iter().filter(|p| p.protocol == Protocol::Udp).cloned().collect()
+    ports
+        .iter()
+        .filter(|p| p.protocol == Protocol::Udp)
+        .cloned()
+        .collect()
 }
 
 impl Conntrack {
@@ -42,7 +46,10 @@ impl Conntrack {
             .map(|(key, ports)| (key.clone(), udp(ports)))
             .collect();
         if full {
-            let gone = self.programmed.keys().filter(|k| !changes.services.contains_key(*k));
+            let gone = self
+                .programmed
+                .keys()
+                .filter(|k| !changes.services.contains_key(*k));
             now.extend(gone.map(|k| (k.clone(), Vec::new())).collect::<Vec<_>>());
         }
         for (key, ports) in now {
@@ -50,13 +57,19 @@ impl Conntrack {
             for old in &before {
                 // Matched by protocol and number: a renamed port is the same port.
                 let current = ports.iter().find(|p| p.port == old.port);
-                for endpoint in old.endpoints.iter().filter(|e| current.is_none_or(|c| !c.endpoints.contains(e))) {
+                for endpoint in old
+                    .endpoints
+                    .iter()
+                    .filter(|e| current.is_none_or(|c| !c.endpoints.contains(e)))
+                {
                     self.forget(old, Some(*endpoint));
                 }
             }
             if self.primed {
                 for new in ports.iter().filter(|p| !p.endpoints.is_empty()) {
-                    let served = before.iter().any(|b| b.port == new.port && !b.endpoints.is_empty());
+                    let served = before
+                        .iter()
+                        .any(|b| b.port == new.port && !b.endpoints.is_empty());
                     if !served {
                         self.forget(new, None);
                     }

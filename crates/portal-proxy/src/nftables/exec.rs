@@ -57,7 +57,10 @@ fn run(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
             drop(pipe);
             let output = child.wait_with_output().map_err(Error::Spawn)?;
             let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(Error::Rejected(format!("writing the transaction: {error}: {}", stderr.trim())));
+            return Err(Error::Rejected(format!(
+                "writing the transaction: {error}: {}",
+                stderr.trim()
+            )));
         }
     }
     let output = child.wait_with_output().map_err(Error::Spawn)?;

@@ -10,6 +10,8 @@
 
 mod conntrack;
 mod exec;
+#[cfg(test)]
+mod kernel_model;
 pub(crate) mod rules;
 #[cfg(test)]
 mod tests;
@@ -124,16 +126,19 @@ impl<N: Nft> Nftables<N> {
     /// Whether Portal's table is gone or lost its dispatch chain (someone
     /// flushed the ruleset): then only a full sync repairs it.
     pub fn tampered(&mut self) -> bool {
-        self.nft.existing().is_ok_and(|existing| {
-            !existing.chains.iter().any(|c| c == "services")
-        })
+        self.nft
+            .existing()
+            .is_ok_and(|existing| !existing.chains.iter().any(|c| c == "services"))
     }
 
     /// Records the element keys `rules` wants for `key`.
     fn claim(&mut self, key: &ServiceKey, rules: &ServiceRules, claim: bool) {
         for element in rules.elements.keys() {
             if claim {
-                self.claims.entry(element.clone()).or_default().insert(key.clone());
+                self.claims
+                    .entry(element.clone())
+                    .or_default()
+                    .insert(key.clone());
             } else if let Some(owners) = self.claims.get_mut(element) {
                 owners.remove(key);
                 if owners.is_empty() {
@@ -187,14 +192,20 @@ impl<N: Nft> Nftables<N> {
                 sets.insert(set.clone());
             }
             for chain in rules.chains.keys() {
-                let _ = writeln!(script, "add chain {TABLE} {chain}\nflush chain {TABLE} {chain}");
+                let _ = writeln!(
+                    script,
+                    "add chain {TABLE} {chain}\nflush chain {TABLE} {chain}"
+                );
                 chains.insert(chain.clone());
             }
             for (chain, chain_rules) in &rules.chains {
                 rules::render_rules(&mut script, chain, chain_rules);
             }
             for ((map, element), verdict) in &rules.elements {
-                let _ = writeln!(script, "add element {TABLE} {map} {{ {element} : {verdict} }}");
+                let _ = writeln!(
+                    script,
+                    "add element {TABLE} {map} {{ {element} : {verdict} }}"
+                );
             }
             for ip in &rules.hairpin {
                 *hairpin.entry(*ip).or_default() += 1;
@@ -217,7 +228,11 @@ impl<N: Nft> Nftables<N> {
         for chain in &stale_chains {
             let _ = writeln!(script, "delete chain {TABLE} {chain}");
         }
-        for set in existing.sets.iter().filter(|s| !sets.contains(*s) && s.as_str() != HAIRPIN) {
+        for set in existing
+            .sets
+            .iter()
+            .filter(|s| !sets.contains(*s) && s.as_str() != HAIRPIN)
+        {
             let _ = writeln!(script, "delete set {TABLE} {set}");
         }
         let rendered = started.elapsed();
@@ -234,13 +249,20 @@ impl<N: Nft> Nftables<N> {
         // key with them (ownership may move).
         let mut affected = BTreeSet::new();
         for (key, ports) in &changes.services {
-            let old = self.services.get(key).map(|p| rules::service_rules(p, self.external));
+            let old = self
+                .services
+                .get(key)
+                .map(|p| rules::service_rules(p, self.external));
             let new = rules::service_rules(ports, self.external);
             if let Some(old) = &old {
                 self.claim(key, old, false);
             }
             self.claim(key, &new, true);
-            for element in old.iter().flat_map(|r| r.elements.keys()).chain(new.elements.keys()) {
+            for element in old
+                .iter()
+                .flat_map(|r| r.elements.keys())
+                .chain(new.elements.keys())
+            {
                 affected.extend(self.claims.get(element).into_iter().flatten().cloned());
             }
             affected.insert(key.clone());
@@ -255,7 +277,11 @@ impl<N: Nft> Nftables<N> {
         let empty = ServiceRules::default();
         for key in affected {
             let new = self.owned(&key);
-            tx.diff(self.applied.get(&key).unwrap_or(&empty), &new, &mut self.hairpin);
+            tx.diff(
+                self.applied.get(&key).unwrap_or(&empty),
+                &new,
+                &mut self.hairpin,
+            );
             next.push((key, new));
         }
         if !tx.is_empty() {

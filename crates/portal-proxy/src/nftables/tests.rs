@@ -363,3 +363,184 @@ fn write_a_large_full_sync() {
     let path = std::env::var("PORTAL_NFT_SCRIPT").unwrap_or_else(|_| "/tmp/portal-full.nft".into());
     assert!(std::fs::write(path, last(&mut proxy)).is_ok());
 }
+
+mod against_the_kernel_model {
+    use super::super::kernel_model::ModelNft;
+    use super::*;
+
+    type World = BTreeMap<ServiceKey, Vec<ServicePort>>;
+
+    fn port(name: &str, vip: &str, endpoints: &[&str]) -> ServicePort {
+        ServicePort {
+            service: ServiceKey::new("default", name),
+            cluster_ip: ip(vip),
+            ..web(endpoints)
+        }
+    }
+
+    /// Applies one step as a partial sync, then checks the table equals
+    /// what a full sync of the same world builds from nothing.
+    fn step(
+        proxy: &mut Nftables<ModelNft>,
+        world: &mut World,
+        change: Vec<(&str, Vec<ServicePort>)>,
+    ) {
+        let mut services = BTreeMap::new();
+        for (name, ports) in change {
+            let key = ServiceKey::new("default", name);
+            if ports.is_empty() {
+                world.remove(&key);
+            } else {
+                world.insert(key.clone(), ports.clone());
+            }
+            services.insert(key, ports);
+        }
+        let changes = Changes {
+            services,
+            triggers: Vec::new(),
+        };
+        if let Err(error) = proxy.sync(&changes, false) {
+            panic!("partial sync rejected: {error}");
+        }
+        let mut fresh = Nftables::fake(ModelNft::default());
+        let all = Changes {
+            services: world.clone(),
+            triggers: Vec::new(),
+        };
+        assert!(fresh.sync(&all, true).is_ok());
+        assert_eq!(proxy.nft().table.summary(), fresh.nft().table.summary());
+    }
+
+    #[test]
+    fn partial_syncs_build_what_a_full_sync_builds() {
+        let mut proxy = Nftables::fake(ModelNft::default());
+        let mut world = World::new();
+        let initial = Changes {
+            services: BTreeMap::new(),
+            triggers: Vec::new(),
+        };
+        assert!(proxy.sync(&initial, true).is_ok());
+
+        let shared = |name: &str, vip: &str, endpoints: &[&str]| ServicePort {
+            external_ips: vec![ip("192.0.2.10")],
+            ..port(name, vip, endpoints)
+        };
+        step(
+            &mut proxy,
+            &mut world,
+            vec![(
+                "a",
+                vec![shared(
+                    "a",
+                    "10.96.0.1",
+                    &["10.244.0.5:80", "10.244.0.6:80"],
+                )],
+            )],
+        );
+        // Two Services on the same external IP and port: one owns it.
+        step(
+            &mut proxy,
+            &mut world,
+            vec![("b", vec![shared("b", "10.96.0.2", &["10.244.0.7:80"])])],
+        );
+        // The owner loses its endpoints: the other one gets the address.
+        step(
+            &mut proxy,
+            &mut world,
+            vec![("a", vec![shared("a", "10.96.0.1", &[])])],
+        );
+        step(
+            &mut proxy,
+            &mut world,
+            vec![("a", vec![shared("a", "10.96.0.1", &["10.244.0.5:80"])])],
+        );
+        step(&mut proxy, &mut world, vec![("a", vec![])]);
+        // Both without endpoints: one shared reject element.
+        step(
+            &mut proxy,
+            &mut world,
+            vec![
+                ("b", vec![shared("b", "10.96.0.2", &[])]),
+                ("a", vec![shared("a", "10.96.0.1", &[])]),
+            ],
+        );
+        step(&mut proxy, &mut world, vec![("a", vec![])]);
+        step(&mut proxy, &mut world, vec![("b", vec![])]);
+
+        // Node port with affinity: port changed, renamed, then no node port.
+        let mut c = ServicePort {
+            node_port: Some(30080),
+            affinity: Some(600),
+            ..port("c", "10.96.0.3", &["10.244.0.5:80", "10.244.0.8:80"])
+        };
+        step(&mut proxy, &mut world, vec![("c", vec![c.clone()])]);
+        c.node_port = Some(30081);
+        step(&mut proxy, &mut world, vec![("c", vec![c.clone()])]);
+        c.port_name = "web".into();
+        step(&mut proxy, &mut world, vec![("c", vec![c.clone()])]);
+        c.affinity = Some(60);
+        step(&mut proxy, &mut world, vec![("c", vec![c.clone()])]);
+        c.node_port = None;
+        c.affinity = None;
+        step(&mut proxy, &mut world, vec![("c", vec![c.clone()])]);
+
+        // Two Services sharing an endpoint (hairpin pairs are counted).
+        step(
+            &mut proxy,
+            &mut world,
+            vec![("d", vec![port("d", "10.96.0.4", &["10.244.0.5:80"])])],
+        );
+        step(&mut proxy, &mut world, vec![("d", vec![])]);
+        // TCP and UDP ports; the UDP one removed.
+        let udp = ServicePort {
+            protocol: Protocol::Udp,
+            port_name: "dns".into(),
+            port: 53,
+            ..port("e", "10.96.0.5", &["10.244.0.9:53"])
+        };
+        let tcp = ServicePort {
+            port_name: "dns-tcp".into(),
+            port: 53,
+            ..port("e", "10.96.0.5", &["10.244.0.9:53"])
+        };
+        step(&mut proxy, &mut world, vec![("e", vec![udp, tcp.clone()])]);
+        step(&mut proxy, &mut world, vec![("e", vec![tcp])]);
+        // Everything goes.
+        step(&mut proxy, &mut world, vec![("c", vec![]), ("e", vec![])]);
+        assert!(proxy
+            .nft()
+            .table
+            .chains
+            .keys()
+            .all(|c| !c.starts_with("svc-") && !c.starts_with("ext-")));
+    }
+
+    #[test]
+    fn a_restart_over_a_stale_table_removes_what_is_gone() {
+        let mut before = Nftables::fake(ModelNft::default());
+        let old = Changes {
+            services: [(
+                ServiceKey::new("default", "old"),
+                vec![ServicePort {
+                    affinity: Some(60),
+                    node_port: Some(30080),
+                    ..port("old", "10.96.0.9", &["10.244.0.5:80"])
+                }],
+            )]
+            .into(),
+            triggers: Vec::new(),
+        };
+        assert!(before.sync(&old, true).is_ok());
+        let table = before.nft().table.clone();
+        // A new process: same kernel table, a world without "old".
+        let mut after = Nftables::fake(ModelNft {
+            table,
+            transactions: 0,
+        });
+        let now = changes(&[web(&["10.244.0.6:80"])]);
+        assert!(after.sync(&now, true).is_ok());
+        let mut fresh = Nftables::fake(ModelNft::default());
+        assert!(fresh.sync(&now, true).is_ok());
+        assert_eq!(after.nft().table.summary(), fresh.nft().table.summary());
+    }
+}

@@ -223,12 +223,19 @@ impl Userspace {
 impl crate::runner::Backend for Userspace {
     fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), String> {
         // Services with a port that could not listen last time are tried again.
-        let mut services = if full { BTreeMap::new() } else { std::mem::take(&mut self.unbound) };
+        let mut services = if full {
+            BTreeMap::new()
+        } else {
+            std::mem::take(&mut self.unbound)
+        };
         self.unbound.clear();
         services.extend(changes.services.iter().map(|(k, p)| (k.clone(), p.clone())));
         self.sync_listeners(&services, full);
         if self.redirect.is_some() {
-            let redirected = self.redirected(&Changes { services, triggers: Vec::new() });
+            let redirected = self.redirected(&Changes {
+                services,
+                triggers: Vec::new(),
+            });
             if let Some(nft) = &mut self.redirect {
                 nft.sync(&redirected, full).map_err(|e| e.to_string())?;
             }

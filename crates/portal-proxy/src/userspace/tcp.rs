@@ -78,7 +78,9 @@ async fn proxy(mut client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>)
                 upstream = Some(stream);
                 break;
             }
-            Ok(Err(error)) => tracing::debug!(%endpoint, %error, "connect failed; trying another endpoint"),
+            Ok(Err(error)) => {
+                tracing::debug!(%endpoint, %error, "connect failed; trying another endpoint")
+            }
             Err(_) => tracing::debug!(%endpoint, "connect timed out; trying another endpoint"),
         }
     }

@@ -62,7 +62,12 @@ pub(crate) async fn serve(socket: UdpSocket, balancer: Arc<Balancer>) {
                     last_sent: Mutex::new(Instant::now()),
                 });
                 sessions.lock().insert(client, session.clone());
-                relays.spawn(relay_replies(socket.clone(), session.clone(), client, sessions.clone()));
+                relays.spawn(relay_replies(
+                    socket.clone(),
+                    session.clone(),
+                    client,
+                    sessions.clone(),
+                ));
                 session
             }
         };
@@ -86,7 +91,12 @@ async fn open(client: SocketAddr, balancer: &Balancer) -> Option<Arc<UdpSocket>>
     None
 }
 
-async fn relay_replies(listener: Arc<UdpSocket>, session: Arc<Session>, client: SocketAddr, sessions: Sessions) {
+async fn relay_replies(
+    listener: Arc<UdpSocket>,
+    session: Arc<Session>,
+    client: SocketAddr,
+    sessions: Sessions,
+) {
     let mut buffer = vec![0u8; MAX_DATAGRAM];
     loop {
         match tokio::time::timeout(IDLE, session.upstream.recv(&mut buffer)).await {

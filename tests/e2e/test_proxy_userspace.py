@@ -4,6 +4,10 @@ them), round robin, ClientIP affinity, a retry on another endpoint when a
 connect fails, TCP and UDP. Same namespaces as test_proxy.py: a node
 running `portal server --proxy-mode userspace`, pods on its bridge."""
 
+import hashlib
+import os
+import socket
+
 import pytest
 
 from conftest import Portal
@@ -93,3 +97,22 @@ def test_a_node_port_is_reused_after_its_service_is_recreated(cluster):
         assert tcp["failures"] == 0 and udp["failures"] == 0, (round_, tcp, udp)
         core.delete_namespaced_service("again", NS)
         wait_for(lambda: "default/again/" not in sh("nft", "list", "table", "ip", "portal", check=False), "the Service's redirect to go")
+
+
+def test_bulk_transfers_both_ways_arrive_intact(cluster):
+    """Large transfers take the zero-copy (splice) path; the bytes must be
+    exactly the backend's, both ways, and the end of stream passed on."""
+    service = serve(cluster, "bulk", {"app": "web", "alive": "yes"})
+    pattern = bytes(range(256)) * 4096
+    with socket.create_connection((service.spec.cluster_ip, 80), timeout=10) as conn:
+        reader = conn.makefile("rb")
+        reader.readline()
+        conn.sendall(b"big 8\n")
+        received = reader.read()
+    assert len(received) == 8 * len(pattern) and received == pattern * 8
+    upload = os.urandom(4 << 20)
+    with socket.create_connection((service.spec.cluster_ip, 80), timeout=10) as conn:
+        reader = conn.makefile("rb")
+        reader.readline()
+        conn.sendall(b"sink %d\n" % len(upload) + upload)
+        assert reader.readline().strip().decode() == hashlib.sha256(upload).hexdigest()

@@ -3,6 +3,7 @@ every UDP datagram with "NAME PEER-IP" (so tests see which backend answered
 and which source address it saw). TCP connections stay open for more
 lines until the client closes, so long-lived connections can be tested."""
 
+import hashlib
 import socket
 import sys
 import threading
@@ -20,11 +21,27 @@ def serve_tcp():
         threading.Thread(target=answer, args=(conn, peer), daemon=True).start()
 
 
+PATTERN = bytes(range(256)) * 4096  # 1 MiB
+
+
 def answer(conn, peer):
+    """Greets; then per line: "big N" sends N MiB of PATTERN and closes,
+    "sink N" reads N bytes and answers their SHA-256; anything else is
+    answered with the greeting again."""
     with conn:
         try:
             conn.sendall(f"{name} {peer[0]}\n".encode())
-            while conn.recv(64):
+            reader = conn.makefile("rb")
+            for line in reader:
+                words = line.split()
+                if words[:1] == [b"big"]:
+                    for _ in range(int(words[1])):
+                        conn.sendall(PATTERN)
+                    return
+                if words[:1] == [b"sink"]:
+                    data = reader.read(int(words[1]))
+                    conn.sendall(hashlib.sha256(data).hexdigest().encode() + b"\n")
+                    continue
                 conn.sendall(f"{name} {peer[0]}\n".encode())
         except OSError:
             pass

@@ -6,6 +6,7 @@
 //! addresses are redirected to the listeners by the kernel.
 
 mod balancer;
+mod splice;
 mod tcp;
 mod udp;
 

@@ -66,7 +66,7 @@ pub(crate) async fn serve(listener: TcpListener, balancer: Arc<Balancer>) {
     }
 }
 
-async fn proxy(mut client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>) {
+async fn proxy(client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>) {
     let mut upstream = None;
     let candidates = balancer.candidates(from.ip(), ATTEMPTS.len());
     // Every attempt is made, cycling through the candidates: one lost SYN
@@ -84,7 +84,7 @@ async fn proxy(mut client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>)
             Err(_) => tracing::debug!(%endpoint, "connect timed out; trying another endpoint"),
         }
     }
-    let Some(mut upstream) = upstream else {
+    let Some(upstream) = upstream else {
         // Closing the client connection is all we can tell it.
         return;
     };
@@ -93,7 +93,7 @@ async fn proxy(mut client: TcpStream, from: SocketAddr, balancer: Arc<Balancer>)
         // Dead peers are found and their slots freed.
         let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&KEEPALIVE);
     }
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    let _ = super::splice::relay(&client, &upstream).await;
 }
 
 static KEEPALIVE: std::sync::LazyLock<socket2::TcpKeepalive> = std::sync::LazyLock::new(|| {

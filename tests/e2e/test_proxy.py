@@ -109,6 +109,11 @@ def test_cluster_ip_reaches_every_ready_backend_from_a_pod_and_the_node(cluster)
     assert from_pod["peers"] == [CLIENT_IP]
     from_node = cluster.client(None, vip, 80, count=300)
     assert from_node["failures"] == 0 and set(from_node["answers"]) == set(BACKENDS), from_node
+    # The server's /healthz includes its proxy's health.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    assert urllib.request.urlopen(cluster.portal.server + "/healthz", context=context, timeout=5).status == 200
 
 
 def test_client_ip_affinity_pins_one_backend(cluster):

@@ -25,10 +25,15 @@ pub(crate) struct LatencyLabels {
 /// Metrics of another component served on the same `/metrics`.
 type Source = Box<dyn Fn(&mut String) + Send + Sync>;
 
+/// A health check of another component: its name when unhealthy.
+type Check = Box<dyn Fn() -> Option<&'static str> + Send + Sync>;
+
 pub struct Metrics {
     registry: Registry,
     /// Other components in this process (DNS, proxy) add theirs.
     sources: parking_lot::Mutex<Vec<Source>>,
+    /// Health of other components in this process, for `/healthz`.
+    checks: parking_lot::Mutex<Vec<Check>>,
     requests: Family<RequestLabels, Counter>,
     latency: Family<LatencyLabels, Histogram>,
     commit_latency: Histogram,
@@ -73,6 +78,7 @@ impl Metrics {
         Metrics {
             registry,
             sources: parking_lot::Mutex::default(),
+            checks: parking_lot::Mutex::default(),
             requests,
             latency,
             commit_latency,
@@ -105,6 +111,26 @@ impl Metrics {
     /// `source` appends its families (text format, no `# EOF`).
     pub fn add_source(&self, source: impl Fn(&mut String) + Send + Sync + 'static) {
         self.sources.lock().push(Box::new(source));
+    }
+
+    /// `/healthz` fails while `healthy` says no, naming `component`.
+    pub fn add_health_check(
+        &self,
+        component: &'static str,
+        healthy: impl Fn() -> bool + Send + Sync + 'static,
+    ) {
+        self.checks
+            .lock()
+            .push(Box::new(move || (!healthy()).then_some(component)));
+    }
+
+    /// The components that are unhealthy now.
+    pub fn unhealthy(&self) -> Vec<&'static str> {
+        self.checks
+            .lock()
+            .iter()
+            .filter_map(|check| check())
+            .collect()
     }
 
     /// The text exposition format.

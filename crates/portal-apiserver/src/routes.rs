@@ -80,7 +80,15 @@ async fn route(
     let uri_path = request.uri().path().to_owned();
     if PUBLIC.contains(&uri_path.as_str()) {
         labels.0 = "GET";
-        // The listener opens only once the watch cache has caught up.
+        // The listener opens only once the watch cache has caught up; the
+        // other components in the process (the proxy) count for /healthz.
+        let unhealthy = state.metrics.unhealthy();
+        if uri_path == "/healthz" && !unhealthy.is_empty() {
+            return Ok(text_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("unhealthy: {}", unhealthy.join(", ")),
+            ));
+        }
         return Ok(text_response(StatusCode::OK, "ok"));
     }
     if !authorized(state, request.headers()) {

@@ -276,8 +276,10 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         };
         let proxy =
             portal_proxy::start(client, args.proxy_mode.config(node_ip, &args.proxy)).await?;
-        let metrics = proxy.metrics.clone();
+        let (metrics, health) = (proxy.metrics.clone(), proxy.metrics.clone());
         api.metrics.add_source(move |out| metrics.encode_into(out));
+        api.metrics
+            .add_health_check("proxy", move || health.healthy());
     }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| portal_apiserver::Error::Signal(e.to_string()))?;

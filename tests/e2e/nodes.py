@@ -95,7 +95,17 @@ class Cluster:
             sh("ip", *args)
         for args in (["link", "set", "eth0", "up"], ["addr", "add", f"{WORLD_IP}/24", "dev", "eth0"]):
             sh("ip", "netns", "exec", self.world, "ip", *args)
-        for key, value in (("net.ipv4.ip_forward", "1"), ("net.ipv4.conf.all.send_redirects", "0"), ("net.ipv4.conf.br0.send_redirects", "0")):
+        # Pods are routed (a /32 each, via the node), so bridged frames need
+        # no netfilter: with br_netfilter's default the kernel bridges a
+        # packet DNATed back to its own sender without the SNAT hook, and a
+        # pod could not reach itself through its Service (hairpin).
+        settings = (
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv4.conf.all.send_redirects", "0"),
+            ("net.ipv4.conf.br0.send_redirects", "0"),
+            ("net.bridge.bridge-nf-call-iptables", "0"),
+        )
+        for key, value in settings:
             sh("sysctl", "-qw", f"{key}={value}")
 
     def add_pod(self, name, ip):

@@ -189,6 +189,23 @@ def test_service_without_endpoints_refuses_connections(cluster):
     assert time.monotonic() - started < 2
 
 
+def test_a_pod_reaches_itself_through_its_service(cluster):
+    """Hairpin: the backend pod connects to its own Service; DNAT sends the
+    packet back where it came from, so it is masqueraded (else the reply
+    would bypass the NAT)."""
+    core = cluster.portal.core()
+    cluster.add_pod("web-solo", "10.244.0.14")
+    cluster.start_backend("web-solo")
+    register_pod(core, "web-solo", "10.244.0.14", {"app": "solo"})
+    body = {"metadata": {"name": "solo"}, "spec": {"selector": {"app": "solo"}, "ports": [{"name": "http", "port": 80, "targetPort": "web"}]}}
+    vip = core.create_namespaced_service(NS, body).spec.cluster_ip
+    wait_rules(f"{vip} . tcp . 80 : goto svc-")
+    result = cluster.client("web-solo", vip, 80, count=20)
+    assert result["failures"] == 0 and result["answers"] == {"web-solo": 20}, result
+    # It saw the node's address, not its own.
+    assert result["peers"] == [GATEWAY], result
+
+
 def test_no_endpoints_is_refused_from_a_pod_too(cluster):
     core = cluster.portal.core()
     body = {"metadata": {"name": "empty-too"}, "spec": {"selector": {"app": "nothing"}, "ports": [{"port": 8080}]}}

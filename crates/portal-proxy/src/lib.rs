@@ -5,6 +5,7 @@
 //! or listeners in userspace. An API client like the DNS, so it also runs
 //! against a real Kubernetes cluster.
 
+mod command;
 mod feed;
 pub mod metrics;
 pub mod model;

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::model::{Protocol, ServiceKey, ServicePort};
 use crate::tracker::Changes;
@@ -112,15 +112,13 @@ impl Conntrack {
             ]
         });
         for filter in filters {
-            let status = Command::new("conntrack")
-                .args(["-D", "-p", "udp"])
-                .args(&filter)
-                .args(&reply)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            let mut args = vec!["-D", "-p", "udp"];
+            args.extend(filter.iter().map(String::as_str));
+            args.extend(reply.iter().map(String::as_str));
             // Exit status 1 only means "no entry matched".
-            if let Err(error) = status {
+            if let Err(error) =
+                crate::command::run("conntrack", &args, None, Duration::from_secs(10))
+            {
                 if !self.missing {
                     tracing::warn!(%error, "cannot run conntrack: stale UDP flows stay until they time out");
                     self.missing = true;

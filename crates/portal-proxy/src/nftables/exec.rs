@@ -2,8 +2,7 @@
 //! knftables does): a transaction is one `nft -f -` run, all or nothing.
 //! [`FakeNft`] records transactions for unit tests.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use super::rules::TABLE;
 
@@ -39,31 +38,17 @@ pub trait Nft: Send {
 #[derive(Debug, Default)]
 pub struct NftCommand;
 
+/// A full sync of 10,000 Services takes about 3 s; far more means `nft`
+/// is stuck.
+const NFT_TIMEOUT: Duration = Duration::from_secs(120);
+
 fn run(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
-    let mut child = Command::new("nft")
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(Error::Spawn)?;
-    if let (Some(script), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        if let Err(error) = pipe.write_all(script.as_bytes()) {
-            // nft quit early; reap it and report what it said.
-            drop(pipe);
-            let output = child.wait_with_output().map_err(Error::Spawn)?;
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(Error::Rejected(format!(
-                "writing the transaction: {error}: {}",
-                stderr.trim()
-            )));
-        }
-    }
-    let output = child.wait_with_output().map_err(Error::Spawn)?;
+    let output = crate::command::run("nft", args, stdin.map(str::to_owned), NFT_TIMEOUT).map_err(
+        |error| match error.kind() {
+            std::io::ErrorKind::TimedOut => Error::Rejected(error.to_string()),
+            _ => Error::Spawn(error),
+        },
+    )?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {

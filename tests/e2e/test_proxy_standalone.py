@@ -90,6 +90,12 @@ def test_standalone_proxy_metrics_health_and_recovery(setup):
     wait_for(lambda: programmed(second), "the missed Service after the full resync", timeout=20)
     wait_for(lambda: http_get("/healthz")[0] == 200, "/healthz to recover", timeout=20)
 
+    # Someone deletes the table (a firewall reload): the next periodic sync
+    # notices and rebuilds it.
+    sh("nft", "delete", "table", "ip", "portal")
+    wait_for(lambda: programmed(vip) and programmed(second), "the table rebuilt", timeout=20)
+    assert cluster.client("client", vip, 80, count=20)["failures"] == 0
+
     # A Service deleted while the proxy is down is removed at its next start.
     proxy.terminate()
     proxy.wait(timeout=10)

@@ -59,7 +59,7 @@ pub struct Proxy {
 /// Whether `nft` runs and may read the ruleset here (root or
 /// CAP_NET_ADMIN in this network namespace).
 fn nftables_usable() -> bool {
-    nftables::Nft::existing(&mut nftables::NftCommand).is_ok()
+    nftables::Nft::chains(&mut nftables::NftCommand).is_ok()
 }
 
 /// Starts the watches and the sync loop; they run until the process ends.
@@ -77,7 +77,7 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
         Mode::Nftables => {
             if !nft {
                 // Surface nft's own message (missing binary, no permission).
-                nftables::Nft::existing(&mut nftables::NftCommand)?;
+                nftables::Nft::chains(&mut nftables::NftCommand)?;
             }
             Box::new(nftables::Nftables::kernel())
         }

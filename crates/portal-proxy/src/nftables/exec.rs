@@ -32,6 +32,11 @@ pub trait Nft: Send {
     fn apply(&mut self, script: &str) -> Result<(), Error>;
     /// What Portal's table holds now (empty when there is no table).
     fn existing(&mut self) -> Result<Existing, Error>;
+
+    /// Only the chains (cheaper: no sets).
+    fn chains(&mut self) -> Result<Vec<String>, Error> {
+        self.existing().map(|existing| existing.chains)
+    }
 }
 
 /// The real kernel, through `nft`.
@@ -59,6 +64,19 @@ fn run(args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
     }
 }
 
+/// Names of the `kind` objects of `table` in a `nft -j list` output.
+fn names(kind: &str, listing: &str, table: &str) -> Result<Vec<String>, Error> {
+    let json: serde_json::Value =
+        serde_json::from_str(listing).map_err(|e| Error::Listing(e.to_string()))?;
+    let objects = json["nftables"].as_array().cloned().unwrap_or_default();
+    Ok(objects
+        .iter()
+        .filter_map(|o| o.get(kind))
+        .filter(|o| o["table"] == table)
+        .filter_map(|o| o["name"].as_str().map(str::to_owned))
+        .collect())
+}
+
 impl Nft for NftCommand {
     fn apply(&mut self, script: &str) -> Result<(), Error> {
         run(&["-f", "-"], Some(script)).map(drop)
@@ -69,21 +87,20 @@ impl Nft for NftCommand {
         // stays fast with tens of thousands of chains (a table listing does
         // not) and does not fail when the table is missing.
         let (_, table) = TABLE.split_once(' ').unwrap_or(("ip", "portal"));
-        let names = |kind: &str, listing: &str| -> Result<Vec<String>, Error> {
-            let json: serde_json::Value =
-                serde_json::from_str(listing).map_err(|e| Error::Listing(e.to_string()))?;
-            let objects = json["nftables"].as_array().cloned().unwrap_or_default();
-            Ok(objects
-                .iter()
-                .filter_map(|o| o.get(kind))
-                .filter(|o| o["table"] == table)
-                .filter_map(|o| o["name"].as_str().map(str::to_owned))
-                .collect())
-        };
         Ok(Existing {
-            chains: names("chain", &run(&["-j", "list", "chains", "ip"], None)?)?,
-            sets: names("set", &run(&["-j", "list", "sets", "ip"], None)?)?,
+            chains: names("chain", &run(&["-j", "list", "chains", "ip"], None)?, table)?,
+            // Terse: without the elements (the hairpin set has one per endpoint).
+            sets: names(
+                "set",
+                &run(&["-t", "-j", "list", "sets", "ip"], None)?,
+                table,
+            )?,
         })
+    }
+
+    fn chains(&mut self) -> Result<Vec<String>, Error> {
+        let (_, table) = TABLE.split_once(' ').unwrap_or(("ip", "portal"));
+        names("chain", &run(&["-j", "list", "chains", "ip"], None)?, table)
     }
 }
 
@@ -116,5 +133,9 @@ impl<T: Nft + ?Sized> Nft for Box<T> {
 
     fn existing(&mut self) -> Result<Existing, Error> {
         (**self).existing()
+    }
+
+    fn chains(&mut self) -> Result<Vec<String>, Error> {
+        (**self).chains()
     }
 }

@@ -127,8 +127,8 @@ impl<N: Nft> Nftables<N> {
     /// flushed the ruleset): then only a full sync repairs it.
     pub fn tampered(&mut self) -> bool {
         self.nft
-            .existing()
-            .is_ok_and(|existing| !existing.chains.iter().any(|c| c == "services"))
+            .chains()
+            .is_ok_and(|chains| !chains.iter().any(|c| c == "services"))
     }
 
     /// Records the element keys `rules` wants for `key`.

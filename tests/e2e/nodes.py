@@ -81,7 +81,10 @@ class Cluster:
         _setns(f"/var/run/netns/{self.node}")
         for args in (
             ["link", "set", "lo", "up"],
-            ["link", "add", "br0", "type", "bridge"],
+            # A fixed address: otherwise the bridge takes the lowest address
+            # of its ports, changes it when a pod joins with a lower one, and
+            # the pods' cached gateway address goes stale (lost packets).
+            ["link", "add", "br0", "address", "02:00:0a:f4:00:01", "type", "bridge"],
             ["addr", "add", f"{GATEWAY}/24", "dev", "br0"],
             ["link", "set", "br0", "up"],
             # The node's own address, on a link to an "outside" namespace,

@@ -68,15 +68,7 @@ pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>)
                     tracker.set_service(key, Some(s));
                 }
                 Item::Gone(s) => tracker.set_service(key_of(&s), None),
-                Item::Forget(keys) => {
-                    for key in tracker
-                        .service_keys()
-                        .into_iter()
-                        .filter(|k| !keys.contains(&(k.namespace.clone(), k.name.clone())))
-                    {
-                        tracker.set_service(key, None);
-                    }
-                }
+                Item::Forget(seen) => tracker.forget_services_except(&seen),
             }
         ),
         follow(
@@ -90,15 +82,7 @@ pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>)
                 }
                 Item::Gone(s) =>
                     tracker.set_slice(&s.namespace().unwrap_or_default(), &s.name_any(), None),
-                Item::Forget(keys) => {
-                    for (namespace, name) in tracker
-                        .slice_keys()
-                        .into_iter()
-                        .filter(|k| !keys.contains(k))
-                    {
-                        tracker.set_slice(&namespace, &name, None);
-                    }
-                }
+                Item::Forget(seen) => tracker.forget_slices_except(&seen),
             }
         ),
     );

@@ -4,7 +4,7 @@
 //! trigger time of each pending endpoint change for
 //! `network_programming_duration_seconds`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -116,13 +116,30 @@ impl Tracker {
         }
     }
 
-    /// Keys of everything known, for dropping what a re-list no longer has.
-    pub fn service_keys(&self) -> Vec<ServiceKey> {
-        self.services.keys().cloned().collect()
+    /// After a re-list: drops the Services not in it.
+    pub fn forget_services_except(&mut self, seen: &HashSet<(String, String)>) {
+        let gone: Vec<ServiceKey> = self
+            .services
+            .keys()
+            .filter(|k| !seen.contains(&(k.namespace.clone(), k.name.clone())))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.set_service(key, None);
+        }
     }
 
-    pub fn slice_keys(&self) -> Vec<(String, String)> {
-        self.slices.keys().cloned().collect()
+    /// After a re-list: drops the slices not in it.
+    pub fn forget_slices_except(&mut self, seen: &HashSet<(String, String)>) {
+        let gone: Vec<(String, String)> = self
+            .slices
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        for (namespace, name) in gone {
+            self.set_slice(&namespace, &name, None);
+        }
     }
 
     /// (service, endpoint) changes waiting for a sync.

@@ -23,11 +23,13 @@ START_TIMEOUT = 30
 class Portal:
     """One `portal server` process on a data directory that outlives it."""
 
-    def __init__(self, data_dir, extra_args=(), proxy=False):
+    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False):
         self.data_dir = pathlib.Path(data_dir)
-        # The proxy programs the network namespace it runs in: only tests
-        # that made a namespace for it (netns.py) turn it on.
-        self.extra_args = list(extra_args) + ([] if proxy else ["--disable", "proxy"])
+        # The proxy and the node agent change the network namespace they run
+        # in: only tests that made a namespace for them (nodes.py) turn
+        # them on.
+        disabled = [name for name, on in (("proxy", proxy), ("agent", agent)) if not on]
+        self.extra_args = list(extra_args) + (["--disable", ",".join(disabled)] if disabled else [])
         self.process = None
         self.log_path = self.data_dir / "portal.log"
 

@@ -49,8 +49,10 @@ def _setns(path):
 class Cluster:
     """One node namespace with pods; `with Cluster() as c:` enters it."""
 
-    def __init__(self):
+    def __init__(self, bridge=True):
+        """`bridge=False` leaves the pod network to a node agent."""
         tag = f"pt{os.getpid()}x{next(_counter)}"
+        self.bridge = bridge
         self.node = f"{tag}-node"
         self.world = f"{tag}-world"
         self.tag = tag
@@ -79,14 +81,17 @@ class Cluster:
         # Remember where this thread was, then live in the node.
         self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         _setns(f"/var/run/netns/{self.node}")
-        for args in (
-            ["link", "set", "lo", "up"],
+        bridge = (
             # A fixed address: otherwise the bridge takes the lowest address
             # of its ports, changes it when a pod joins with a lower one, and
             # the pods' cached gateway address goes stale (lost packets).
             ["link", "add", "br0", "address", "02:00:0a:f4:00:01", "type", "bridge"],
             ["addr", "add", f"{GATEWAY}/24", "dev", "br0"],
             ["link", "set", "br0", "up"],
+        ) if self.bridge else ()
+        for args in (
+            ["link", "set", "lo", "up"],
+            *bridge,
             # The node's own address, on a link to an "outside" namespace,
             # and a default route there so traffic for Service addresses
             # is routed at all (then NATed or rejected).
@@ -108,7 +113,7 @@ class Cluster:
             ("net.ipv4.conf.br0.send_redirects", "0"),
             ("net.bridge.bridge-nf-call-iptables", "0"),
         )
-        for key, value in settings:
+        for key, value in settings if self.bridge else ():
             sh("sysctl", "-qw", f"{key}={value}")
 
     def add_pod(self, name, ip):

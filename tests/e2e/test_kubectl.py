@@ -298,3 +298,33 @@ def test_describe_shows_slices_and_events(kubectl):
     assert any("Testing" in line and "hello from the test" in line for line in lines), out
     assert header(kubectl.out("get", "events")) == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
     assert "service/web" in kubectl.out("get", "events")
+
+
+def test_describe_service_with_an_unnamed_port(kubectl):
+    """kubectl 1.32 dereferences every EndpointSlice port's name in describe:
+    the controller must write `name: ""` for an unnamed port, as Kubernetes
+    does (it panicked with a nil pointer before)."""
+    kubectl(
+        "apply", "-f", "-",
+        input=(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: plain}\n"
+            "spec: {selector: {app: plain}, ports: [{port: 80, targetPort: 8080}]}\n"
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {name: plain-1, labels: {app: plain}}\n"
+            "spec: {containers: [{name: c, image: registry.local/app:1}]}\n"
+        ),
+    )
+    status = {"status": {"phase": "Running", "podIP": "10.244.0.7", "conditions": [{"type": "Ready", "status": "True"}]}}
+    # No node runs it here: the test writes the status a node would.
+    kubectl.portal.core().patch_namespaced_pod_status("plain-1", "default", status)
+    deadline = time.monotonic() + 10
+    while True:
+        slices = kubectl.json("get", "endpointslices", "-l", "kubernetes.io/service-name=plain")["items"]
+        if any(s.get("endpoints") for s in slices):
+            break
+        assert time.monotonic() < deadline, slices
+        time.sleep(0.05)
+    assert [p["name"] for s in slices for p in s["ports"]] == [""]
+    result = kubectl("describe", "svc", "plain", check=False)
+    assert result.returncode == 0 and "panic" not in result.stderr, result.stderr
+    lines = [" ".join(line.split()) for line in result.stdout.splitlines()]
+    assert "Endpoints: 10.244.0.7:8080" in lines, result.stdout

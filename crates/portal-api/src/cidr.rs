@@ -32,6 +32,33 @@ impl Ipv4Cidr {
         (offset < self.size()).then(|| Ipv4Addr::from(self.network.wrapping_add(offset as u32)))
     }
 
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
+    /// The `index`-th subnet of length `prefix` inside this network (the
+    /// node ranges of a cluster CIDR: `10.244.0.0/16` → `10.244.3.0/24`).
+    pub fn subnet(&self, prefix: u8, index: u64) -> Option<Ipv4Cidr> {
+        if prefix < self.prefix || prefix > 32 {
+            return None;
+        }
+        let count = 1u64 << (prefix - self.prefix);
+        let step = 1u64 << (32 - u32::from(prefix));
+        (index < count).then(|| Ipv4Cidr {
+            network: self.network.wrapping_add((index * step) as u32),
+            prefix,
+        })
+    }
+
+    /// How many subnets of length `prefix` fit (0 when `prefix` is shorter).
+    pub fn subnet_count(&self, prefix: u8) -> u64 {
+        if prefix < self.prefix || prefix > 32 {
+            0
+        } else {
+            1u64 << (prefix - self.prefix)
+        }
+    }
+
     /// The offset of `ip` in the network.
     pub fn offset(&self, ip: Ipv4Addr) -> Option<u64> {
         self.contains(ip)
@@ -129,6 +156,11 @@ mod tests {
         );
         assert!("10.96.0.0".parse::<Ipv4Cidr>().is_err());
         assert!("10.96.0.0/33".parse::<Ipv4Cidr>().is_err());
+        let pods: Ipv4Cidr = "10.244.0.0/16".parse().unwrap();
+        assert_eq!(pods.subnet_count(24), 256);
+        assert_eq!(pods.subnet(24, 3).unwrap().to_string(), "10.244.3.0/24");
+        assert_eq!(pods.subnet(24, 256), None);
+        assert_eq!(pods.subnet(8, 0), None);
     }
 
     #[test]

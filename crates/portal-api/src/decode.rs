@@ -115,6 +115,7 @@ pub fn decode_object(resource: &Resource, mut value: Value) -> Result<Decoded, D
         Kind::Node => typed::<core::Node>(value),
         Kind::Event => typed::<core::Event>(value),
         Kind::EndpointSlice => typed::<discovery::EndpointSlice>(value),
+        Kind::Lease => typed::<k8s_openapi::api::coordination::v1::Lease>(value),
     }?;
     crate::defaults::apply(resource.kind, &mut decoded.object);
     Ok(decoded)

@@ -28,7 +28,7 @@ pub fn apply(kind: Kind, object: &mut Value) {
                 default(port, "protocol", json!("TCP"));
             }
         }
-        Kind::Namespace | Kind::Node | Kind::Event => {}
+        Kind::Namespace | Kind::Node | Kind::Event | Kind::Lease => {}
     }
 }
 

@@ -138,7 +138,7 @@ pub fn selectable_fields(kind: Kind) -> &'static [&'static str] {
         Kind::Node => &["spec.unschedulable"],
         Kind::ReplicationController => &["status.replicas"],
         Kind::Service => &["spec.clusterIP", "spec.type"],
-        Kind::Endpoints | Kind::EndpointSlice => &[],
+        Kind::Endpoints | Kind::EndpointSlice | Kind::Lease => &[],
     }
 }
 

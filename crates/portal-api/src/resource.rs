@@ -12,6 +12,7 @@ pub enum Kind {
     Node,
     Event,
     EndpointSlice,
+    Lease,
 }
 
 /// Everything the API server needs to know about one resource.
@@ -136,6 +137,17 @@ pub const RESOURCES: &[Resource] = &[
         "v1",
         "endpointslices",
         "endpointslice",
+        true,
+        &[],
+        false,
+        Subdomain
+    ),
+    resource!(
+        Lease,
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "lease",
         true,
         &[],
         false,

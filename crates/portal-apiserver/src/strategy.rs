@@ -58,7 +58,7 @@ pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace:
         Kind::Pod => object["status"] = json!({"phase": "Pending"}),
         Kind::Service => object["status"] = json!({"loadBalancer": {}}),
         Kind::ReplicationController => object["status"] = json!({"replicas": 0}),
-        Kind::Node | Kind::Endpoints | Kind::Event | Kind::EndpointSlice => {}
+        Kind::Node | Kind::Endpoints | Kind::Event | Kind::EndpointSlice | Kind::Lease => {}
     }
 }
 

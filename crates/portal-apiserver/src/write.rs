@@ -20,7 +20,8 @@ use crate::{store_error, strategy, ApiState, Scope};
 /// Conflicting writers retry an unconditional update this many times.
 const MAX_ATTEMPTS: usize = 16;
 /// Namespaces that exist from the start and may not be deleted.
-pub(crate) const SYSTEM_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
+pub(crate) const SYSTEM_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// A decoded request body with the warnings to send back.
 pub(crate) struct DecodedBody {
@@ -426,7 +427,16 @@ pub(crate) async fn patch(
     let propose = |visible: &Value| {
         let patched = portal_api::patch::apply(resource.kind, patch_type, visible, body)
             .map_err(|e| patch_error(scope, name, e))?;
-        let expected = parse_revision(meta::meta_str(&patched, "resourceVersion"))?;
+        // The object is patched with its resourceVersion in it: only a patch
+        // that changed it asks for a precondition. Otherwise a lost race is
+        // retried on the newer object, as Kubernetes does (a retried patch
+        // that names a stale version then fails the check).
+        let patched_version = meta::meta_str(&patched, "resourceVersion");
+        let expected = if patched_version == meta::meta_str(visible, "resourceVersion") {
+            None
+        } else {
+            parse_revision(patched_version)?
+        };
         let (object, warnings) = decode_patched(resource, patched, query)?;
         Ok(Proposal {
             object,

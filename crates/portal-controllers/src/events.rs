@@ -34,10 +34,11 @@ struct Memory {
     series: HashMap<SeriesKey, (String, i32)>,
 }
 
-/// Records Events for one component.
-pub(crate) struct Recorder {
+/// Records Events for one component (and, for a node agent, its node).
+pub struct Recorder {
     client: Client,
     component: &'static str,
+    host: Option<String>,
     memory: Mutex<Memory>,
 }
 
@@ -77,23 +78,34 @@ impl Memory {
     }
 }
 
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("component", &self.component)
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Recorder {
-    pub(crate) fn new(client: Client, component: &'static str) -> Self {
+    pub fn new(client: Client, component: &'static str) -> Self {
         Recorder {
             client,
             component,
+            host: None,
             memory: Mutex::default(),
         }
     }
 
+    /// Events from a node's agent name the node (`source.host`), as the
+    /// kubelet's do.
+    pub fn on_host(mut self, host: &str) -> Self {
+        self.host = Some(host.to_owned());
+        self
+    }
+
     /// Records one Event about `object`; failures are logged, never fatal.
-    pub(crate) async fn record(
-        &self,
-        object: &ObjectReference,
-        kind: &str,
-        reason: &str,
-        message: &str,
-    ) {
+    pub async fn record(&self, object: &ObjectReference, kind: &str, reason: &str, message: &str) {
         let namespace = object.namespace.clone().unwrap_or_else(|| "default".into());
         let identity = object
             .uid
@@ -150,10 +162,10 @@ impl Recorder {
             event_time: Some(MicroTime(now)),
             source: Some(EventSource {
                 component: Some(self.component.into()),
-                host: None,
+                host: self.host.clone(),
             }),
             reporting_component: Some(self.component.into()),
-            reporting_instance: Some(self.component.into()),
+            reporting_instance: Some(self.host.clone().unwrap_or_else(|| self.component.into())),
             action: Some(reason.into()),
             ..Event::default()
         };

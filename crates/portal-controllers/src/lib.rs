@@ -1,12 +1,13 @@
 //! Portal's controllers: plain API clients, so they run inside `portal
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
-//! server. Today: the endpoints controller (Endpoints and EndpointSlices)
-//! EndpointSlice mirroring, the ReplicationController controller and the
-//! scheduler.
+//! server: the endpoints controller (Endpoints and EndpointSlices),
+//! EndpointSlice mirroring, the ReplicationController controller, node IPAM
+//! (pod ranges) and the scheduler.
 
 pub mod endpoints;
-mod events;
+pub mod events;
 pub mod mirroring;
+pub mod node_ipam;
 pub mod replication;
 pub mod scheduler;
 
@@ -95,11 +96,12 @@ pub(crate) fn settled_objects<K: Send + 'static>(
 }
 
 /// Runs every controller until the process ends.
-pub async fn run(client: Client) {
+pub async fn run(client: Client, ipam: node_ipam::Config) {
     tokio::join!(
         endpoints::run(client.clone()),
         mirroring::run(client.clone()),
         replication::run(client.clone()),
+        node_ipam::run(client.clone(), ipam),
         scheduler::run(client)
     );
 }

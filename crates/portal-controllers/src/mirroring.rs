@@ -94,7 +94,7 @@ fn mirrored(endpoints: &Endpoints) -> Vec<(Vec<EndpointPort>, Vec<Endpoint>)> {
             .iter()
             .flatten()
             .map(|p| EndpointPort {
-                name: p.name.clone(),
+                name: Some(p.name.clone().unwrap_or_default()),
                 port: Some(p.port),
                 protocol: p.protocol.clone(),
                 app_protocol: p.app_protocol.clone(),

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod agent;
+
 use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
 use portal_apiserver::{Ipv4Cidr, PortRange};
@@ -28,11 +30,18 @@ enum Command {
     /// Run everything on this machine on the embedded store.
     Server(ServerArgs),
     /// Run the controllers against an API server.
-    Controllers(ClientArgs),
+    Controllers(ControllersArgs),
     /// Run the cluster DNS against an API server.
     Dns(DnsArgs),
     /// Run the service proxy for this node against an API server.
     Proxy(ProxyArgs),
+    /// Run the node agent (pods of this node) against an API server.
+    Agent(agent::AgentArgs),
+    /// Manage the node's images.
+    Images(agent::ImagesArgs),
+    /// One container's supervisor (started by the agent).
+    #[command(hide = true)]
+    Shim(agent::ShimArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -167,10 +176,38 @@ impl DnsOptions {
 }
 
 #[derive(clap::Args, Debug)]
-struct ClientArgs {
+struct ControllersArgs {
     /// Credentials and address of the API server.
     #[arg(long)]
     kubeconfig: PathBuf,
+    #[command(flatten)]
+    ipam: IpamArgs,
+}
+
+/// How the pod network is cut into node ranges (node IPAM).
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct IpamArgs {
+    /// Pod addresses come from this range; each node gets a part of it.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: Ipv4Cidr,
+    /// The prefix length of one node's pod range.
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=30))]
+    node_cidr_mask_size: u8,
+}
+
+impl IpamArgs {
+    fn config(self) -> Result<portal_controllers::node_ipam::Config, Error> {
+        if self.node_cidr_mask_size < self.cluster_cidr.prefix() {
+            return Err(Error::Usage(format!(
+                "--node-cidr-mask-size {} is wider than --cluster-cidr {}",
+                self.node_cidr_mask_size, self.cluster_cidr
+            )));
+        }
+        Ok(portal_controllers::node_ipam::Config {
+            cluster_cidr: self.cluster_cidr,
+            node_prefix: self.node_cidr_mask_size,
+        })
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -207,7 +244,12 @@ struct ServerArgs {
     proxy_mode: ProxyMode,
     #[command(flatten)]
     proxy: ProxyTiming,
-    /// Components not to run in this process (comma-separated: controllers, dns, proxy).
+    #[command(flatten)]
+    ipam: IpamArgs,
+    #[command(flatten)]
+    agent: agent::AgentOptions,
+    /// Components not to run in this process (comma-separated: agent,
+    /// controllers, dns, proxy). The agent runs only as root.
     #[arg(long, value_delimiter = ',')]
     disable: Vec<Component>,
 }
@@ -215,6 +257,7 @@ struct ServerArgs {
 /// Components `portal server` runs besides the API server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Component {
+    Agent,
     Controllers,
     Dns,
     Proxy,
@@ -231,6 +274,10 @@ enum Error {
     Dns(#[from] portal_dns::Error),
     #[error(transparent)]
     Proxy(#[from] portal_proxy::Error),
+    #[error("node agent: {0}")]
+    Agent(#[from] portal_agent::Error),
+    #[error("{0}")]
+    Usage(String),
     #[error("node {name}: {message}")]
     Node { name: String, message: String },
     #[error("cannot serve metrics on {addr}: {source}")]
@@ -243,6 +290,9 @@ enum Error {
 async fn server(args: ServerArgs) -> Result<(), Error> {
     let disabled = args.disable.clone();
     let node_ip = args.node_ip;
+    let ipam = args.ipam.config()?;
+    let agent_data = args.data_dir.join("agent");
+    let cluster_domain = args.dns.cluster_domain.clone();
     let config = portal_apiserver::Config {
         data_dir: args.data_dir,
         bind: args.api_bind,
@@ -257,7 +307,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         // The controllers are API clients like any other, through the
         // kubeconfig the server just wrote.
         let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
-        tokio::spawn(portal_controllers::run(client));
+        tokio::spawn(portal_controllers::run(client, ipam));
     }
     if let Some(bind) = args
         .dns_bind
@@ -281,20 +331,64 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         api.metrics
             .add_health_check("proxy", move || health.healthy());
     }
+    if !disabled.contains(&Component::Agent) {
+        if running_as_root() {
+            let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
+            let node_ip = match node_ip {
+                Some(IpAddr::V4(ip)) => Some(ip),
+                _ => None,
+            };
+            let config = args.agent.config(agent_data, node_ip, &cluster_domain);
+            match portal_agent::start(client, config).await {
+                Ok(agent) => {
+                    let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
+                    api.metrics.add_source(move |out| metrics.encode_into(out));
+                    api.metrics
+                        .add_health_check("agent", move || health.healthy());
+                }
+                // What this machine lacks (runc): the rest runs without pods.
+                Err(portal_agent::Error::Config(why)) => {
+                    tracing::warn!("no node agent in this process: {why}");
+                }
+                Err(error) => return Err(error.into()),
+            }
+        } else {
+            tracing::warn!("not running as root: no node agent in this process (pods stay Pending); --disable agent silences this");
+        }
+    }
+    tokio::select! {
+        () = api.wait() => Ok(()),
+        result = wait_for_signal("containers keep running") => result,
+    }
+}
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Returns at SIGINT or SIGTERM.
+pub(crate) async fn wait_for_signal(what_stays: &str) -> Result<(), Error> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| portal_apiserver::Error::Signal(e.to_string()))?;
     tokio::select! {
-        () = api.wait() => {}
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
-        _ = terminate.recv() => tracing::info!("terminated; stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping ({what_stays})"),
+        _ = terminate.recv() => tracing::info!("terminated; stopping ({what_stays})"),
     }
     Ok(())
 }
 
-async fn controllers(args: ClientArgs) -> Result<(), Error> {
+async fn controllers(args: ControllersArgs) -> Result<(), Error> {
+    let ipam = args.ipam.config()?;
     let client = portal_controllers::client_from_kubeconfig(&args.kubeconfig).await?;
     tokio::select! {
-        () = portal_controllers::run(client) => {}
+        () = portal_controllers::run(client, ipam) => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
     }
     Ok(())
@@ -369,7 +463,7 @@ async fn serve_metrics(
 }
 
 /// `/healthz`: 200 "ok" while `healthy`, else 503; anything else: metrics.
-async fn serve_metrics_and_health(
+pub(crate) async fn serve_metrics_and_health(
     listener: tokio::net::TcpListener,
     encode: impl Fn() -> String + Clone + Send + Sync + 'static,
     healthy: impl Fn() -> bool + Clone + Send + Sync + 'static,
@@ -416,6 +510,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Command::Shim(args) = cli.command {
+        // A plain process: no async runtime, no threads before it forks runc.
+        return ExitCode::from(u8::try_from(agent::shim(args)).unwrap_or(1));
+    }
+    // The registry client (reqwest) takes the process's rustls provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -432,6 +532,9 @@ fn main() -> ExitCode {
             Command::Controllers(args) => controllers(args).await,
             Command::Dns(args) => dns(args).await,
             Command::Proxy(args) => proxy(args).await,
+            Command::Agent(args) => agent::agent(args).await,
+            Command::Images(args) => agent::images(args).await,
+            Command::Shim(_) => Ok(()),
         }
     });
     match result {

@@ -74,6 +74,11 @@ pub(super) fn row(kind: Kind, object: &Value, now: i64) -> Vec<Value> {
         Kind::Node => node(object, now),
         Kind::Event => event(object, now),
         Kind::EndpointSlice => endpoint_slice(object, now),
+        Kind::Lease => vec![
+            name(object),
+            json!(s(object, &["spec", "holderIdentity"]).unwrap_or("")),
+            age(object, now),
+        ],
     }
 }
 

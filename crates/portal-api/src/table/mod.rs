@@ -161,6 +161,7 @@ pub fn columns(kind: Kind) -> Vec<Column> {
             col("Endpoints", "Addresses of the endpoints in this slice.", 0),
             AGE,
         ],
+        Kind::Lease => vec![NAME, col("Holder", "The holder of the lease.", 0), AGE],
     }
 }
 

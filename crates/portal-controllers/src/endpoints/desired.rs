@@ -231,7 +231,9 @@ pub fn slice_contents(
         let slice_ports: Vec<SlicePort> = ports
             .iter()
             .map(|p| SlicePort {
-                name: p.name.clone(),
+                // Always present, "" for an unnamed port, as Kubernetes
+                // writes it: `kubectl describe svc` dereferences it.
+                name: Some(p.name.clone().unwrap_or_default()),
                 port: Some(p.port),
                 protocol: p.protocol.clone(),
                 app_protocol: p.app_protocol.clone(),
@@ -252,7 +254,7 @@ pub fn slice_contents(
                     .iter()
                     .filter(|p| matches!(p.target_port, None | Some(IntOrString::Int(_))))
                     .map(|p| SlicePort {
-                        name: p.name.clone(),
+                        name: Some(p.name.clone().unwrap_or_default()),
                         port: match &p.target_port {
                             Some(IntOrString::Int(n)) if *n != 0 => Some(*n),
                             _ => Some(p.port),

@@ -1,0 +1,351 @@
+//! What a container runs with: its environment (the image's, then the
+//! Service variables of the pod's namespace, then `env` with `fieldRef`s and
+//! `$(VAR)` references) and its argv (`command`/`args` over the image's
+//! Entrypoint/Cmd), as the kubelet computes them. Pure functions.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use serde_json::Value;
+
+/// Facts about the pod that `fieldRef`s read and the kubelet knows.
+#[derive(Clone, Debug, Default)]
+pub struct PodFacts {
+    pub pod_ip: String,
+    pub host_ip: String,
+}
+
+/// Why a container's configuration cannot be made
+/// (`CreateContainerConfigError`).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// An environment in order, later values replacing earlier ones of the same name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Environment {
+    order: Vec<String>,
+    values: BTreeMap<String, String>,
+}
+
+impl Environment {
+    pub fn set(&mut self, name: &str, value: String) {
+        if self.values.insert(name.to_owned(), value).is_none() {
+            self.order.push(name.to_owned());
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
+    /// `NAME=value` strings, as execve takes them.
+    pub fn to_strings(&self) -> Vec<String> {
+        self.order
+            .iter()
+            .map(|name| format!("{name}={}", self.values[name]))
+            .collect()
+    }
+}
+
+/// The container's environment: the image's `Env`, the Service variables
+/// (`services`: the pod's namespace's when `enableServiceLinks` is not
+/// false, and always the `kubernetes` Service), then the container's `env`.
+pub fn environment(
+    pod: &Pod,
+    container: &Container,
+    image_env: &[String],
+    services: &[Value],
+    facts: &PodFacts,
+) -> Result<Environment, ConfigError> {
+    let mut env = Environment::default();
+    for entry in image_env {
+        if let Some((name, value)) = entry.split_once('=') {
+            env.set(name, value.to_owned());
+        }
+    }
+    // Variables from Services are not visible to `$(VAR)` in the image's
+    // values, but are to the container's `env`, as in the kubelet.
+    let mut visible = Environment::default();
+    for (name, value) in portal_api::service::environment(services) {
+        env.set(&name, value.clone());
+        visible.set(&name, value);
+    }
+    for var in container.env.iter().flatten() {
+        let value = match (&var.value, &var.value_from) {
+            (_, Some(source)) => {
+                if let Some(field) = &source.field_ref {
+                    field_value(pod, &field.field_path, facts)?
+                } else if let Some(field) = &source.resource_field_ref {
+                    resource_value(container, &field.resource)?
+                } else {
+                    let (what, optional) = if let Some(r) = &source.config_map_key_ref {
+                        ("configmaps", r.optional)
+                    } else if let Some(r) = &source.secret_key_ref {
+                        ("secrets", r.optional)
+                    } else {
+                        ("a source", None)
+                    };
+                    if optional == Some(true) {
+                        continue;
+                    }
+                    return Err(ConfigError(format!(
+                        "env {}: {what} are not served by this cluster",
+                        var.name
+                    )));
+                }
+            }
+            (Some(value), None) => expand(value, &visible),
+            (None, None) => String::new(),
+        };
+        env.set(&var.name, value.clone());
+        visible.set(&var.name, value);
+    }
+    Ok(env)
+}
+
+/// The value of a `fieldRef` (the paths the downward API allows).
+fn field_value(pod: &Pod, path: &str, facts: &PodFacts) -> Result<String, ConfigError> {
+    let meta = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    let keyed = |prefix: &str, map: Option<&BTreeMap<String, String>>| {
+        let key = path
+            .strip_prefix(prefix)?
+            .strip_prefix("['")?
+            .strip_suffix("']")?;
+        Some(map.and_then(|m| m.get(key)).cloned().unwrap_or_default())
+    };
+    let value = match path {
+        "metadata.name" => meta.name.clone().unwrap_or_default(),
+        "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
+        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        "spec.serviceAccountName" => spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_default(),
+        "status.podIP" | "status.podIPs" => facts.pod_ip.clone(),
+        "status.hostIP" | "status.hostIPs" => facts.host_ip.clone(),
+        _ => keyed("metadata.labels", meta.labels.as_ref())
+            .or_else(|| keyed("metadata.annotations", meta.annotations.as_ref()))
+            .ok_or_else(|| ConfigError(format!("unsupported fieldRef path {path:?}")))?,
+    };
+    Ok(value)
+}
+
+/// A `resourceFieldRef` of the container itself (limits, requests).
+fn resource_value(container: &Container, resource: &str) -> Result<String, ConfigError> {
+    let resources = container.resources.as_ref();
+    let (map, name) = match resource.split_once('.') {
+        Some(("limits", name)) => (resources.and_then(|r| r.limits.as_ref()), name),
+        Some(("requests", name)) => (resources.and_then(|r| r.requests.as_ref()), name),
+        _ => {
+            return Err(ConfigError(format!(
+                "unsupported resourceFieldRef {resource:?}"
+            )))
+        }
+    };
+    Ok(map
+        .and_then(|m| m.get(name))
+        .map(|q| q.0.clone())
+        .unwrap_or_else(|| "0".into()))
+}
+
+/// Expands `$(NAME)` from `env`; `$$` is a literal `$`; an unknown
+/// reference stays as written (Kubernetes' `expansion` package).
+pub fn expand(input: &str, env: &Environment) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(') {
+            match inner.find(')') {
+                Some(end) => {
+                    let name = &inner[..end];
+                    match env.get(name) {
+                        Some(value) => out.push_str(value),
+                        None => {
+                            out.push_str("$(");
+                            out.push_str(name);
+                            out.push(')');
+                        }
+                    }
+                    rest = &inner[end + 1..];
+                }
+                None => {
+                    out.push_str("$(");
+                    rest = inner;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The argv: `command` replaces the image's Entrypoint (and drops its Cmd),
+/// `args` replace its Cmd; both expanded with the container's environment.
+pub fn argv(
+    container: &Container,
+    entrypoint: &[String],
+    cmd: &[String],
+    env: &Environment,
+) -> Result<Vec<String>, ConfigError> {
+    let expand_all = |list: &[String]| list.iter().map(|a| expand(a, env)).collect::<Vec<_>>();
+    let argv: Vec<String> = match (&container.command, &container.args) {
+        (Some(command), args) if !command.is_empty() => {
+            let mut argv = expand_all(command);
+            argv.extend(expand_all(args.as_deref().unwrap_or_default()));
+            argv
+        }
+        (_, Some(args)) if !args.is_empty() => {
+            let mut argv = entrypoint.to_vec();
+            argv.extend(expand_all(args));
+            argv
+        }
+        _ => entrypoint.iter().chain(cmd).cloned().collect(),
+    };
+    if argv.is_empty() {
+        return Err(ConfigError(
+            "no command specified: the image has no Entrypoint or Cmd and the container no command"
+                .into(),
+        ));
+    }
+    Ok(argv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector};
+    use serde_json::json;
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "u-1", "labels": {"app": "web"}},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c"}]}
+        }))
+        .unwrap()
+    }
+
+    fn var(name: &str, value: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            value_from: None,
+        }
+    }
+
+    fn field(name: &str, path: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: path.into(),
+                    api_version: Some("v1".into()),
+                }),
+                ..EnvVarSource::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn image_then_services_then_container_env() {
+        let container = Container {
+            name: "c".into(),
+            env: Some(vec![
+                var("PATH", "/bin"),
+                field("POD", "metadata.name"),
+                field("NS", "metadata.namespace"),
+                field("NODE", "spec.nodeName"),
+                field("IP", "status.podIP"),
+                field("APP", "metadata.labels['app']"),
+                var(
+                    "URL",
+                    "http://$(REDIS_SERVICE_HOST):$(REDIS_SERVICE_PORT)/$(POD)$(NOPE)$$x",
+                ),
+            ]),
+            ..Container::default()
+        };
+        let services = [
+            json!({"metadata": {"name": "redis"}, "spec": {"clusterIP": "10.96.0.11", "ports": [{"port": 6379, "protocol": "TCP"}]}}),
+        ];
+        let facts = PodFacts {
+            pod_ip: "10.244.0.5".into(),
+            host_ip: "192.168.1.2".into(),
+        };
+        let image_env = ["PATH=/usr/bin".to_owned(), "HOME=/root".to_owned()];
+        let env = environment(&pod(), &container, &image_env, &services, &facts).unwrap();
+        let strings = env.to_strings();
+        assert_eq!(
+            strings[0], "PATH=/bin",
+            "the container's value replaces the image's in place"
+        );
+        assert_eq!(env.get("HOME"), Some("/root"));
+        assert_eq!(env.get("POD"), Some("web-1"));
+        assert_eq!(env.get("NS"), Some("shop"));
+        assert_eq!(env.get("NODE"), Some("node-a"));
+        assert_eq!(env.get("IP"), Some("10.244.0.5"));
+        assert_eq!(env.get("APP"), Some("web"));
+        assert_eq!(env.get("REDIS_SERVICE_HOST"), Some("10.96.0.11"));
+        assert_eq!(env.get("REDIS_PORT_6379_TCP_ADDR"), Some("10.96.0.11"));
+        assert_eq!(
+            env.get("URL"),
+            Some("http://10.96.0.11:6379/web-1$(NOPE)$x")
+        );
+    }
+
+    #[test]
+    fn unserved_sources_fail_unless_optional() {
+        let mut container: Container = serde_json::from_value(json!({
+            "name": "c",
+            "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+        }))
+        .unwrap();
+        let result = environment(&pod(), &container, &[], &[], &PodFacts::default());
+        assert!(result.is_err());
+        container.env = Some(vec![serde_json::from_value(json!(
+            {"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}
+        ))
+        .unwrap()]);
+        let env = environment(&pod(), &container, &[], &[], &PodFacts::default()).unwrap();
+        assert_eq!(env.get("K"), None);
+    }
+
+    #[test]
+    fn argv_follows_the_kubernetes_rules() {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let entrypoint = strings(&["/entry"]);
+        let cmd = strings(&["serve", "--port=80"]);
+        let mut env = Environment::default();
+        env.set("PORT", "8080".into());
+        let mut c = Container::default();
+        assert_eq!(
+            argv(&c, &entrypoint, &cmd, &env).unwrap(),
+            strings(&["/entry", "serve", "--port=80"])
+        );
+        c.args = Some(strings(&["run", "--port=$(PORT)"]));
+        assert_eq!(
+            argv(&c, &entrypoint, &cmd, &env).unwrap(),
+            strings(&["/entry", "run", "--port=8080"])
+        );
+        c.command = Some(strings(&["/bin/sh", "-c"]));
+        assert_eq!(
+            argv(&c, &entrypoint, &cmd, &env).unwrap(),
+            strings(&["/bin/sh", "-c", "run", "--port=8080"])
+        );
+        c.args = None;
+        assert_eq!(
+            argv(&c, &entrypoint, &cmd, &env).unwrap(),
+            strings(&["/bin/sh", "-c"])
+        );
+        assert!(argv(&Container::default(), &[], &[], &env).is_err());
+    }
+}

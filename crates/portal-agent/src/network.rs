@@ -1,0 +1,395 @@
+//! Pod networking: a network namespace per pod joined to the node by a veth
+//! on the node's bridge, an address from the node's pod range, and routes
+//! through the node (pods are /32s routed by the node, so every packet
+//! crosses the node's netfilter hooks: Services, hairpin included, work).
+//!
+//! Addresses are leased as files (`DIR/<ip>` holding the pod's UID), made
+//! with `O_EXCL` like CNI's host-local plugin, so no address is handed out
+//! twice or lost across agent restarts. Namespace names carry the agent's
+//! tag, so several agents on one machine never collide.
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use portal_api::cidr::Ipv4Cidr;
+use tokio::process::Command;
+
+/// The node's bridge; one per node network namespace.
+pub const BRIDGE: &str = "portal0";
+/// A fixed bridge MAC: otherwise the bridge takes the lowest of its ports'
+/// and changes it as pods come and go, and pods' cached gateway goes stale.
+const BRIDGE_MAC: &str = "02:50:4f:52:54:01";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An `ip` or `sysctl` step failed.
+    #[error("{command}: {message}")]
+    Command { command: String, message: String },
+    /// The lease directory could not be read or written.
+    #[error("address leases in {path}: {source}")]
+    Leases {
+        path: String,
+        source: std::io::Error,
+    },
+    /// Every address of the node's range is leased.
+    #[error("no free address in {0}")]
+    Exhausted(Ipv4Cidr),
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One node's pod network.
+#[derive(Clone, Debug)]
+pub struct Network {
+    /// Makes namespace names unique to this agent.
+    tag: String,
+    range: Ipv4Cidr,
+    leases: PathBuf,
+}
+
+/// The network of one pod as set up.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Sandbox {
+    /// Under `/run/netns`.
+    pub netns: String,
+    pub ip: Ipv4Addr,
+    /// The node side of the veth.
+    pub veth: String,
+}
+
+impl Sandbox {
+    pub fn netns_path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.netns)
+    }
+}
+
+impl Network {
+    pub fn new(tag: &str, range: Ipv4Cidr, leases: PathBuf) -> Self {
+        Network {
+            tag: tag.to_owned(),
+            range,
+            leases,
+        }
+    }
+
+    /// The node's address on the bridge: the pods' gateway.
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.range.nth(1).unwrap_or(Ipv4Addr::UNSPECIFIED)
+    }
+
+    /// Sets up the node side once: bridge, forwarding, and no bridge
+    /// netfilter (pods are routed; see the module doc).
+    pub async fn prepare_node(&self) -> Result<()> {
+        std::fs::create_dir_all(&self.leases).map_err(|source| self.lease_error(source))?;
+        let exists = Command::new("ip")
+            .args(["link", "show", BRIDGE])
+            .output()
+            .await
+            .is_ok_and(|o| o.status.success());
+        if !exists {
+            ip(&[
+                "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge",
+            ])
+            .await?;
+        }
+        let gateway = format!("{}/{}", self.gateway(), self.range.prefix());
+        // `replace` keeps this idempotent across restarts.
+        ip(&["addr", "replace", &gateway, "dev", BRIDGE]).await?;
+        ip(&["link", "set", BRIDGE, "up"]).await?;
+        for (key, value) in [
+            ("net/ipv4/ip_forward", "1"),
+            ("net/ipv4/conf/all/send_redirects", "0"),
+            ("net/ipv4/conf/portal0/send_redirects", "0"),
+            ("net/bridge/bridge-nf-call-iptables", "0"),
+        ] {
+            let path = Path::new("/proc/sys").join(key);
+            // bridge-nf-call-* exists only with br_netfilter loaded.
+            if path.exists() {
+                std::fs::write(&path, value).map_err(|e| Error::Command {
+                    command: format!("sysctl {key}={value}"),
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn lease_error(&self, source: std::io::Error) -> Error {
+        Error::Leases {
+            path: self.leases.display().to_string(),
+            source,
+        }
+    }
+
+    /// The namespace name of a pod, unique to this agent.
+    pub fn netns_name(&self, pod_uid: &str) -> String {
+        format!("portal-{}-{pod_uid}", self.tag)
+    }
+
+    /// The pod's address: the one it holds, else the next free one after
+    /// the last handed out (so a just-freed address is not reused at once).
+    pub fn lease(&self, pod_uid: &str) -> Result<Ipv4Addr> {
+        let held = self.leases_held()?;
+        if let Some((ip, _)) = held.iter().find(|(_, uid)| uid == pod_uid) {
+            return Ok(*ip);
+        }
+        let last_path = self.leases.join("last");
+        let last = std::fs::read_to_string(&last_path)
+            .ok()
+            .and_then(|s| s.trim().parse::<Ipv4Addr>().ok())
+            .and_then(|ip| self.range.offset(ip))
+            .unwrap_or(1);
+        let size = self.range.size();
+        // Offsets 0 (network), 1 (gateway) and size-1 (broadcast) are not pods'.
+        for step in 1..size {
+            let offset = (last + step) % size;
+            if offset < 2 || offset == size - 1 {
+                continue;
+            }
+            let Some(ip) = self.range.nth(offset) else {
+                continue;
+            };
+            let path = self.leases.join(ip.to_string());
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut file) => {
+                    file.write_all(pod_uid.as_bytes())
+                        .and_then(|()| file.sync_all())
+                        .map_err(|source| self.lease_error(source))?;
+                    std::fs::write(&last_path, ip.to_string())
+                        .map_err(|source| self.lease_error(source))?;
+                    return Ok(ip);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(source) => return Err(self.lease_error(source)),
+            }
+        }
+        Err(Error::Exhausted(self.range))
+    }
+
+    /// Every lease: (address, pod UID).
+    pub fn leases_held(&self) -> Result<Vec<(Ipv4Addr, String)>> {
+        let entries = match std::fs::read_dir(&self.leases) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(self.lease_error(source)),
+        };
+        let mut held = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(ip) = name.to_str().and_then(|n| n.parse::<Ipv4Addr>().ok()) else {
+                continue;
+            };
+            if let Ok(uid) = std::fs::read_to_string(entry.path()) {
+                held.push((ip, uid.trim().to_owned()));
+            }
+        }
+        Ok(held)
+    }
+
+    /// Frees the pod's address (if it had one).
+    pub fn release(&self, pod_uid: &str) -> Result<()> {
+        for (ip, uid) in self.leases_held()? {
+            if uid == pod_uid {
+                match std::fs::remove_file(self.leases.join(ip.to_string())) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(source) => return Err(self.lease_error(source)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pod's sandbox if its namespace and address are in place.
+    pub fn existing(&self, pod_uid: &str) -> Option<Sandbox> {
+        let netns = self.netns_name(pod_uid);
+        if !Path::new("/run/netns").join(&netns).exists() {
+            return None;
+        }
+        let (ip, _) = self
+            .leases_held()
+            .ok()?
+            .into_iter()
+            .find(|(_, uid)| uid == pod_uid)?;
+        Some(Sandbox {
+            netns,
+            ip,
+            veth: veth_name(pod_uid),
+        })
+    }
+
+    /// Creates the pod's namespace, veth and routes (from scratch: a
+    /// half-made sandbox is removed first).
+    pub async fn create_sandbox(&self, pod_uid: &str) -> Result<Sandbox> {
+        let ip = self.lease(pod_uid)?;
+        let sandbox = Sandbox {
+            netns: self.netns_name(pod_uid),
+            ip,
+            veth: veth_name(pod_uid),
+        };
+        self.remove_links(&sandbox).await;
+        let made = self.plumb(&sandbox).await;
+        if let Err(error) = made {
+            self.remove_links(&sandbox).await;
+            return Err(error);
+        }
+        Ok(sandbox)
+    }
+
+    async fn plumb(&self, sandbox: &Sandbox) -> Result<()> {
+        ip(&["netns", "add", &sandbox.netns]).await?;
+        let node_side = format!(
+            "link add {veth} type veth peer name eth0 netns {netns}\n\
+             link set {veth} master {BRIDGE} up\n",
+            veth = sandbox.veth,
+            netns = sandbox.netns,
+        );
+        ip_batch(None, &node_side).await?;
+        let gateway = self.gateway();
+        let pod_side = format!(
+            "link set lo up\n\
+             link set eth0 up\n\
+             addr add {ip}/32 dev eth0\n\
+             route add {gateway} dev eth0 scope link\n\
+             route add default via {gateway} dev eth0\n",
+            ip = sandbox.ip,
+        );
+        ip_batch(Some(&sandbox.netns), &pod_side).await
+    }
+
+    /// Deletes the pod's namespace and veth (missing parts are fine).
+    async fn remove_links(&self, sandbox: &Sandbox) {
+        let _ = ip(&["link", "del", &sandbox.veth]).await;
+        let _ = ip(&["netns", "del", &sandbox.netns]).await;
+    }
+
+    /// Removes the sandbox and frees its address.
+    pub async fn remove_sandbox(&self, pod_uid: &str) -> Result<()> {
+        let sandbox = Sandbox {
+            netns: self.netns_name(pod_uid),
+            ip: Ipv4Addr::UNSPECIFIED,
+            veth: veth_name(pod_uid),
+        };
+        self.remove_links(&sandbox).await;
+        self.release(pod_uid)
+    }
+
+    /// Pod UIDs that have a namespace of this agent (for cleaning up pods
+    /// that went away while the agent was down).
+    pub fn sandboxes_on_disk(&self) -> Vec<String> {
+        let prefix = format!("portal-{}-", self.tag);
+        std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(&prefix).map(str::to_owned))
+            })
+            .collect()
+    }
+}
+
+/// The node side of a pod's veth: unique per pod, at most 15 bytes.
+pub fn veth_name(pod_uid: &str) -> String {
+    format!("pv{:08x}", crate::short_hash(pod_uid))
+}
+
+async fn ip(args: &[&str]) -> Result<()> {
+    run(
+        Command::new("ip").args(args),
+        &format!("ip {}", args.join(" ")),
+        None,
+    )
+    .await
+}
+
+/// Several `ip` commands in one process (`ip -batch -`), in `netns` if given.
+async fn ip_batch(netns: Option<&str>, commands: &str) -> Result<()> {
+    let mut command = Command::new("ip");
+    if let Some(netns) = netns {
+        command.args(["-n", netns]);
+    }
+    command.args(["-batch", "-"]);
+    let label = format!("ip -batch ({})", commands.trim().replace('\n', "; "));
+    run(&mut command, &label, Some(commands)).await
+}
+
+async fn run(command: &mut Command, label: &str, input: Option<&str>) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let failed = |message: String| Error::Command {
+        command: label.to_owned(),
+        message,
+    };
+    command
+        .stdin(if input.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(text.as_bytes())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    let output = child
+        .wait_with_output()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(failed(
+            String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_are_unique_persisted_and_not_reused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let range: Ipv4Cidr = "10.244.3.0/29".parse().unwrap();
+        let net = Network::new("t", range, dir.path().join("leases"));
+        std::fs::create_dir_all(dir.path().join("leases")).unwrap();
+        let a = net.lease("a").unwrap();
+        assert_eq!(
+            a,
+            "10.244.3.2".parse::<Ipv4Addr>().unwrap(),
+            ".0 and the gateway .1 are skipped"
+        );
+        assert_eq!(net.lease("a").unwrap(), a, "a pod keeps its address");
+        let b = net.lease("b").unwrap();
+        net.release("a").unwrap();
+        let c = net.lease("c").unwrap();
+        assert_ne!(c, a, "a freed address is not handed out again at once");
+        // A second agent on the same directory (a restart) sees the leases.
+        let again = Network::new("t", range, dir.path().join("leases"));
+        assert_eq!(again.lease("b").unwrap(), b);
+        let mut all: Vec<_> = (0..4).map(|i| again.lease(&format!("x{i}"))).collect();
+        // b and c hold two of the five (.2 to .6): three more fit.
+        assert!(all.pop().unwrap().is_err(), "/29 holds 5 pods: .2 to .6");
+        assert!(all.iter().all(|r| r.is_ok()));
+    }
+
+    #[test]
+    fn names_fit_the_kernel_limits() {
+        let uid = "0b7c2a7e-1b7f-4d7a-9b43-9e0e6f3a2c11";
+        assert!(veth_name(uid).len() <= 15);
+        assert_ne!(veth_name(uid), veth_name("another"));
+    }
+}

@@ -1,0 +1,284 @@
+//! The agent's Node: registered at start with its addresses, capacity and
+//! system information, kept Ready while the agent is healthy, and a
+//! `coordination.k8s.io/v1` Lease in `kube-node-lease` renewed every ten
+//! seconds as the kubelet's heartbeat.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+use crate::Error;
+
+/// The Lease is renewed this often and lasts four times as long, as the
+/// kubelet's (`nodeLeaseDurationSeconds` 40).
+const RENEW_EVERY: Duration = Duration::from_secs(10);
+const LEASE_SECONDS: i32 = 40;
+/// The Node's status (conditions' heartbeat) is written at least this often.
+const STATUS_EVERY: Duration = Duration::from_secs(60);
+/// The most pods one node runs, as the kubelet's `--max-pods` default.
+pub const MAX_PODS: u32 = 110;
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// Who this node is.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub name: String,
+    pub ip: Ipv4Addr,
+    /// The port of the agent's own server (`daemonEndpoints`).
+    pub port: i32,
+}
+
+/// Creates the Node or brings an existing one up to date, and returns it.
+pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Error> {
+    let api = Api::<Node>::all(client.clone());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(me.name.clone()),
+            labels: Some(labels(&me.name)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: None,
+    };
+    match api.create(&PostParams::default(), &node).await {
+        Ok(_) => tracing::info!(node = %me.name, "node registered"),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let patch = serde_json::json!({"metadata": {"labels": labels(&me.name)}});
+            api.patch(&me.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        Err(error) => return Err(error.into()),
+    }
+    write_status(&api, me).await
+}
+
+fn labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), arch().to_owned()),
+        ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("beta.kubernetes.io/arch".to_owned(), arch().to_owned()),
+    ])
+}
+
+/// The architecture in Go's names, as Kubernetes reports it.
+fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+async fn write_status(api: &Api<Node>, me: &Identity) -> Result<Node, Error> {
+    let current = api.get_status(&me.name).await?;
+    let status = serde_json::json!({"status": status(me, current.status.as_ref())});
+    Ok(api
+        .patch_status(&me.name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?)
+}
+
+/// The Node's status: addresses, capacity, system information, conditions
+/// (a condition keeps its transition time while its status holds).
+fn status(me: &Identity, previous: Option<&NodeStatus>) -> NodeStatus {
+    let now = Time(jiff::Timestamp::now());
+    let since = |type_: &str, status: &str| {
+        previous
+            .and_then(|p| p.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == type_ && c.status == status))
+            .and_then(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.clone())
+    };
+    let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(since(type_, status)),
+    };
+    let capacity = capacity();
+    NodeStatus {
+        addresses: Some(vec![
+            NodeAddress {
+                type_: "InternalIP".into(),
+                address: me.ip.to_string(),
+            },
+            NodeAddress {
+                type_: "Hostname".into(),
+                address: me.name.clone(),
+            },
+        ]),
+        allocatable: Some(capacity.clone()),
+        capacity: Some(capacity),
+        conditions: Some(vec![
+            condition(
+                "MemoryPressure",
+                "False",
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+            condition(
+                "DiskPressure",
+                "False",
+                "KubeletHasNoDiskPressure",
+                "kubelet has no disk pressure",
+            ),
+            condition(
+                "PIDPressure",
+                "False",
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+            condition(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "kubelet is posting ready status",
+            ),
+        ]),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint { port: me.port }),
+        }),
+        node_info: Some(system_info()),
+        ..NodeStatus::default()
+    }
+}
+
+fn capacity() -> BTreeMap<String, Quantity> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let memory_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    BTreeMap::from([
+        ("cpu".to_owned(), Quantity(cpus.to_string())),
+        ("memory".to_owned(), Quantity(format!("{memory_kib}Ki"))),
+        ("pods".to_owned(), Quantity(MAX_PODS.to_string())),
+        ("ephemeral-storage".to_owned(), Quantity("0".to_owned())),
+    ])
+}
+
+fn system_info() -> NodeSystemInfo {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let os_image = read("/etc/os-release")
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_owned())
+        .unwrap_or_else(|| "Linux".into());
+    let version = env!("CARGO_PKG_VERSION");
+    NodeSystemInfo {
+        architecture: arch().into(),
+        boot_id: read("/proc/sys/kernel/random/boot_id"),
+        container_runtime_version: format!("portal://{version}"),
+        kernel_version: read("/proc/sys/kernel/osrelease"),
+        kube_proxy_version: String::new(),
+        kubelet_version: format!("v1.33.0-portal.{version}"),
+        machine_id: read("/etc/machine-id"),
+        operating_system: "linux".into(),
+        os_image,
+        system_uuid: read("/sys/class/dmi/id/product_uuid"),
+        ..NodeSystemInfo::default()
+    }
+}
+
+/// Renews the Lease every ten seconds and the Node's status every minute,
+/// for as long as the agent runs. Failures are retried at the next tick.
+pub(crate) async fn heartbeat(
+    client: Client,
+    me: Identity,
+    node_uid: String,
+    metrics: crate::Metrics,
+) {
+    let leases = Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE);
+    let nodes = Api::<Node>::all(client);
+    let mut last_status = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(RENEW_EVERY);
+    loop {
+        tick.tick().await;
+        match renew(&leases, &me, &node_uid).await {
+            Ok(()) => metrics.lease_renewed(),
+            Err(error) => tracing::warn!(%error, node = %me.name, "renewing the node lease failed"),
+        }
+        if last_status.elapsed() >= STATUS_EVERY {
+            match write_status(&nodes, &me).await {
+                Ok(_) => last_status = tokio::time::Instant::now(),
+                Err(error) => tracing::warn!(%error, node = %me.name, "node status update failed"),
+            }
+        }
+    }
+}
+
+async fn renew(leases: &Api<Lease>, me: &Identity, node_uid: &str) -> Result<(), Error> {
+    let now = MicroTime(jiff::Timestamp::now());
+    let spec = LeaseSpec {
+        holder_identity: Some(me.name.clone()),
+        lease_duration_seconds: Some(LEASE_SECONDS),
+        renew_time: Some(now),
+        ..LeaseSpec::default()
+    };
+    let patch = serde_json::json!({"spec": spec});
+    match leases
+        .patch(&me.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            // Owned by the Node, so it goes when the Node is deleted.
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(me.name.clone()),
+                    namespace: Some(LEASE_NAMESPACE.into()),
+                    owner_references: Some(vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Node".into(),
+                        name: me.name.clone(),
+                        uid: node_uid.to_owned(),
+                        ..OwnerReference::default()
+                    }]),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(spec),
+            };
+            leases.create(&PostParams::default(), &lease).await?;
+            Ok(())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The node's pod range once node IPAM has assigned it.
+pub(crate) async fn wait_for_pod_cidr(client: &Client, name: &str) -> Result<String, Error> {
+    let api = Api::<Node>::all(client.clone());
+    let mut logged = false;
+    loop {
+        let node = api.get(name).await?;
+        if let Some(cidr) = node.spec.and_then(|s| s.pod_cidr) {
+            return Ok(cidr);
+        }
+        if !logged {
+            tracing::info!(node = %node.metadata.name.unwrap_or_default(), "waiting for a pod range (node IPAM)");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,146 @@
+//! The container runtime behind a CRI-shaped interface: sandboxes (a pod's
+//! network, UTS and IPC namespaces) and containers (create+start, stop,
+//! remove, list). The pod workers speak only this; [`runc::Runc`] is the
+//! implementation (ADR 0007), and tests can put a fake behind it.
+
+pub mod bundle;
+pub mod runc;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::images::ImageConfig;
+use crate::shim::{Exit, Started};
+
+/// Why a runtime call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file or mount of the runtime's could not be made or read.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// A helper command (runc, unshare, the shim) failed.
+    #[error("{command}: {message}")]
+    Command { command: String, message: String },
+    /// The container's configuration cannot be run.
+    #[error("{0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What identifies a container instance among a pod's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerMeta {
+    pub pod_uid: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub name: String,
+    /// 0 for the first instance, +1 per restart (the restart count).
+    pub attempt: u32,
+    /// As the pod spec names it, and the resolved `repo@sha256:…`.
+    pub image: String,
+    pub image_id: String,
+    pub created_at: String,
+    pub log_path: PathBuf,
+}
+
+/// What a container runs: the process and its limits, already resolved.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerConfig {
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    pub working_dir: String,
+    /// uid, gid.
+    pub user: (u32, u32),
+    pub memory_limit: Option<i64>,
+    /// CPU quota in millicores (limits.cpu) and shares (requests.cpu).
+    pub cpu_limit_millis: Option<i64>,
+    pub cpu_request_millis: Option<i64>,
+    /// Extra read-only/read-write bind mounts: (host path, container path, read-only).
+    pub mounts: Vec<(PathBuf, String, bool)>,
+    /// The pod shares the node's network namespace.
+    pub host_network: bool,
+    pub privileged: bool,
+}
+
+/// Where a container is in its life.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Made, not (yet) started.
+    Created,
+    Running(Started),
+    Exited {
+        started: Option<Started>,
+        exit: Exit,
+    },
+}
+
+/// One container instance as the runtime sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerStatus {
+    pub id: String,
+    pub meta: ContainerMeta,
+    pub state: State,
+}
+
+/// A pod's shared namespaces as made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxPaths {
+    /// Network namespace to join, or `None` for host-network pods.
+    pub netns: Option<PathBuf>,
+    pub uts: PathBuf,
+    pub ipc: PathBuf,
+}
+
+/// The image a container is made from, as the image service resolved it.
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// The unpacked root filesystem (read-only; containers write above it).
+    pub rootfs: PathBuf,
+    pub config: ImageConfig,
+    pub id: String,
+}
+
+/// A CRI-shaped runtime. (Futures are `Send`: pod workers run on tokio's
+/// multi-threaded runtime.)
+pub trait Runtime: Send + Sync + 'static {
+    /// Makes the pod's UTS and IPC namespaces (the hostname set) and
+    /// records the network namespace the pod joins.
+    fn run_sandbox(
+        &self,
+        pod_uid: &str,
+        hostname: &str,
+        netns: Option<PathBuf>,
+    ) -> impl Future<Output = Result<SandboxPaths>> + Send;
+    /// The sandbox if it (still) exists.
+    fn sandbox(&self, pod_uid: &str) -> Option<SandboxPaths>;
+    /// Removes the sandbox; its containers must have been removed.
+    fn remove_sandbox(&self, pod_uid: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Makes and starts a container in the sandbox; returns its id. A
+    /// start failure shows as an exit with reason `StartError`.
+    fn start_container(
+        &self,
+        sandbox: &SandboxPaths,
+        meta: ContainerMeta,
+        image: &Image,
+        config: &ContainerConfig,
+    ) -> impl Future<Output = Result<String>> + Send;
+    /// Asks the container to stop (`signal`, default SIGTERM), then kills
+    /// it after `grace`. Returns once it has exited.
+    fn stop_container(
+        &self,
+        id: &str,
+        signal: Option<&str>,
+        grace: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Forgets an exited container and frees its files.
+    fn remove_container(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Every container of this agent, running or not.
+    fn containers(&self) -> Vec<ContainerStatus>;
+}

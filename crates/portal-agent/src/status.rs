@@ -1,0 +1,546 @@
+//! A pod's status as the kubelet reports it, computed from the spec, what
+//! the runtime shows of its containers and why a container waits (pure),
+//! and the status manager that writes it only when it changed.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus as ApiContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use parking_lot::Mutex;
+
+use crate::runtime::{ContainerStatus, State};
+use crate::shim::Exit;
+
+/// Why a container is not running now (ContainerCreating, ErrImagePull,
+/// ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError, …).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub reason: String,
+    pub message: String,
+}
+
+/// What the status is computed from.
+#[derive(Debug)]
+pub struct Observed<'a> {
+    pub pod: &'a Pod,
+    /// The runtime's instances of this pod's containers.
+    pub containers: &'a [ContainerStatus],
+    pub waiting: &'a HashMap<String, Waiting>,
+    /// The sandbox is up (network and namespaces).
+    pub sandbox_ready: bool,
+    pub pod_ip: Option<String>,
+    pub host_ip: String,
+    /// When the agent first took the pod on.
+    pub start_time: jiff::Timestamp,
+}
+
+fn parse_time(text: &str) -> Option<Time> {
+    text.parse::<jiff::Timestamp>().ok().map(Time)
+}
+
+/// The newest instance of container `name`, and the one before it.
+fn instances<'a>(
+    containers: &'a [ContainerStatus],
+    name: &str,
+) -> (Option<&'a ContainerStatus>, Option<&'a ContainerStatus>) {
+    let mut mine: Vec<&ContainerStatus> =
+        containers.iter().filter(|c| c.meta.name == name).collect();
+    mine.sort_by_key(|c| std::cmp::Reverse(c.meta.attempt));
+    (mine.first().copied(), mine.get(1).copied())
+}
+
+fn terminated(exit: &Exit, started_at: Option<&str>, id: &str) -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: exit.exit_code,
+            reason: Some(exit.reason.clone()),
+            message: Some(exit.message.clone()).filter(|m| !m.is_empty()),
+            started_at: started_at.and_then(parse_time),
+            finished_at: parse_time(&exit.finished_at),
+            container_id: Some(format!("portal://{id}")),
+            signal: None,
+        }),
+        ..ContainerState::default()
+    }
+}
+
+fn state_of(instance: &ContainerStatus) -> ContainerState {
+    match &instance.state {
+        State::Running(started) => ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: parse_time(&started.started_at),
+            }),
+            ..ContainerState::default()
+        },
+        State::Created => waiting_state("ContainerCreating", ""),
+        State::Exited { started, exit } => terminated(
+            exit,
+            started.as_ref().map(|s| s.started_at.as_str()),
+            &instance.id,
+        ),
+    }
+}
+
+fn waiting_state(reason: &str, message: &str) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.into()),
+            message: Some(message.to_owned()).filter(|m| !m.is_empty()),
+        }),
+        ..ContainerState::default()
+    }
+}
+
+/// The pod's status now.
+pub fn compute(observed: &Observed<'_>) -> PodStatus {
+    let spec = observed.pod.spec.clone().unwrap_or_default();
+    let policy = spec.restart_policy.as_deref().unwrap_or("Always");
+    let mut statuses = Vec::new();
+    let (mut running, mut succeeded, mut failed, mut waiting) = (0, 0, 0, 0);
+    for container in &spec.containers {
+        let (latest, previous) = instances(observed.containers, &container.name);
+        let why = observed.waiting.get(&container.name);
+        let mut state = match latest {
+            Some(instance) => state_of(instance),
+            None => waiting_state("ContainerCreating", ""),
+        };
+        // A container waiting to restart (or to be made) says why.
+        if let Some(why) = why {
+            if state.running.is_none() {
+                state = waiting_state(&why.reason, &why.message);
+            }
+        }
+        let last_state = match (why, latest, previous) {
+            // Waiting to restart: the last run is the newest instance.
+            (Some(_), Some(last), _) if !matches!(last.state, State::Running(_)) => {
+                Some(state_of(last))
+            }
+            (_, _, Some(previous)) => Some(state_of(previous)),
+            _ => None,
+        }
+        .filter(|s| s.terminated.is_some());
+        let is_running = state.running.is_some();
+        match (&state.terminated, &state.waiting) {
+            (Some(t), _) if t.exit_code == 0 => succeeded += 1,
+            (Some(_), _) => failed += 1,
+            (None, Some(_)) => waiting += 1,
+            _ => running += 1,
+        }
+        let restarts = latest.map_or(0, |c| c.meta.attempt)
+            + u32::from(
+                why.is_some() && latest.is_some_and(|c| !matches!(c.state, State::Running(_))),
+            );
+        statuses.push(ApiContainerStatus {
+            name: container.name.clone(),
+            image: container.image.clone().unwrap_or_default(),
+            image_id: latest.map(|c| c.meta.image_id.clone()).unwrap_or_default(),
+            container_id: latest
+                .filter(|_| state.waiting.is_none())
+                .map(|c| format!("portal://{}", c.id)),
+            ready: is_running,
+            started: Some(is_running),
+            restart_count: i32::try_from(restarts).unwrap_or(i32::MAX),
+            state: Some(state),
+            last_state: Some(last_state.unwrap_or_default()),
+            ..ApiContainerStatus::default()
+        });
+    }
+    let total = spec.containers.len();
+    // The kubelet's getPhase.
+    let phase = if running > 0 {
+        "Running"
+    } else if waiting > 0 {
+        // Restarting after having run is still Running.
+        if statuses.iter().any(|s| s.restart_count > 0) {
+            "Running"
+        } else {
+            "Pending"
+        }
+    } else if total > 0 && succeeded + failed == total {
+        match policy {
+            // Every container is about to be restarted.
+            "Always" => "Running",
+            "OnFailure" if failed > 0 => "Running",
+            _ if failed == 0 => "Succeeded",
+            _ => "Failed",
+        }
+    } else {
+        "Pending"
+    };
+    let all_ready = total > 0 && statuses.iter().all(|s| s.ready);
+    let gates_pass = spec.readiness_gates.iter().flatten().all(|gate| {
+        observed
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == gate.condition_type && c.status == "True")
+            })
+    });
+    let previous = observed
+        .pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let now = Time(jiff::Timestamp::now());
+    let condition = |type_: &str, ok: bool, reason: Option<&str>| {
+        let status = if ok { "True" } else { "False" };
+        let since = previous
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .and_then(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.clone());
+        PodCondition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.filter(|_| !ok).map(str::to_owned),
+            last_transition_time: Some(since),
+            ..PodCondition::default()
+        }
+    };
+    let terminal = matches!(phase, "Succeeded" | "Failed");
+    let conditions = vec![
+        condition(
+            "PodReadyToStartContainers",
+            observed.sandbox_ready && !terminal,
+            None,
+        ),
+        condition("Initialized", true, None),
+        condition(
+            "Ready",
+            all_ready && gates_pass,
+            Some(if terminal {
+                "PodCompleted"
+            } else {
+                "ContainersNotReady"
+            }),
+        ),
+        condition(
+            "ContainersReady",
+            all_ready,
+            Some(if terminal {
+                "PodCompleted"
+            } else {
+                "ContainersNotReady"
+            }),
+        ),
+        condition("PodScheduled", true, None),
+    ];
+    // Conditions other agents own (readiness gates) are kept as they are.
+    let mut merged: Vec<PodCondition> = conditions;
+    for kept in previous {
+        if !merged.iter().any(|c| c.type_ == kept.type_) {
+            merged.push(kept);
+        }
+    }
+    let pod_ip = observed.pod_ip.clone();
+    PodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(merged),
+        host_ip: Some(observed.host_ip.clone()),
+        host_ips: Some(vec![HostIP {
+            ip: observed.host_ip.clone(),
+        }]),
+        pod_ip: pod_ip.clone(),
+        pod_ips: pod_ip.map(|ip| vec![PodIP { ip }]),
+        start_time: Some(Time(observed.start_time)),
+        container_statuses: Some(statuses),
+        qos_class: Some(qos_class(observed.pod).into()),
+        ..PodStatus::default()
+    }
+}
+
+/// Guaranteed when every container's requests equal its limits for cpu
+/// and memory, BestEffort with none at all, Burstable otherwise.
+fn qos_class(pod: &Pod) -> &'static str {
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    let mut any = false;
+    let mut guaranteed = true;
+    for container in containers {
+        let resources = container.resources.clone().unwrap_or_default();
+        let limits = resources.limits.unwrap_or_default();
+        let requests = resources.requests.unwrap_or_default();
+        any |= !limits.is_empty() || !requests.is_empty();
+        for name in ["cpu", "memory"] {
+            let limit = limits.get(name);
+            let request = requests.get(name).or(limit);
+            if limit.is_none() || request != limit {
+                guaranteed = false;
+            }
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => "BestEffort",
+        (true, true) => "Guaranteed",
+        (true, false) => "Burstable",
+    }
+}
+
+/// Writes pods' statuses, skipping writes that would change nothing.
+pub struct StatusManager {
+    client: Client,
+    /// The last status written per pod UID (timestamps included: a status
+    /// whose only change is a time is still the same status).
+    written: Mutex<HashMap<String, serde_json::Value>>,
+}
+
+impl std::fmt::Debug for StatusManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusManager").finish_non_exhaustive()
+    }
+}
+
+impl StatusManager {
+    pub fn new(client: Client) -> Self {
+        StatusManager {
+            client,
+            written: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Writes `status` for `pod` unless it is what was written last.
+    pub async fn set(&self, pod: &Pod, status: PodStatus) -> Result<(), kube::Error> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let value = serde_json::to_value(&status).unwrap_or_default();
+        let current = pod
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok());
+        if self.written.lock().get(&uid) == Some(&value) || current.as_ref() == Some(&value) {
+            return Ok(());
+        }
+        let api = Api::<Pod>::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+        );
+        let patch = serde_json::json!({
+            "metadata": {"uid": uid},
+            "status": value,
+        });
+        api.patch_status(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        self.written.lock().insert(uid, value);
+        Ok(())
+    }
+
+    pub fn forget(&self, uid: &str) {
+        self.written.lock().remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::ContainerMeta;
+    use crate::shim::Started;
+    use serde_json::json;
+
+    fn pod(policy: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+            "spec": {"restartPolicy": policy, "containers": [{"name": "a", "image": "busybox"}, {"name": "b", "image": "busybox"}]}
+        }))
+        .unwrap()
+    }
+
+    fn instance(name: &str, attempt: u32, state: State) -> ContainerStatus {
+        ContainerStatus {
+            id: format!("{name}{attempt}"),
+            meta: ContainerMeta {
+                pod_uid: "u".into(),
+                pod_namespace: "default".into(),
+                pod_name: "p".into(),
+                name: name.into(),
+                attempt,
+                image: "busybox".into(),
+                image_id: "busybox@sha256:00".into(),
+                created_at: "2026-01-01T00:00:00Z".into(),
+                log_path: "/l".into(),
+            },
+            state,
+        }
+    }
+
+    fn running() -> State {
+        State::Running(Started {
+            pid: 1,
+            started_at: "2026-01-01T00:00:01Z".into(),
+        })
+    }
+
+    fn exited(code: i32) -> State {
+        State::Exited {
+            started: None,
+            exit: Exit {
+                exit_code: code,
+                reason: if code == 0 { "Completed" } else { "Error" }.into(),
+                message: String::new(),
+                finished_at: "2026-01-01T00:00:02Z".into(),
+            },
+        }
+    }
+
+    fn observe<'a>(
+        pod: &'a Pod,
+        containers: &'a [ContainerStatus],
+        waiting: &'a HashMap<String, Waiting>,
+    ) -> PodStatus {
+        compute(&Observed {
+            pod,
+            containers,
+            waiting,
+            sandbox_ready: true,
+            pod_ip: Some("10.244.0.5".into()),
+            host_ip: "192.168.1.2".into(),
+            start_time: jiff::Timestamp::UNIX_EPOCH,
+        })
+    }
+
+    fn condition(status: &PodStatus, type_: &str) -> String {
+        status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap()
+            .status
+            .clone()
+    }
+
+    #[test]
+    fn running_and_ready_when_every_container_runs() {
+        let pod = pod("Always");
+        let none = HashMap::new();
+        let status = observe(
+            &pod,
+            &[instance("a", 0, running()), instance("b", 0, running())],
+            &none,
+        );
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(condition(&status, "Ready"), "True");
+        assert_eq!(status.pod_ip.as_deref(), Some("10.244.0.5"));
+        let one = observe(&pod, &[instance("a", 0, running())], &none);
+        assert_eq!(condition(&one, "Ready"), "False");
+        assert_eq!(
+            one.container_statuses.unwrap()[1]
+                .state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("ContainerCreating")
+        );
+    }
+
+    #[test]
+    fn completed_failed_and_restarting() {
+        let never = pod("Never");
+        let none = HashMap::new();
+        let done = observe(
+            &never,
+            &[instance("a", 0, exited(0)), instance("b", 0, exited(0))],
+            &none,
+        );
+        assert_eq!(done.phase.as_deref(), Some("Succeeded"));
+        let about_to_restart = observe(
+            &pod("Always"),
+            &[instance("a", 0, exited(1)), instance("b", 0, exited(0))],
+            &none,
+        );
+        assert_eq!(about_to_restart.phase.as_deref(), Some("Running"));
+        let retried = observe(
+            &pod("OnFailure"),
+            &[instance("a", 0, exited(1)), instance("b", 0, exited(0))],
+            &none,
+        );
+        assert_eq!(retried.phase.as_deref(), Some("Running"));
+        let failed = observe(
+            &never,
+            &[instance("a", 0, exited(0)), instance("b", 0, exited(1))],
+            &none,
+        );
+        assert_eq!(failed.phase.as_deref(), Some("Failed"));
+        let always = pod("Always");
+        let waiting = HashMap::from([(
+            "b".to_owned(),
+            Waiting {
+                reason: "CrashLoopBackOff".into(),
+                message: "back-off 10s".into(),
+            },
+        )]);
+        let status = observe(
+            &always,
+            &[instance("a", 0, running()), instance("b", 0, exited(1))],
+            &waiting,
+        );
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        let b = &status.container_statuses.unwrap()[1];
+        assert_eq!(
+            b.restart_count, 1,
+            "the instance that ended counts as a restart while it waits"
+        );
+        assert_eq!(
+            b.state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("CrashLoopBackOff")
+        );
+        assert_eq!(
+            b.last_state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .exit_code,
+            1
+        );
+        let restarted = observe(
+            &always,
+            &[
+                instance("a", 0, running()),
+                instance("b", 0, exited(1)),
+                instance("b", 1, running()),
+            ],
+            &none,
+        );
+        let b = &restarted.container_statuses.unwrap()[1];
+        assert_eq!(b.restart_count, 1);
+        assert!(b.state.as_ref().unwrap().running.is_some());
+        assert_eq!(
+            b.last_state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .exit_code,
+            1
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! The node agent's commands: `portal agent`, `portal images import`, the
+//! hidden `portal shim` the runtime starts per container, and the agent
+//! options `portal server` shares.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use portal_agent::Mirror;
+
+use crate::Error;
+
+/// Agent settings shared by `portal agent` and `portal server`.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct AgentOptions {
+    /// This node's name (default: the host name).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Pulls from REGISTRY go to URL instead (REGISTRY=URL, repeatable),
+    /// e.g. docker.io=http://127.0.0.1:5000.
+    #[arg(long = "registry-mirror", value_name = "REGISTRY=URL")]
+    pub mirrors: Vec<Mirror>,
+    /// Registries (HOST:PORT) reached over plain HTTP (loopback ones always are).
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    pub insecure_registries: Vec<String>,
+    /// The DNS server pods use (default: the kube-dns Service's address).
+    #[arg(long)]
+    pub cluster_dns: Option<Ipv4Addr>,
+}
+
+impl AgentOptions {
+    pub(crate) fn node_name(&self) -> String {
+        self.node_name.clone().unwrap_or_else(hostname)
+    }
+
+    pub(crate) fn config(
+        &self,
+        data_dir: PathBuf,
+        node_ip: Option<Ipv4Addr>,
+        cluster_domain: &str,
+    ) -> portal_agent::Config {
+        portal_agent::Config {
+            node_name: self.node_name(),
+            node_ip,
+            data_dir,
+            cluster_domain: cluster_domain.to_owned(),
+            cluster_dns: self.cluster_dns,
+            mirrors: self.mirrors.clone(),
+            insecure_registries: self.insecure_registries.clone(),
+            port: 10250,
+        }
+    }
+}
+
+/// The machine's host name, lower-cased (a valid node name).
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_ascii_lowercase())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct AgentArgs {
+    /// Credentials and address of the API server.
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// Keeps images, containers, pod files, logs and address leases.
+    #[arg(long, default_value = "/var/lib/portal/agent")]
+    data_dir: PathBuf,
+    /// This node's address (default: its first global IPv4 address).
+    #[arg(long)]
+    node_ip: Option<Ipv4Addr>,
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    #[command(flatten)]
+    options: AgentOptions,
+    /// Where to serve /metrics and /healthz.
+    #[arg(long, default_value = "127.0.0.1:10248")]
+    metrics_bind: SocketAddr,
+}
+
+pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
+    let client = portal_controllers::client_from_kubeconfig(&args.kubeconfig).await?;
+    let addr = args.metrics_bind;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Metrics { addr, source })?;
+    let config = args
+        .options
+        .config(args.data_dir, args.node_ip, &args.cluster_domain);
+    let agent = portal_agent::start(client, config).await?;
+    let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
+    tokio::spawn(crate::serve_metrics_and_health(
+        listener,
+        move || metrics.encode(),
+        move || health.healthy(),
+    ));
+    crate::wait_for_signal("containers keep running").await
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ImagesArgs {
+    #[command(subcommand)]
+    command: ImagesCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum ImagesCommand {
+    /// Load the images of an OCI archive or a `docker save` tarball.
+    Import {
+        /// The archive.
+        file: PathBuf,
+        /// The agent's data directory (`portal server`: DIR/agent).
+        #[arg(long, default_value = "/var/lib/portal/agent")]
+        data_dir: PathBuf,
+    },
+}
+
+pub(crate) async fn images(args: ImagesArgs) -> Result<(), Error> {
+    match args.command {
+        ImagesCommand::Import { file, data_dir } => {
+            let names = portal_agent::import_images(data_dir, file).await?;
+            for name in names {
+                tracing::info!(image = %name, "imported");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `portal shim`: started by the agent's runtime, never by hand.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ShimArgs {
+    #[arg(long)]
+    runc: PathBuf,
+    #[arg(long)]
+    runc_root: PathBuf,
+    #[arg(long)]
+    id: String,
+    #[arg(long)]
+    bundle: PathBuf,
+    #[arg(long)]
+    state: PathBuf,
+    #[arg(long)]
+    log: PathBuf,
+    #[arg(long)]
+    cgroup: String,
+    #[arg(long)]
+    log_max_bytes: u64,
+    #[arg(long)]
+    log_max_files: u32,
+}
+
+/// Runs the shim (no async runtime); the process exit code.
+pub(crate) fn shim(args: ShimArgs) -> i32 {
+    portal_agent::shim::run(&portal_agent::shim::ShimArgs {
+        runc: args.runc,
+        runc_root: args.runc_root,
+        id: args.id,
+        bundle: args.bundle,
+        state: args.state,
+        log: args.log,
+        log_limits: portal_agent::shim::LogLimits {
+            max_bytes: args.log_max_bytes,
+            max_files: args.log_max_files,
+        },
+        cgroup: args.cgroup,
+    })
+}

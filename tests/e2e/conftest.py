@@ -23,8 +23,9 @@ START_TIMEOUT = 30
 class Portal:
     """One `portal server` process on a data directory that outlives it."""
 
-    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False):
+    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False, api_bind="127.0.0.1:0"):
         self.data_dir = pathlib.Path(data_dir)
+        self.api_bind = api_bind
         # The proxy and the node agent change the network namespace they run
         # in: only tests that made a namespace for them (nodes.py) turn
         # them on.
@@ -43,7 +44,7 @@ class Portal:
             kubeconfig.unlink()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [BINARY, "server", "--data-dir", str(self.data_dir), "--api-bind", "127.0.0.1:0", *self.extra_args],
+            [BINARY, "server", "--data-dir", str(self.data_dir), "--api-bind", self.api_bind, *self.extra_args],
             stdout=log,
             stderr=log,
         )

@@ -191,7 +191,7 @@ async fn kube_dns_address(client: &Client) -> Option<String> {
 }
 
 /// The node's first global IPv4 address (loopback when it has none).
-async fn node_address() -> Ipv4Addr {
+pub async fn node_address() -> Ipv4Addr {
     let output = tokio::process::Command::new("ip")
         .args(["-4", "-o", "addr", "show", "scope", "global"])
         .output()

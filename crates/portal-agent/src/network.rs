@@ -46,6 +46,8 @@ pub struct Network {
     tag: String,
     range: Ipv4Cidr,
     leases: PathBuf,
+    /// Pod workers lease concurrently: one at a time.
+    leasing: std::sync::Arc<parking_lot::Mutex<()>>,
 }
 
 /// The network of one pod as set up.
@@ -70,6 +72,7 @@ impl Network {
             tag: tag.to_owned(),
             range,
             leases,
+            leasing: std::sync::Arc::default(),
         }
     }
 
@@ -130,6 +133,7 @@ impl Network {
     /// The pod's address: the one it holds, else the next free one after
     /// the last handed out (so a just-freed address is not reused at once).
     pub fn lease(&self, pod_uid: &str) -> Result<Ipv4Addr> {
+        let _one_at_a_time = self.leasing.lock();
         let held = self.leases_held()?;
         if let Some((ip, _)) = held.iter().find(|(_, uid)| uid == pod_uid) {
             return Ok(*ip);
@@ -160,7 +164,7 @@ impl Network {
                     file.write_all(pod_uid.as_bytes())
                         .and_then(|()| file.sync_all())
                         .map_err(|source| self.lease_error(source))?;
-                    std::fs::write(&last_path, ip.to_string())
+                    crate::shim::write_atomic(&last_path, ip.to_string().as_bytes())
                         .map_err(|source| self.lease_error(source))?;
                     return Ok(ip);
                 }
@@ -193,6 +197,7 @@ impl Network {
 
     /// Frees the pod's address (if it had one).
     pub fn release(&self, pod_uid: &str) -> Result<()> {
+        let _one_at_a_time = self.leasing.lock();
         for (ip, uid) in self.leases_held()? {
             if uid == pod_uid {
                 match std::fs::remove_file(self.leases.join(ip.to_string())) {

@@ -2,7 +2,8 @@
 //! service range, port 443, pointing at this API server. Created at start;
 //! its target port and Endpoints follow the server's real address. Also the
 //! `kube-dns` Service in `kube-system` (the tenth address, as kubeadm
-//! does), the address pods are given as their nameserver.
+//! does), the address pods are given as their nameserver. It selects no
+//! pods: the built-in DNS publishes its own address as its Endpoints.
 
 use std::net::IpAddr;
 
@@ -34,7 +35,6 @@ pub(crate) async fn ensure_dns(
         "spec": {
             "type": "ClusterIP",
             "clusterIP": address,
-            "selector": {"k8s-app": "kube-dns"},
             "ports": [
                 {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
                 {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},

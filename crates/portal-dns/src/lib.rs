@@ -8,6 +8,7 @@
 pub mod answer;
 mod feed;
 pub mod metrics;
+pub mod publish;
 pub mod records;
 mod server;
 

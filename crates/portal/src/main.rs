@@ -289,7 +289,14 @@ enum Error {
 
 async fn server(args: ServerArgs) -> Result<(), Error> {
     let disabled = args.disable.clone();
-    let node_ip = args.node_ip;
+    let agent_wanted = !disabled.contains(&Component::Agent) && running_as_root();
+    // A node needs its address: given, or found for the agent.
+    let node_ip = match args.node_ip {
+        Some(ip) => Some(ip),
+        None if agent_wanted => Some(IpAddr::V4(portal_agent::node_address().await)),
+        None => None,
+    };
+    let reachable_node_ip = node_ip.filter(|ip| !ip.is_loopback());
     let ipam = args.ipam.config()?;
     let agent_data = args.data_dir.join("agent");
     let cluster_domain = args.dns.cluster_domain.clone();
@@ -299,7 +306,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         history_revisions: args.history_revisions,
         service_cidr: args.service_cluster_ip_range,
         node_ports: args.service_node_port_range,
-        advertise_address: args.node_ip,
+        advertise_address: node_ip,
         load_balancer_pool: args.load_balancer_pool,
     };
     let api = portal_apiserver::ApiServer::start(config).await?;
@@ -309,14 +316,32 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
         tokio::spawn(portal_controllers::run(client, ipam));
     }
+    // With pods on this node, the DNS answers on the node address by
+    // default and is published as the kube-dns Service's endpoints.
+    let default_dns = reachable_node_ip
+        .filter(|_| agent_wanted)
+        .map(|ip| SocketAddr::new(ip, 53));
     if let Some(bind) = args
         .dns_bind
+        .or(default_dns)
         .filter(|_| !disabled.contains(&Component::Dns))
     {
         let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
-        let dns = portal_dns::start(client, args.dns.config(bind)).await?;
+        let dns = portal_dns::start(client.clone(), args.dns.config(bind)).await?;
         let metrics = dns.metrics.clone();
         api.metrics.add_source(move |out| metrics.encode_into(out));
+        let published = match dns.addr.ip() {
+            ip if ip.is_unspecified() => {
+                reachable_node_ip.map(|n| SocketAddr::new(n, dns.addr.port()))
+            }
+            ip if ip.is_loopback() => None,
+            _ => Some(dns.addr),
+        };
+        if let Some(addr) = published {
+            if let Err(error) = portal_dns::publish::publish(&client, addr).await {
+                tracing::warn!(%error, "publishing the cluster DNS as kube-dns");
+            }
+        }
     }
     if !disabled.contains(&Component::Proxy) {
         let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
@@ -332,7 +357,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             .add_health_check("proxy", move || health.healthy());
     }
     if !disabled.contains(&Component::Agent) {
-        if running_as_root() {
+        if agent_wanted {
             let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
             let node_ip = match node_ip {
                 Some(IpAddr::V4(ip)) => Some(ip),

@@ -54,10 +54,20 @@ impl Desired {
         self.pods.lock().get(uid).cloned()
     }
 
+    /// Records the pod; returns its UID when more than its status changed
+    /// (the agent's own status writes come back through the watch and
+    /// must not wake its worker: the kubelet's sources filter them too).
     fn set(&self, pod: Pod) -> Option<String> {
         let uid = pod.metadata.uid.clone()?;
-        self.pods.lock().insert(uid.clone(), Arc::new(pod));
-        Some(uid)
+        let mut pods = self.pods.lock();
+        let changed = pods.get(&uid).is_none_or(|old| {
+            old.spec != pod.spec
+                || old.metadata.labels != pod.metadata.labels
+                || old.metadata.annotations != pod.metadata.annotations
+                || old.metadata.deletion_timestamp != pod.metadata.deletion_timestamp
+        });
+        pods.insert(uid.clone(), Arc::new(pod));
+        changed.then_some(uid)
     }
 
     fn remove(&self, uid: &str) {
@@ -268,7 +278,8 @@ async fn api_source<R: Runtime>(ctx: Arc<Context<R>>) {
             }
             Ok(watcher::Event::Init) => relisted.clear(),
             Ok(watcher::Event::InitApply(pod)) => {
-                if let Some(uid) = ctx.desired.set(pod) {
+                if let Some(uid) = pod.metadata.uid.clone() {
+                    ctx.desired.set(pod);
                     relisted.push(uid);
                 }
             }

@@ -1,0 +1,241 @@
+"""A node for the agent's tests: a node network namespace (nodes.Cluster
+without a hand-made bridge), a registry on the node's loopback filled with
+busybox images, and `portal server` with its node agent and kernel proxy.
+
+Everything the agent makes is found by its tag (FNV-1a of its data dir and
+node name, as the agent computes it) and removed on teardown, also after a
+failure: shim and container processes, mounts under the data dir, pod
+network namespaces and cgroups.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+import nodes
+import registry
+from conftest import Portal
+
+NS = "default"
+
+
+def fnv1a(text):
+    value = 0x811C9DC5
+    for byte in text.encode():
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return value
+
+
+def agent_tag(data_dir, node_name):
+    return f"{fnv1a(f'{os.path.realpath(data_dir)}|{node_name}'):08x}"
+
+
+def wait_for(check, what, timeout=30):
+    return nodes.wait_for(check, what, timeout=timeout)
+
+
+class AgentNode:
+    """`with AgentNode(tmp) as node:` a node running pods."""
+
+    def __init__(self, data_dir, node_name="node-1", extra_args=()):
+        self.data_dir = pathlib.Path(data_dir)
+        self.node_name = node_name
+        self.extra_args = list(extra_args)
+        self.cluster = nodes.Cluster(bridge=False)
+        self.registry = None
+        self.portal = None
+
+    def __enter__(self):
+        try:
+            self.cluster.__enter__()
+            # Inside the node namespace: the registry is the node's loopback.
+            self.registry = registry.Registry().__enter__()
+            self.portal = Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0").start()
+            self.core = self.portal.core()
+            wait_for(self.node_ready, "the node to be Ready with a pod range")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def server_args(self):
+        return [
+            "--node-ip", nodes.NODE_IP,
+            "--node-name", self.node_name,
+            "--proxy-mode", "nftables",
+            *self.extra_args,
+        ]
+
+    def restart(self, kill=True):
+        if kill:
+            self.portal.kill()
+        else:
+            self.portal.stop()
+        self.portal = Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0").start()
+        self.core = self.portal.core()
+
+    def node_ready(self):
+        node = self.core.read_node(self.node_name)
+        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        return node.spec.pod_cidr if ready else None
+
+    @property
+    def tag(self):
+        return agent_tag(self.data_dir / "agent", self.node_name)
+
+    def __exit__(self, *exc):
+        try:
+            if self.portal:
+                self.portal.stop()
+                if exc and exc[0] is not None:
+                    print(self.portal.log()[-20000:])
+        finally:
+            cleanup(self.data_dir / "agent", self.tag)
+            if self.registry:
+                self.registry.__exit__(None, None, None)
+            self.cluster.__exit__(None, None, None)
+
+    # What the agent left on the machine (each should be empty after pods go).
+    def leftovers(self):
+        return leftovers(self.data_dir / "agent", self.tag)
+
+    def kubectl(self, *args, check=True):
+        result = subprocess.run(["kubectl", "--kubeconfig", self.portal.kubeconfig, *args], capture_output=True, text=True, timeout=60)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
+        return result.stdout
+
+    def pod(self, name):
+        return self.core.read_namespaced_pod(name, NS)
+
+    def wait_running(self, name, timeout=60):
+        def ready():
+            pod = self.pod(name)
+            statuses = pod.status.container_statuses or []
+            return pod if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses) else None
+        return wait_for(ready, f"pod {name} Running and ready", timeout)
+
+    def log(self, name, container=None, attempt=0):
+        """The container's CRI log lines' contents (what `kubectl logs` will show)."""
+        pod = self.pod(name)
+        container = container or pod.spec.containers[0].name
+        path = self.data_dir / "agent" / "logs" / f"{NS}_{name}_{pod.metadata.uid}" / container / f"{attempt}.log"
+        if not path.exists():
+            return ""
+        return "".join(line.split(" ", 3)[3] if line.count(" ") >= 3 else "" for line in path.read_text().splitlines(keepends=True))
+
+    def events(self, name):
+        items = self.core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items
+        return [(e.type, e.reason, e.message) for e in items]
+
+
+def processes_of(agent_dir):
+    """(pid, cmdline) of shims and containers under this agent's data dir."""
+    found = []
+    marker = str(os.path.realpath(agent_dir))
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and " shim " in f" {cmdline} ":
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def container_pids(agent_dir):
+    """Init pids of running containers (from the shims' state)."""
+    pids = {}
+    for state in pathlib.Path(agent_dir, "runtime", "containers").glob("*/state"):
+        pid_file = state / "pid"
+        if pid_file.exists() and not (state / "exit").exists():
+            pids[state.parent.name] = int(pid_file.read_text())
+    return pids
+
+
+def mounts_under(agent_dir):
+    marker = str(os.path.realpath(agent_dir))
+    return [line.split()[4] for line in open("/proc/self/mountinfo") if marker in line.split()[4]]
+
+
+def netns_of(tag):
+    return sorted(p.name for p in pathlib.Path("/run/netns").glob(f"portal-{tag}-*"))
+
+
+def cgroups_of(tag):
+    """Pod and container cgroups (directories) under the agent's."""
+    return sorted(str(p) for p in pathlib.Path("/sys/fs/cgroup").glob(f"*/portal/{tag}/*") if p.is_dir())
+
+
+def leftovers(agent_dir, tag):
+    return {
+        "processes": processes_of(agent_dir),
+        "mounts": mounts_under(agent_dir),
+        "netns": netns_of(tag),
+        "cgroups": cgroups_of(tag),
+    }
+
+
+def cleanup(agent_dir, tag):
+    """Removes whatever the agent left: processes, mounts, netns, cgroups."""
+    for pid in list(container_pids(agent_dir).values()) + [pid for pid, _ in processes_of(agent_dir)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.2)
+    for mount in sorted(mounts_under(agent_dir), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True)
+    for name in netns_of(tag):
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    for hierarchy in pathlib.Path("/sys/fs/cgroup").iterdir():
+        base = hierarchy / "portal" / tag
+        if base.is_dir():
+            for directory in sorted(base.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                if directory.is_dir():
+                    try:
+                        directory.rmdir()
+                    except OSError:
+                        pass
+            try:
+                base.rmdir()
+                (hierarchy / "portal").rmdir()
+            except OSError:
+                pass
+
+
+def web_image(node, repository="web", tag="1"):
+    """A busybox httpd image that serves its name and environment."""
+    script = (
+        b"#!/bin/sh\n"
+        b"hostname > /var/www/name.txt\n"
+        b"env > /var/www/env.txt\n"
+        b"exec httpd -f -p 8080 -h /var/www\n"
+    )
+    registry.push_busybox(node.registry, repository, tag, cmd=["/bin/serve"], files={"bin/serve": script})
+    return f"{node.registry.host}/{repository}:{tag}"
+
+
+def busybox_image(node, repository="busybox", tag="1.36"):
+    registry.push_busybox(node.registry, repository, tag)
+    return f"{node.registry.host}/{repository}:{tag}"
+
+
+def pod_manifest(name, image, command=None, labels=None, **spec):
+    container = {"name": name.split("-")[0] if "-" in name else name, "image": image}
+    if command is not None:
+        container["command"] = command
+    body = {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"containers": [container], "terminationGracePeriodSeconds": 1, **spec},
+    }
+    return body
+
+
+def jsonish(obj):
+    return json.dumps(obj, default=str)

@@ -51,8 +51,9 @@ class AgentNode:
     def __enter__(self):
         try:
             self.cluster.__enter__()
-            # Inside the node namespace: the registry is the node's loopback.
-            self.registry = registry.Registry().__enter__()
+            # Inside the node namespace: the node's loopback (and its address,
+            # for other test nodes).
+            self.registry = registry.Registry(bind="0.0.0.0").__enter__()
             self.portal = Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0").start()
             self.core = self.portal.core()
             wait_for(self.node_ready, "the node to be Ready with a pod range")
@@ -66,6 +67,8 @@ class AgentNode:
             "--node-ip", nodes.NODE_IP,
             "--node-name", self.node_name,
             "--proxy-mode", "nftables",
+            # Docker Hub's names (`busybox:1.36`) come from the test registry.
+            "--registry-mirror", f"docker.io=http://{self.registry.host}",
             *self.extra_args,
         ]
 

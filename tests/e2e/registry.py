@@ -31,9 +31,12 @@ def free_port():
 class Registry:
     """`with Registry() as r:` runs docker-registry on 127.0.0.1:PORT."""
 
-    def __init__(self):
+    def __init__(self, bind="127.0.0.1"):
+        """`bind`: the address it listens on (`0.0.0.0` inside a test-made
+        network namespace, for other test nodes); `host` is its loopback name."""
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="portal-registry-"))
         self.port = free_port()
+        self.bind = bind
         self.host = f"127.0.0.1:{self.port}"
         self.process = None
 
@@ -43,7 +46,7 @@ class Registry:
             "version: 0.1\n"
             "log: {level: error}\n"
             f"storage: {{filesystem: {{rootdirectory: {self.dir / 'data'}}}, delete: {{enabled: true}}}}\n"
-            f"http: {{addr: {self.host}}}\n"
+            f"http: {{addr: '{self.bind}:{self.port}'}}\n"
         )
         self.process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL, stderr=open(self.dir / "log", "wb"))
         deadline = time.monotonic() + 20

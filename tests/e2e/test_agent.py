@@ -4,15 +4,23 @@ namespaces with addresses from the node's pod range, Services reaching
 them through the kernel proxy, the cluster DNS at the kube-dns address,
 and nothing left behind. All inside network namespaces the tests make."""
 
+import gzip
+import hashlib
+import io
 import ipaddress
+import json
 import subprocess
+import tarfile
 import threading
 import time
 
 import pytest
 
+import agent_bed
 import nodes
+import registry
 from agent_bed import NS, AgentNode, busybox_image, container_pids, pod_manifest, wait_for, web_image
+from conftest import BINARY
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +245,145 @@ def test_host_network_and_dns_policy_default(node):
     assert [l for l in out.splitlines() if l.startswith("nameserver")] == [l for l in host.splitlines() if l.startswith("nameserver")]
     for name in ("hostnet", "plaindns"):
         core.delete_namespaced_pod(name, NS)
+
+
+def test_pull_through_a_registry_mirror(node):
+    """`busybox:1.36` means docker.io/library/busybox:1.36; the node's
+    `--registry-mirror docker.io=http://…` serves it from the test registry."""
+    registry.push_busybox(node.registry, "library/busybox", "1.36")
+    node.core.create_namespaced_pod(NS, pod_manifest("hub", "busybox:1.36", ["echo", "from the mirror"], restartPolicy="Never"))
+    assert pod_output(node, "hub").strip() == "from the mirror"
+    status = node.pod("hub").status.container_statuses[0]
+    assert status.image_id.startswith("docker.io/library/busybox@sha256:"), status.image_id
+    node.core.delete_namespaced_pod("hub", NS)
+
+
+def oci_archive(path, name, layer, config):
+    """An OCI image layout in a tar (what `skopeo copy … oci-archive:` writes)."""
+    blobs = {}
+
+    def blob(data):
+        digest = hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return f"sha256:{digest}"
+    config_blob = json.dumps({"architecture": "amd64", "os": "linux", "config": config, "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(gzip.decompress(layer)).hexdigest()]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(config_blob), "size": len(config_blob)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": blob(layer), "size": len(layer)}],
+    }).encode()
+    manifest_digest = blob(manifest)
+    index = json.dumps({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest, "size": len(manifest), "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "1"}}]}).encode()
+    with tarfile.open(path, "w") as archive:
+        for member, data in [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)] + [(f"blobs/sha256/{d}", b) for d, b in blobs.items()]:
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+def docker_save_archive(path, name, layer, config):
+    """A `docker save` tarball: manifest.json, the config, plain layer tars."""
+    raw_layer = gzip.decompress(layer)
+    config_blob = json.dumps({"architecture": "amd64", "os": "linux", "config": config, "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw_layer).hexdigest()]}}).encode()
+    config_name = hashlib.sha256(config_blob).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [name], "Layers": ["layer1/layer.tar"]}]).encode()
+    with tarfile.open(path, "w") as archive:
+        for member, data in [("manifest.json", manifest), (config_name, config_blob), ("layer1/layer.tar", raw_layer)]:
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+def test_images_import_for_air_gapped_nodes(node, tmp_path):
+    """`portal images import` of an OCI archive and of a `docker save`
+    tarball: pods with `imagePullPolicy: Never` run them."""
+    layer = registry.busybox_layer()
+    oci_archive(tmp_path / "oci.tar", "offline.example/app:1", layer, {"Cmd": ["echo", "from an OCI archive"]})
+    docker_save_archive(tmp_path / "docker.tar", "offline.example/saved:2", layer, {"Entrypoint": ["echo"], "Cmd": ["from docker save"]})
+    for archive in ("oci.tar", "docker.tar"):
+        result = subprocess.run([BINARY, "images", "import", str(tmp_path / archive), "--data-dir", str(node.data_dir / "agent")], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+    for pod, image, expected in [("oci", "offline.example/app:1", "from an OCI archive"), ("saved", "offline.example/saved:2", "from docker save")]:
+        body = pod_manifest(pod, image, restartPolicy="Never")
+        body["spec"]["containers"][0]["imagePullPolicy"] = "Never"
+        node.core.create_namespaced_pod(NS, body)
+        assert pod_output(node, pod).strip() == expected
+        node.core.delete_namespaced_pod(pod, NS)
+    # A corrupted blob is refused.
+    with tarfile.open(tmp_path / "oci.tar") as archive:
+        members = {m.name: archive.extractfile(m).read() if m.isfile() else None for m in archive.getmembers()}
+    layer_name = next(n for n, d in members.items() if d == layer)
+    members[layer_name] = layer[:-10] + b"0123456789"
+    with tarfile.open(tmp_path / "bad.tar", "w") as archive:
+        for member, data in members.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    result = subprocess.run([BINARY, "images", "import", str(tmp_path / "bad.tar"), "--data-dir", str(tmp_path / "other")], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "expected sha256:" in result.stderr, result.stderr
+
+
+def test_pods_reach_the_api_server_through_the_kubernetes_service(node):
+    """The `kubernetes` Service points at the API server, whose certificate
+    names the Service's cluster IP (in-cluster clients connect by it)."""
+    service_ip = node.core.read_namespaced_service("kubernetes", NS).spec.cluster_ip
+    ca = node.data_dir / "pki" / "ca.crt"
+    result = subprocess.run(["curl", "-sf", "--cacert", str(ca), "-H", f"Authorization: Bearer {node.portal.token}", f"https://{service_ip}/version"], capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0 and "gitVersion" in result.stdout, result.stderr
+    # From a pod: the TCP connection is made (busybox has no TLS client).
+    script = "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 5 nc $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT >/dev/null; echo rc=$?"
+    node.core.create_namespaced_pod(NS, pod_manifest("apiclient", node.busybox, ["sh", "-c", script], restartPolicy="Never"))
+    out = pod_output(node, "apiclient")
+    assert "rc=0" in out, out
+    node.core.delete_namespaced_pod("apiclient", NS)
+
+
+def test_a_second_agent_gets_a_pod_range_of_its_own(node, tmp_path):
+    """`portal agent` in a second node namespace, against the same server:
+    its Node gets its own pod range and runs a pod bound to it."""
+    second = f"{node.cluster.tag}-node2"
+    agent_dir = tmp_path / "node2"
+    agent = None
+    nodes.sh("ip", "netns", "add", second)
+    try:
+        # node-1 (this namespace) ↔ node-2 on a link of their own.
+        nodes.sh("ip", "link", "add", "to-node2", "type", "veth", "peer", "name", "eth0", "netns", second)
+        nodes.sh("ip", "addr", "add", "192.168.98.1/24", "dev", "to-node2")
+        nodes.sh("ip", "link", "set", "to-node2", "up")
+        for args in (["link", "set", "lo", "up"], ["link", "set", "eth0", "up"], ["addr", "add", "192.168.98.2/24", "dev", "eth0"], ["route", "add", "default", "via", "192.168.98.1"]):
+            nodes.sh("ip", "-n", second, *args)
+        config = node.portal.config()
+        port = config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1]
+        config["clusters"][0]["cluster"]["server"] = f"https://{nodes.NODE_IP}:{port}"
+        kubeconfig = tmp_path / "node2.kubeconfig"
+        kubeconfig.write_text(json.dumps(config))
+        # nsenter, not `ip netns exec`: the agent must share the machine's
+        # mount namespace (its pods' namespace files live there).
+        agent = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{second}", BINARY, "agent", "--kubeconfig", str(kubeconfig), "--node-name", "node-2", "--node-ip", "192.168.98.2", "--data-dir", str(agent_dir), "--insecure-registry", f"{nodes.NODE_IP}:{node.registry.port}"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "node2.log", "wb"),
+        )
+        ranges = wait_for(lambda: (lambda n: n.spec.pod_cidr if n and n.spec.pod_cidr else None)(next(iter(node.core.list_node(field_selector="metadata.name=node-2").items), None)), "node-2 to get a pod range")
+        assert ranges != node.core.read_node(node.node_name).spec.pod_cidr
+        body = pod_manifest("far", node.busybox, ["hostname"], restartPolicy="Never", nodeName="node-2")
+        # node-2 reaches node-1's registry through node-1's address.
+        body["spec"]["containers"][0]["image"] = f"{nodes.NODE_IP}:{node.registry.port}/busybox:1.36"
+        body["spec"]["containers"][0]["imagePullPolicy"] = "Always"
+        node.core.create_namespaced_pod(NS, body)
+        wait_for(lambda: node.pod("far").status.phase == "Succeeded", "the pod on node-2 to run", 60)
+        pod = node.pod("far")
+        assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network(ranges)
+        assert pod.status.host_ip == "192.168.98.2"
+        node.core.delete_namespaced_pod("far", NS)
+        wait_for(lambda: not agent_bed.netns_of(agent_bed.agent_tag(agent_dir, "node-2")), "node-2's pod sandbox to go")
+    finally:
+        if agent and agent.poll() is None:
+            agent.terminate()
+            agent.wait(timeout=10)
+        agent_bed.cleanup(agent_dir, agent_bed.agent_tag(agent_dir, "node-2"))
+        subprocess.run(["ip", "netns", "del", second], capture_output=True)
+        subprocess.run(["ip", "link", "del", "to-node2"], capture_output=True)
+        try:
+            node.core.delete_node("node-2")
+        except Exception:
+            pass

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
 
+/// The `PATH` containerd and Docker give a container whose image sets none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// Facts about the pod that `fieldRef`s read and the kubelet knows.
 #[derive(Clone, Debug, Default)]
 pub struct PodFacts {
@@ -63,6 +66,9 @@ pub fn environment(
         if let Some((name, value)) = entry.split_once('=') {
             env.set(name, value.to_owned());
         }
+    }
+    if env.get("PATH").is_none() {
+        env.set("PATH", DEFAULT_PATH.to_owned());
     }
     // Variables from Services are not visible to `$(VAR)` in the image's
     // values, but are to the container's `env`, as in the kubelet.
@@ -300,6 +306,19 @@ mod tests {
             env.get("URL"),
             Some("http://10.96.0.11:6379/web-1$(NOPE)$x")
         );
+    }
+
+    #[test]
+    fn an_image_without_path_gets_the_default() {
+        let env = environment(
+            &pod(),
+            &Container::default(),
+            &[],
+            &[],
+            &PodFacts::default(),
+        )
+        .unwrap();
+        assert_eq!(env.get("PATH"), Some(DEFAULT_PATH));
     }
 
     #[test]

@@ -217,7 +217,13 @@ impl ApiServer {
             let pool = load_balancer::pool(config.load_balancer_pool.clone());
             tokio::spawn(load_balancer::run(store.clone(), cache.clone(), pool));
         }
-        let (names, ips) = pki::serving_names(address);
+        let service_ip = allocators.first_address().parse::<std::net::IpAddr>().ok();
+        let extra: Vec<std::net::IpAddr> = config
+            .advertise_address
+            .into_iter()
+            .chain(service_ip)
+            .collect();
+        let (names, ips) = pki::serving_names(address, &extra);
         let credentials = pki::load_or_create(&config.data_dir, &names, &ips)?;
         let state = Arc::new(ApiState {
             store,

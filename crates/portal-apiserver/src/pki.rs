@@ -161,7 +161,10 @@ pub fn load_or_create(dir: &Path, names: &[String], ips: &[IpAddr]) -> Result<Cr
 }
 
 /// The names and addresses a serving certificate must cover for `bind`.
-pub fn serving_names(bind: SocketAddr) -> (Vec<String>, Vec<IpAddr>) {
+/// The serving certificate's names: loopback, the bind address, and
+/// `extra` (the advertised node address and the `kubernetes` Service's
+/// cluster IP, which in-cluster clients connect to by address).
+pub fn serving_names(bind: SocketAddr, extra: &[IpAddr]) -> (Vec<String>, Vec<IpAddr>) {
     let names = [
         "localhost",
         "kubernetes",
@@ -171,8 +174,10 @@ pub fn serving_names(bind: SocketAddr) -> (Vec<String>, Vec<IpAddr>) {
     .map(String::from)
     .to_vec();
     let mut ips: Vec<IpAddr> = vec![[127, 0, 0, 1].into(), std::net::Ipv6Addr::LOCALHOST.into()];
-    if !bind.ip().is_unspecified() && !ips.contains(&bind.ip()) {
-        ips.push(bind.ip());
+    for ip in std::iter::once(bind.ip()).chain(extra.iter().copied()) {
+        if !ip.is_unspecified() && !ips.contains(&ip) {
+            ips.push(ip);
+        }
     }
     (names, ips)
 }
@@ -192,7 +197,10 @@ mod tests {
     #[test]
     fn credentials_persist_across_starts() {
         let dir = tempfile::tempdir().unwrap();
-        let (names, ips) = serving_names("127.0.0.1:0".parse().unwrap());
+        let (names, ips) = serving_names(
+            "127.0.0.1:0".parse().unwrap(),
+            &["10.96.0.1".parse().unwrap()],
+        );
         let first = load_or_create(dir.path(), &names, &ips).unwrap();
         let second = load_or_create(dir.path(), &names, &ips).unwrap();
         assert_eq!(first.ca_pem, second.ca_pem);

@@ -175,12 +175,19 @@ def cgroups_of(tag):
     return sorted(str(p) for p in pathlib.Path("/sys/fs/cgroup").glob(f"*/portal/{tag}/*") if p.is_dir())
 
 
+def pod_links():
+    """Node-side pod veths (`pv…`) in the current network namespace."""
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return sorted(line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.split(":")[1].strip().startswith("pv"))
+
+
 def leftovers(agent_dir, tag):
     return {
         "processes": processes_of(agent_dir),
         "mounts": mounts_under(agent_dir),
         "netns": netns_of(tag),
         "cgroups": cgroups_of(tag),
+        "links": pod_links(),
     }
 
 

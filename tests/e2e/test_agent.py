@@ -140,7 +140,7 @@ def test_scale_to_zero_and_back_leaves_nothing(node):
     # The agent ends the containers within their grace period (1 s here).
     wait_for(lambda: not node.leftovers()["netns"] and not container_pids(node.data_dir / "agent"), "the pods' sandboxes and containers to go")
     left = node.leftovers()
-    assert left == {"processes": [], "mounts": [], "netns": [], "cgroups": []}, left
+    assert left == {"processes": [], "mounts": [], "netns": [], "cgroups": [], "links": []}, left
     leases = [p.name for p in (node.data_dir / "agent" / "leases").iterdir() if p.name != "last"]
     assert leases == [], f"addresses still leased: {leases}"
     core.patch_namespaced_replication_controller_scale("web", NS, {"spec": {"replicas": 3}})
@@ -216,6 +216,37 @@ def test_bad_command_is_reported_and_others_keep_running(node):
     assert any(r == "Failed" for _, r, _ in node.events("broken"))
     assert running_pods(node, "app=web"), "other pods stopped"
     core.delete_namespaced_pod("broken", NS)
+
+
+def test_exited_container_restarts_and_keeps_the_previous_log(node):
+    """restartPolicy Always: a container that exits 1 is restarted (the
+    first time at once, then with back-off: CrashLoopBackOff), its last
+    run in lastState, and the previous instance's log kept."""
+    node.core.create_namespaced_pod(NS, pod_manifest("crash", node.busybox, ["sh", "-c", "echo run; exit 1"]))
+
+    def restarted():
+        statuses = node.pod("crash").status.container_statuses or []
+        return statuses[0] if statuses and statuses[0].restart_count >= 1 and statuses[0].last_state.terminated else None
+    status = wait_for(restarted, "a restart")
+    assert status.last_state.terminated.exit_code == 1 and status.last_state.terminated.reason == "Error"
+    waiting = wait_for(lambda: (lambda s: s.state.waiting if s.state.waiting and s.state.waiting.reason == "CrashLoopBackOff" else None)(node.pod("crash").status.container_statuses[0]), "CrashLoopBackOff")
+    assert "back-off 10s restarting failed container=crash" in waiting.message, waiting.message
+    assert node.pod("crash").status.phase == "Running"
+    assert node.log("crash", attempt=0).strip() == "run" and node.log("crash", attempt=1).strip() == "run"
+    row = node.kubectl("get", "pod", "crash").splitlines()[1].split()
+    assert row[2] in ("CrashLoopBackOff", "Error") and row[3].startswith("1"), row
+    assert any(r == "BackOff" for _, r, _ in node.events("crash"))
+    node.core.delete_namespaced_pod("crash", NS)
+
+
+def test_metrics_and_health(node):
+    result = subprocess.run(["curl", "-sk", "-H", f"Authorization: Bearer {node.portal.token}", f"{node.portal.server}/metrics"], capture_output=True, text=True, timeout=20)
+    for name in ("kubelet_pod_start_sli_duration_seconds_count", "kubelet_running_pods", "kubelet_running_containers", "kubelet_started_containers_total", "portal_agent_image_pulls_total"):
+        assert name in result.stdout, name
+    count = next(float(l.split()[-1]) for l in result.stdout.splitlines() if l.startswith("kubelet_pod_start_sli_duration_seconds_count"))
+    assert count >= 1
+    health = subprocess.run(["curl", "-sk", "-H", f"Authorization: Bearer {node.portal.token}", f"{node.portal.server}/healthz"], capture_output=True, text=True, timeout=20)
+    assert health.stdout.strip() == "ok", health.stdout
 
 
 def test_memory_limit_is_enforced(node):

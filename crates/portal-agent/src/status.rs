@@ -101,7 +101,9 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
     let spec = observed.pod.spec.clone().unwrap_or_default();
     let policy = spec.restart_policy.as_deref().unwrap_or("Always");
     let mut statuses = Vec::new();
-    let (mut running, mut succeeded, mut failed, mut waiting) = (0, 0, 0, 0);
+    // The kubelet's getPhase counts: a container waiting after it ended
+    // (to restart) counts as stopped.
+    let (mut running, mut stopped, mut succeeded, mut waiting) = (0, 0, 0, 0);
     for container in &spec.containers {
         let (latest, previous) = instances(observed.containers, &container.name);
         let why = observed.waiting.get(&container.name);
@@ -126,15 +128,18 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
         .filter(|s| s.terminated.is_some());
         let is_running = state.running.is_some();
         match (&state.terminated, &state.waiting) {
-            (Some(t), _) if t.exit_code == 0 => succeeded += 1,
-            (Some(_), _) => failed += 1,
+            (Some(t), _) => {
+                stopped += 1;
+                if t.exit_code == 0 {
+                    succeeded += 1;
+                }
+            }
+            (None, Some(_)) if last_state.is_some() => stopped += 1,
             (None, Some(_)) => waiting += 1,
             _ => running += 1,
         }
-        let restarts = latest.map_or(0, |c| c.meta.attempt)
-            + u32::from(
-                why.is_some() && latest.is_some_and(|c| !matches!(c.state, State::Running(_))),
-            );
+        // Restarts so far: the newest instance's attempt number.
+        let restarts = latest.map_or(0, |c| c.meta.attempt);
         statuses.push(ApiContainerStatus {
             name: container.name.clone(),
             image: container.image.clone().unwrap_or_default(),
@@ -152,21 +157,16 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
     }
     let total = spec.containers.len();
     // The kubelet's getPhase.
-    let phase = if running > 0 {
+    let phase = if waiting > 0 || total == 0 {
+        "Pending"
+    } else if running > 0 {
         "Running"
-    } else if waiting > 0 {
-        // Restarting after having run is still Running.
-        if statuses.iter().any(|s| s.restart_count > 0) {
-            "Running"
-        } else {
-            "Pending"
-        }
-    } else if total > 0 && succeeded + failed == total {
+    } else if stopped > 0 {
         match policy {
             // Every container is about to be restarted.
             "Always" => "Running",
-            "OnFailure" if failed > 0 => "Running",
-            _ if failed == 0 => "Succeeded",
+            _ if stopped == succeeded => "Succeeded",
+            "OnFailure" => "Running",
             _ => "Failed",
         }
     } else {
@@ -439,6 +439,11 @@ mod tests {
         let one = observe(&pod, &[instance("a", 0, running())], &none);
         assert_eq!(condition(&one, "Ready"), "False");
         assert_eq!(
+            one.phase.as_deref(),
+            Some("Pending"),
+            "a container still to start"
+        );
+        assert_eq!(
             one.container_statuses.unwrap()[1]
                 .state
                 .as_ref()
@@ -496,8 +501,8 @@ mod tests {
         assert_eq!(status.phase.as_deref(), Some("Running"));
         let b = &status.container_statuses.unwrap()[1];
         assert_eq!(
-            b.restart_count, 1,
-            "the instance that ended counts as a restart while it waits"
+            b.restart_count, 0,
+            "no restart yet: the ended instance waits to be replaced"
         );
         assert_eq!(
             b.state

@@ -6,6 +6,7 @@
 //! and runs containers from OCI images under a per-container shim, so they
 //! outlive the agent.
 
+mod actions;
 mod backoff;
 pub mod env;
 pub mod files;

@@ -210,10 +210,16 @@ impl Network {
         Ok(())
     }
 
-    /// The pod's sandbox if its namespace and address are in place.
+    /// Marks a sandbox as completely made (a crash mid-way leaves none).
+    fn plumbed_marker(&self, pod_uid: &str) -> PathBuf {
+        self.leases.join(format!("{pod_uid}.plumbed"))
+    }
+
+    /// The pod's sandbox if its namespace, links and address are in place.
     pub fn existing(&self, pod_uid: &str) -> Option<Sandbox> {
         let netns = self.netns_name(pod_uid);
-        if !Path::new("/run/netns").join(&netns).exists() {
+        if !Path::new("/run/netns").join(&netns).exists() || !self.plumbed_marker(pod_uid).exists()
+        {
             return None;
         }
         let (ip, _) = self
@@ -232,6 +238,7 @@ impl Network {
     /// half-made sandbox is removed first).
     pub async fn create_sandbox(&self, pod_uid: &str) -> Result<Sandbox> {
         let ip = self.lease(pod_uid)?;
+        let _ = std::fs::remove_file(self.plumbed_marker(pod_uid));
         let sandbox = Sandbox {
             netns: self.netns_name(pod_uid),
             ip,
@@ -243,6 +250,8 @@ impl Network {
             self.remove_links(&sandbox).await;
             return Err(error);
         }
+        std::fs::write(self.plumbed_marker(pod_uid), b"")
+            .map_err(|source| self.lease_error(source))?;
         Ok(sandbox)
     }
 
@@ -281,6 +290,11 @@ impl Network {
             veth: veth_name(pod_uid),
         };
         self.remove_links(&sandbox).await;
+        match std::fs::remove_file(self.plumbed_marker(pod_uid)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(self.lease_error(source)),
+        }
         self.release(pod_uid)
     }
 

@@ -54,12 +54,52 @@ fn instances<'a>(
     (mine.first().copied(), mine.get(1).copied())
 }
 
-fn terminated(exit: &Exit, started_at: Option<&str>, id: &str) -> ContainerState {
+/// The most of a termination message kept (the kubelet's 4 KiB).
+const MESSAGE_LIMIT: usize = 4096;
+
+/// What the container left as its termination message: its file, else
+/// (with `FallbackToLogsOnError` and a failure) the end of its log.
+pub(crate) fn termination_message(instance: &ContainerStatus, fallback_to_logs: bool) -> String {
+    let State::Exited { exit, .. } = &instance.state else {
+        return String::new();
+    };
+    let read_tail = |path: &std::path::Path, limit: usize| {
+        std::fs::read(path)
+            .map(|bytes| {
+                let start = bytes.len().saturating_sub(limit);
+                String::from_utf8_lossy(&bytes[start..]).into_owned()
+            })
+            .unwrap_or_default()
+    };
+    let written = instance
+        .meta
+        .termination_message
+        .as_deref()
+        .map(|p| read_tail(p, MESSAGE_LIMIT))
+        .unwrap_or_default();
+    if !written.is_empty() || !fallback_to_logs || exit.exit_code == 0 {
+        return written;
+    }
+    // The log's last lines, without the CRI prefix (time, stream, tag).
+    let log = read_tail(&instance.meta.log_path, 2048);
+    let lines: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.splitn(4, ' ').nth(3))
+        .collect();
+    lines[lines.len().saturating_sub(80)..].join("\n")
+}
+
+fn terminated(exit: &Exit, started_at: Option<&str>, id: &str, message: String) -> ContainerState {
+    let message = if message.is_empty() {
+        exit.message.clone()
+    } else {
+        message
+    };
     ContainerState {
         terminated: Some(ContainerStateTerminated {
             exit_code: exit.exit_code,
             reason: Some(exit.reason.clone()),
-            message: Some(exit.message.clone()).filter(|m| !m.is_empty()),
+            message: Some(message).filter(|m| !m.is_empty()),
             started_at: started_at.and_then(parse_time),
             finished_at: parse_time(&exit.finished_at),
             container_id: Some(format!("portal://{id}")),
@@ -69,7 +109,7 @@ fn terminated(exit: &Exit, started_at: Option<&str>, id: &str) -> ContainerState
     }
 }
 
-fn state_of(instance: &ContainerStatus) -> ContainerState {
+fn state_of(instance: &ContainerStatus, fallback_to_logs: bool) -> ContainerState {
     match &instance.state {
         State::Running(started) => ContainerState {
             running: Some(ContainerStateRunning {
@@ -82,6 +122,7 @@ fn state_of(instance: &ContainerStatus) -> ContainerState {
             exit,
             started.as_ref().map(|s| s.started_at.as_str()),
             &instance.id,
+            termination_message(instance, fallback_to_logs),
         ),
     }
 }
@@ -107,8 +148,10 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
     for container in &spec.containers {
         let (latest, previous) = instances(observed.containers, &container.name);
         let why = observed.waiting.get(&container.name);
+        let fallback =
+            container.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
         let mut state = match latest {
-            Some(instance) => state_of(instance),
+            Some(instance) => state_of(instance, fallback),
             None => waiting_state("ContainerCreating", ""),
         };
         // A container waiting to restart (or to be made) says why.
@@ -120,9 +163,9 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
         let last_state = match (why, latest, previous) {
             // Waiting to restart: the last run is the newest instance.
             (Some(_), Some(last), _) if !matches!(last.state, State::Running(_)) => {
-                Some(state_of(last))
+                Some(state_of(last, fallback))
             }
-            (_, _, Some(previous)) => Some(state_of(previous)),
+            (_, _, Some(previous)) => Some(state_of(previous, fallback)),
             _ => None,
         }
         .filter(|s| s.terminated.is_some());
@@ -372,6 +415,8 @@ mod tests {
                 image_id: "busybox@sha256:00".into(),
                 created_at: "2026-01-01T00:00:00Z".into(),
                 log_path: "/l".into(),
+                stop_signal: None,
+                termination_message: None,
             },
             state,
         }

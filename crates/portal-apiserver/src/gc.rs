@@ -13,8 +13,9 @@ use portal_api::{meta, RESOURCES};
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::Value;
 
-use crate::allocator::{delete_stored, Allocators};
+use crate::allocator::Allocators;
 use crate::cache::WatchCache;
+use crate::deletion::{delete_object, Outcome};
 
 /// What happens to the dependents of a deleted object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,12 +101,15 @@ impl Collector {
                         continue;
                     }
                     let child_uid = meta::meta_str(&value, "uid").unwrap_or("").to_owned();
-                    match delete_stored(this.store.as_ref(), &this.allocators, resource, &kv).await
-                    {
-                        Ok(_) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
-                        Err(e) => return Err(e),
-                    }
-                    if !child_uid.is_empty() {
+                    let store = this.store.as_ref();
+                    // Pods on a node are only marked: their agent stops them.
+                    let gone =
+                        match delete_object(store, &this.allocators, resource, &kv, None).await {
+                            Ok(outcome) => matches!(outcome, Outcome::Deleted { .. }),
+                            Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => false,
+                            Err(e) => return Err(e),
+                        };
+                    if gone && !child_uid.is_empty() {
                         this.collect(Some(namespace.clone()), child_uid, Propagation::Background)
                             .await?;
                     }

@@ -6,6 +6,7 @@
 mod allocator;
 mod binding;
 mod cache;
+mod deletion;
 mod discovery;
 mod gc;
 mod http;

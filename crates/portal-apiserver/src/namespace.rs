@@ -10,8 +10,9 @@ use portal_api::{meta, Kind, Resource, Status, RESOURCES};
 use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
-use crate::allocator::{delete_stored, Allocators};
+use crate::allocator::Allocators;
 use crate::cache::CachedObject;
+use crate::deletion::{delete_object, Outcome};
 use crate::http::{json_response, Body};
 use crate::write::SYSTEM_NAMESPACES;
 use crate::{store_error, strategy, ApiState, Scope};
@@ -96,42 +97,60 @@ pub(crate) async fn begin_termination(
     ))
 }
 
-/// Deletes one object (and its allocations), re-reading it if it changed.
+/// Deletes one object (and its allocations), re-reading it if it changed;
+/// whether it is gone (a pod on a node is only marked: its agent stops it).
 async fn delete_with_retry(
     store: &dyn Store,
     allocators: &Allocators,
     resource: &Resource,
     mut current: KeyValue,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     loop {
-        match delete_stored(store, allocators, resource, &current).await {
-            Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(()),
+        match delete_object(store, allocators, resource, &current, None).await {
+            Ok(outcome) => return Ok(matches!(outcome, Outcome::Deleted { .. })),
+            Err(StoreError::NotFound { .. }) => return Ok(true),
             Err(StoreError::Conflict { .. }) => match store.get(&current.key).await? {
                 Some(newer) => current = newer,
-                None => return Ok(()),
+                None => return Ok(true),
             },
             Err(e) => return Err(e),
         }
     }
 }
 
-/// Deletes every object in the namespace, then the namespace.
+/// How often a terminating namespace looks again for what is left (pods
+/// stopping on their nodes).
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Deletes every object in the namespace, waits for those that stop
+/// gracefully, then deletes the namespace.
 async fn finish_termination(store: Arc<dyn Store>, allocators: Arc<Allocators>, namespace: String) {
-    for resource in RESOURCES.iter().filter(|r| r.namespaced) {
-        let prefix = resource.list_prefix(Some(&namespace));
-        let items = match store.list(&prefix).await {
-            Ok((items, _)) => items,
-            Err(error) => {
-                tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
-                return;
-            }
-        };
-        for kv in items {
-            if let Err(error) = delete_with_retry(store.as_ref(), &allocators, resource, kv).await {
-                tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
-                return;
+    loop {
+        let mut left = 0usize;
+        for resource in RESOURCES.iter().filter(|r| r.namespaced) {
+            let prefix = resource.list_prefix(Some(&namespace));
+            let items = match store.list(&prefix).await {
+                Ok((items, _)) => items,
+                Err(error) => {
+                    tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
+                    return;
+                }
+            };
+            for kv in items {
+                match delete_with_retry(store.as_ref(), &allocators, resource, kv).await {
+                    Ok(true) => {}
+                    Ok(false) => left += 1,
+                    Err(error) => {
+                        tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
+                        return;
+                    }
+                }
             }
         }
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(RECHECK).await;
     }
     let key = Resource::of(Kind::Namespace).key(None, &namespace);
     match store

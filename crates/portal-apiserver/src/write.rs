@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::allocator::{delete_stored, Allocators};
 use crate::cache::CachedObject;
+use crate::deletion::{self, Outcome};
 use crate::gc::Propagation;
 use crate::http::{json_response, Body, FieldValidation, Query};
 use crate::read::{fresh, parse_revision, stored, Filter};
@@ -287,6 +288,19 @@ pub(crate) async fn guaranteed_update(
                 warnings,
             ));
         }
+        if deletion::finished(&new) && !dry_run(query) {
+            // The last finalizer went from an object being deleted: it goes.
+            match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
+                Ok(revision) => {
+                    return Ok((CachedObject::from_value(key, new, revision), warnings))
+                }
+                Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
+                Err(StoreError::Conflict { .. }) => {
+                    return Err(Status::conflict(scope.target(), name))
+                }
+                Err(e) => return Err(store_error(e)),
+            }
+        }
         let mut reservation = state
             .allocators
             .for_update(resource, &mut new, &old)
@@ -472,6 +486,9 @@ struct DeleteOptions {
     /// The pre-1.7 form of `propagationPolicy: Orphan`.
     #[serde(default)]
     orphan_dependents: Option<bool>,
+    /// Seconds a pod gets to stop (0: at once).
+    #[serde(default)]
+    grace_period_seconds: Option<i64>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -506,6 +523,17 @@ pub(crate) async fn delete(
     };
     let preconditions = options.preconditions.unwrap_or_default();
     let expected = parse_revision(preconditions.resource_version.as_deref())?;
+    let grace = match (
+        options.grace_period_seconds,
+        query.get("gracePeriodSeconds"),
+    ) {
+        (Some(seconds), _) => Some(seconds),
+        (None, Some(text)) => Some(
+            text.parse::<i64>()
+                .map_err(|_| Status::bad_request(format!("invalid gracePeriodSeconds {text:?}")))?,
+        ),
+        (None, None) => None,
+    };
     if resource.kind == Kind::Namespace && SYSTEM_NAMESPACES.contains(&name) {
         return Err(Status::forbidden(format!(
             "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
@@ -534,11 +562,26 @@ pub(crate) async fn delete(
         let uid = meta::meta_str(&old, "uid").unwrap_or("").to_owned();
         let namespace = scope.namespace.map(str::to_owned);
         let collector = state.collector();
-        match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
-            Ok(revision) => {
-                // The owner goes first (Portal deletes at once, there is no
-                // deletionTimestamp phase), so no controller recreates what
-                // is being removed. Foreground and Orphan finish before the
+        let store = state.store.as_ref();
+        match deletion::delete_object(store, &state.allocators, resource, &current, grace).await {
+            // Marked (a pod stopping on its node, finalizers): it stays.
+            Ok(Outcome::Marked { revision, object }) => {
+                return Ok(json_response(
+                    StatusCode::OK,
+                    CachedObject::from_value(key, object, revision).json.clone(),
+                ));
+            }
+            Ok(Outcome::Pending { object }) => {
+                return Ok(json_response(
+                    StatusCode::OK,
+                    CachedObject::from_value(key, object, current.mod_revision)
+                        .json
+                        .clone(),
+                ));
+            }
+            Ok(Outcome::Deleted { revision, .. }) => {
+                // The owner goes first, so no controller recreates what is
+                // being removed. Foreground and Orphan finish before the
                 // reply; Background after it.
                 if !uid.is_empty() {
                     if policy == Propagation::Background {
@@ -583,15 +626,42 @@ pub(crate) async fn delete_collection(
     let (items, _, _) = state.cache.list(resource, &prefix, None, 0, |o| {
         filter.matches(resource, &o.value)
     });
+    let grace = match query.get("gracePeriodSeconds") {
+        Some(text) => Some(
+            text.parse::<i64>()
+                .map_err(|_| Status::bad_request(format!("invalid gracePeriodSeconds {text:?}")))?,
+        ),
+        None => None,
+    };
     let mut deleted = Vec::with_capacity(items.len());
     for item in items {
         for _ in 0..MAX_ATTEMPTS {
             let Some(current) = state.store.get(&item.key).await.map_err(store_error)? else {
                 break;
             };
-            match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
-                Ok(revision) => {
-                    let value = decode_stored(&current)?;
+            let store = state.store.as_ref();
+            match deletion::delete_object(store, &state.allocators, resource, &current, grace).await
+            {
+                Ok(Outcome::Marked { revision, object }) => {
+                    deleted.push(std::sync::Arc::new(CachedObject::from_value(
+                        item.key.clone(),
+                        object,
+                        revision,
+                    )));
+                    break;
+                }
+                Ok(Outcome::Pending { object }) => {
+                    deleted.push(std::sync::Arc::new(CachedObject::from_value(
+                        item.key.clone(),
+                        object,
+                        current.mod_revision,
+                    )));
+                    break;
+                }
+                Ok(Outcome::Deleted {
+                    revision,
+                    object: value,
+                }) => {
                     let uid = meta::meta_str(&value, "uid").unwrap_or("").to_owned();
                     let (collector, namespace) =
                         (state.collector(), scope.namespace.map(str::to_owned));

@@ -327,20 +327,29 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         .filter(|_| !disabled.contains(&Component::Dns))
     {
         let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
-        let dns = portal_dns::start(client.clone(), args.dns.config(bind)).await?;
-        let metrics = dns.metrics.clone();
-        api.metrics.add_source(move |out| metrics.encode_into(out));
-        let published = match dns.addr.ip() {
-            ip if ip.is_unspecified() => {
-                reachable_node_ip.map(|n| SocketAddr::new(n, dns.addr.port()))
+        match portal_dns::start(client.clone(), args.dns.config(bind)).await {
+            Ok(dns) => {
+                let metrics = dns.metrics.clone();
+                api.metrics.add_source(move |out| metrics.encode_into(out));
+                let published = match dns.addr.ip() {
+                    ip if ip.is_unspecified() => {
+                        reachable_node_ip.map(|n| SocketAddr::new(n, dns.addr.port()))
+                    }
+                    ip if ip.is_loopback() => None,
+                    _ => Some(dns.addr),
+                };
+                if let Some(addr) = published {
+                    if let Err(error) = portal_dns::publish::publish(&client, addr).await {
+                        tracing::warn!(%error, "publishing the cluster DNS as kube-dns");
+                    }
+                }
             }
-            ip if ip.is_loopback() => None,
-            _ => Some(dns.addr),
-        };
-        if let Some(addr) = published {
-            if let Err(error) = portal_dns::publish::publish(&client, addr).await {
-                tracing::warn!(%error, "publishing the cluster DNS as kube-dns");
+            // The default address may be taken (a resolver on the node's
+            // port 53): the rest runs without the built-in DNS.
+            Err(error) if args.dns_bind.is_none() => {
+                tracing::warn!(%error, "no cluster DNS on the node address (pass --dns-bind)");
             }
+            Err(error) => return Err(error.into()),
         }
     }
     if !disabled.contains(&Component::Proxy) {
@@ -364,19 +373,22 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
                 _ => None,
             };
             let config = args.agent.config(agent_data, node_ip, &cluster_domain);
-            match portal_agent::start(client, config).await {
-                Ok(agent) => {
-                    let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
-                    api.metrics.add_source(move |out| metrics.encode_into(out));
-                    api.metrics
-                        .add_health_check("agent", move || health.healthy());
+            let registry = api.metrics.clone();
+            // In its own task: it waits for a pod range (node IPAM), and a
+            // node that cannot run pods must not take the API down.
+            tokio::spawn(async move {
+                match portal_agent::start(client, config).await {
+                    Ok(agent) => {
+                        let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
+                        registry.add_source(move |out| metrics.encode_into(out));
+                        registry.add_health_check("agent", move || health.healthy());
+                    }
+                    Err(portal_agent::Error::Config(why)) => {
+                        tracing::warn!("no node agent in this process: {why}");
+                    }
+                    Err(error) => tracing::error!(%error, "the node agent stopped"),
                 }
-                // What this machine lacks (runc): the rest runs without pods.
-                Err(portal_agent::Error::Config(why)) => {
-                    tracing::warn!("no node agent in this process: {why}");
-                }
-                Err(error) => return Err(error.into()),
-            }
+            });
         } else {
             tracing::warn!("not running as root: no node agent in this process (pods stay Pending); --disable agent silences this");
         }

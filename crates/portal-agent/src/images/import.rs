@@ -71,11 +71,7 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
 }
 
 fn blob(dir: &Path, digest: &str) -> Result<PathBuf> {
-    let (algorithm, hex) = digest
-        .split_once(':')
-        .filter(|(a, h)| *a == "sha256" && h.chars().all(|c| c.is_ascii_hexdigit()))
-        .ok_or_else(|| Error::Format(format!("unsupported digest {digest:?}")))?;
-    Ok(dir.join("blobs").join(algorithm).join(hex))
+    member(dir, &format!("blobs/sha256/{}", super::hex_of(digest)?))
 }
 
 /// An OCI image layout: each manifest of `index.json` named by its
@@ -129,16 +125,32 @@ fn oci_layout(service: &ImageService, dir: &Path) -> Result<Vec<(String, Resolve
 
 /// A `docker save` tarball: `manifest.json` lists each image's config,
 /// layer files and tags.
+/// A file the archive names, which must be inside it.
+fn member(dir: &Path, name: &str) -> Result<PathBuf> {
+    let path = dir.join(name);
+    let inside = std::fs::canonicalize(&path)
+        .ok()
+        .zip(std::fs::canonicalize(dir).ok())
+        .is_some_and(|(path, dir)| path.starts_with(dir));
+    if inside && !Path::new(name).is_absolute() {
+        Ok(path)
+    } else {
+        Err(Error::Format(format!(
+            "{name:?} is not a file of the archive"
+        )))
+    }
+}
+
 fn docker_save(service: &ImageService, dir: &Path) -> Result<Vec<(String, Resolved)>> {
     let manifest = read_json(&dir.join("manifest.json"))?;
     let mut images = Vec::new();
     for entry in manifest.as_array().into_iter().flatten() {
-        let config_path = dir.join(entry["Config"].as_str().unwrap_or_default());
+        let config_path = member(dir, entry["Config"].as_str().unwrap_or_default())?;
         let config = sha256_file(&config_path)?;
         service.add_blob(&config, &config_path)?;
         let mut layers = Vec::new();
         for layer in entry["Layers"].as_array().into_iter().flatten() {
-            let path = dir.join(layer.as_str().unwrap_or_default());
+            let path = member(dir, layer.as_str().unwrap_or_default())?;
             let digest = sha256_file(&path)?;
             service.add_blob(&digest, &path)?;
             layers.push(digest);

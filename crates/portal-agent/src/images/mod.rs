@@ -208,16 +208,21 @@ impl ImageService {
             .join(format!("{safe}-{:08x}", crate::short_hash(key)))
     }
 
-    fn blob_path(&self, digest: &str) -> PathBuf {
-        self.dir
-            .join("blobs/sha256")
-            .join(digest.trim_start_matches("sha256:"))
+    fn blob_path(&self, digest: &str) -> Result<PathBuf> {
+        Ok(self.dir.join("blobs/sha256").join(hex_of(digest)?))
     }
 
-    fn unpacked(&self, config_digest: &str) -> PathBuf {
+    fn unpacked(&self, config_digest: &str) -> Result<PathBuf> {
+        Ok(self.dir.join("unpacked").join(hex_of(config_digest)?))
+    }
+
+    /// A fresh name in the store's `tmp/` (never shared by two writers).
+    fn temporary(&self, what: &str) -> PathBuf {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.dir
-            .join("unpacked")
-            .join(config_digest.trim_start_matches("sha256:"))
+            .join("tmp")
+            .join(format!("{what}-{}-{n}", std::process::id()))
     }
 
     /// The image if this node has it (pulled or imported, and unpacked).
@@ -229,7 +234,7 @@ impl ImageService {
     }
 
     fn image(&self, resolved: &Resolved) -> Option<Image> {
-        let dir = self.unpacked(&resolved.config_digest);
+        let dir = self.unpacked(&resolved.config_digest).ok()?;
         let config: ImageConfig =
             serde_json::from_slice(&std::fs::read(dir.join("config.json")).ok()?).ok()?;
         Some(Image {
@@ -291,15 +296,12 @@ impl ImageService {
         reference: &Reference,
         descriptor: &OciDescriptor,
     ) -> Result<()> {
-        let path = self.blob_path(&descriptor.digest);
+        // The registry's word is checked before it names a file.
+        let path = self.blob_path(&descriptor.digest)?;
         if path.exists() {
             return Ok(());
         }
-        let temporary = self.dir.join("tmp").join(format!(
-            "{}-{}",
-            descriptor.digest.trim_start_matches("sha256:"),
-            std::process::id()
-        ));
+        let temporary = self.temporary("blob");
         let file = tokio::fs::File::create(&temporary)
             .await
             .map_err(io(temporary.display().to_string()))?;
@@ -317,15 +319,15 @@ impl ImageService {
 
     /// Unpacks the image if needed and records what `key` resolved to.
     pub(crate) async fn store_resolved(&self, key: &str, resolved: &Resolved) -> Result<Image> {
-        let dir = self.unpacked(&resolved.config_digest);
+        let dir = self.unpacked(&resolved.config_digest)?;
         if !dir.join("config.json").exists() {
-            let blobs: Vec<PathBuf> = resolved.layers.iter().map(|d| self.blob_path(d)).collect();
-            let config_blob = self.blob_path(&resolved.config_digest);
-            let staging = self.dir.join("tmp").join(format!(
-                "unpack-{}-{}",
-                resolved.config_digest.trim_start_matches("sha256:"),
-                std::process::id()
-            ));
+            let blobs: Vec<PathBuf> = resolved
+                .layers
+                .iter()
+                .map(|d| self.blob_path(d))
+                .collect::<Result<_>>()?;
+            let config_blob = self.blob_path(&resolved.config_digest)?;
+            let staging = self.temporary("unpack");
             let target = dir.clone();
             tokio::task::spawn_blocking(move || {
                 unpack_image(&config_blob, &blobs, &staging, &target)
@@ -342,7 +344,7 @@ impl ImageService {
 
     /// Copies a blob into the store, checking it against its digest.
     pub(crate) fn add_blob(&self, digest: &str, source: &Path) -> Result<()> {
-        let path = self.blob_path(digest);
+        let path = self.blob_path(digest)?;
         if path.exists() {
             return Ok(());
         }
@@ -353,10 +355,7 @@ impl ImageService {
                 source.display()
             )));
         }
-        let temporary = self
-            .dir
-            .join("tmp")
-            .join(format!("import-{}", digest.trim_start_matches("sha256:")));
+        let temporary = self.temporary("import");
         std::fs::copy(source, &temporary).map_err(io(source.display().to_string()))?;
         std::fs::rename(&temporary, &path).map_err(io(path.display().to_string()))
     }
@@ -383,12 +382,36 @@ fn unpack_image(
     let config = ImageConfig::from_document(&document);
     let text = serde_json::to_vec(&config).map_err(|e| Error::Format(e.to_string()))?;
     std::fs::write(staging.join("config.json"), text).map_err(io(staging.display().to_string()))?;
-    if target.exists() {
-        // Another pull or import got there first: the same content.
-        let _ = std::fs::remove_dir_all(staging);
-        return Ok(());
+    // Another pull or import of the same image may get there first: the
+    // same content, so either is fine.
+    match std::fs::rename(staging, target) {
+        Ok(()) => Ok(()),
+        Err(_) if target.join("config.json").exists() => {
+            let _ = std::fs::remove_dir_all(staging);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(staging);
+            Err(Error::Io {
+                what: target.display().to_string(),
+                source: e,
+            })
+        }
     }
-    std::fs::rename(staging, target).map_err(io(target.display().to_string()))
+}
+
+/// The hex of a `sha256:` digest, refusing anything else (a digest from a
+/// registry or an archive becomes a file name).
+pub(crate) fn hex_of(digest: &str) -> Result<&str> {
+    digest
+        .strip_prefix("sha256:")
+        .filter(|hex| {
+            hex.len() == 64
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+        .ok_or_else(|| Error::Format(format!("unsupported or malformed digest {digest:?}")))
 }
 
 pub(crate) fn sha256_file(path: &Path) -> Result<String> {
@@ -461,6 +484,9 @@ mod tests {
         assert!(plain_http_hosts(&[], &[], "127.0.0.1:5000"));
         assert!(plain_http_hosts(&[], &[], "localhost:5000"));
         assert!(!plain_http_hosts(&[], &[], "registry.example:5000"));
+        assert!(hex_of("sha256:../../etc/passwd").is_err());
+        assert!(hex_of(&format!("sha256:{}", "a".repeat(64))).is_ok());
+        assert!(hex_of(&format!("sha512:{}", "a".repeat(64))).is_err());
         assert!(plain_http_hosts(
             &["registry.example:5000".into()],
             &[],

@@ -53,17 +53,34 @@ pub(super) fn apply_layer(layer: &Path, root: &Path) -> std::io::Result<()> {
             continue;
         }
         if let Some(hidden) = name.strip_prefix(WHITEOUT) {
+            if hidden.is_empty() || hidden == "." || hidden == ".." {
+                continue;
+            }
             if let Some(dir) = inside(root, &parent) {
                 remove(&dir.join(hidden))?;
             }
             continue;
         }
+        // Nothing is touched through a parent that leads out of the root
+        // (a lower layer's `a -> /`, then `a/etc`): such an entry is refused.
+        let parent_dir = match inside(root, &parent) {
+            Some(dir) => Some(dir),
+            None if std::fs::symlink_metadata(root.join(&parent)).is_ok() => {
+                return Err(std::io::Error::other(format!(
+                    "{}: its directory leads out of the image root",
+                    relative.display()
+                )));
+            }
+            // Not made yet: there is nothing to replace.
+            None => None,
+        };
         // A directory over a file (or the reverse) replaces it.
-        let target = root.join(&relative);
-        if let Ok(existing) = std::fs::symlink_metadata(&target) {
-            let replacing_dir = existing.is_dir() && !entry.header().entry_type().is_dir();
-            if replacing_dir || (!existing.is_dir() && entry.header().entry_type().is_dir()) {
-                remove(&target)?;
+        if let Some(target) = parent_dir.map(|dir| dir.join(&name)) {
+            if let Ok(existing) = std::fs::symlink_metadata(&target) {
+                let is_dir = entry.header().entry_type().is_dir();
+                if existing.is_dir() != is_dir {
+                    remove(&target)?;
+                }
             }
         }
         entry.unpack_in(root)?;
@@ -198,6 +215,42 @@ mod tests {
             "y"
         );
         assert!(!root.join("etc/.wh.b").exists());
+    }
+
+    #[test]
+    fn nothing_outside_the_root_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let victim = dir.path().join("victim");
+        std::fs::create_dir_all(root.join("")).unwrap();
+        std::fs::create_dir_all(victim.join("keep")).unwrap();
+        let path = dir.path().join("evil");
+        let file = std::fs::File::create(&path).unwrap();
+        let mut builder = tar::Builder::new(file);
+        let mut link = tar::Header::new_gnu();
+        link.set_entry_type(tar::EntryType::Symlink);
+        link.set_size(0);
+        link.set_mode(0o777);
+        link.set_uid(0);
+        link.set_gid(0);
+        link.set_mtime(0);
+        builder.append_link(&mut link, "a", &victim).unwrap();
+        for name in ["a/keep", "a/.wh.keep", "a/.wh..wh..opq"] {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_size(1);
+            header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            builder.append_data(&mut header, name, &b"x"[..]).unwrap();
+        }
+        builder.into_inner().unwrap();
+        assert!(apply_layer(&path, &root).is_err());
+        assert!(
+            victim.join("keep").is_dir(),
+            "a directory outside the root was removed"
+        );
     }
 
     #[test]

@@ -46,7 +46,35 @@ pub(super) async fn start<R: Runtime>(
     } else {
         Duration::ZERO
     };
-    let config = match process(ctx, pod, container, &image, files, pod_ip) {
+    // The termination message: a file of this instance, bound in.
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let message_file = ctx
+        .pods_dir
+        .join(&uid)
+        .join("termination")
+        .join(format!("{name}-{attempt}"));
+    let message_path = container
+        .termination_message_path
+        .clone()
+        .filter(|p| p.starts_with('/'))
+        .unwrap_or_else(|| "/dev/termination-log".into());
+    let made = message_file
+        .parent()
+        .map(std::fs::create_dir_all)
+        .unwrap_or(Ok(()))
+        .and_then(|()| std::fs::write(&message_file, b""));
+    if let Err(error) = made {
+        return Err(waiting(
+            "CreateContainerError",
+            format!("{}: {error}", message_file.display()),
+        ));
+    }
+    let config = match process(ctx, pod, container, &image, files, pod_ip).map(|mut config| {
+        config
+            .mounts
+            .push((message_file.clone(), message_path, false));
+        config
+    }) {
         Ok(config) => config,
         Err(message) => {
             ctx.event(
@@ -70,6 +98,8 @@ pub(super) async fn start<R: Runtime>(
         image_id: image.id.clone(),
         created_at: crate::shim::now(),
         log_path: ctx.log_path(pod, name, attempt),
+        stop_signal: image.config.stop_signal.clone(),
+        termination_message: Some(message_file),
     };
     let id = match ctx
         .runtime
@@ -304,5 +334,14 @@ fn process<R: Runtime>(
         mounts,
         host_network: spec.host_network == Some(true),
         privileged: security.privileged == Some(true),
+        no_new_privileges: security.allow_privilege_escalation == Some(false),
+        limit_swap: swap_accounted(),
     })
+}
+
+/// Whether the node's memory cgroups account swap (v1 `memsw`, v2 `swap.max`).
+fn swap_accounted() -> bool {
+    std::path::Path::new("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
+        || std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
 }

@@ -52,9 +52,26 @@ impl<R: Runtime> Worker<R> {
 
     /// Syncs until the pod is gone and cleaned up.
     pub(super) async fn run(mut self, wake: Arc<Notify>) {
+        let _unregister = Unregister {
+            ctx: self.ctx.clone(),
+            uid: self.uid.clone(),
+        };
         loop {
             let desired = self.ctx.desired.get(&self.uid);
             match desired {
+                // Deleted through the API: stop gracefully, then confirm.
+                Some(pod) if pod.metadata.deletion_timestamp.is_some() => {
+                    self.last = Some(pod.clone());
+                    if self.finish_deletion(&pod).await {
+                        self.ctx.desired.remove(&self.uid);
+                        self.terminate().await;
+                        self.ctx.workers.lock().remove(&self.uid);
+                        if self.ctx.desired.get(&self.uid).is_some() {
+                            self.ctx.dispatch(&self.uid);
+                        }
+                        return;
+                    }
+                }
                 Some(pod) => {
                     self.last = Some(pod.clone());
                     if let Err(error) = self.sync(&pod).await {
@@ -103,13 +120,14 @@ impl<R: Runtime> Worker<R> {
             .is_some_and(|p| p == "Succeeded" || p == "Failed");
         // Sandbox: a pod whose network namespace vanished (a reboot) starts over.
         let (sandbox, pod_ip) = if terminal {
-            (
-                None,
-                self.ctx
-                    .network
-                    .existing(&self.uid)
-                    .map(|s| s.ip.to_string()),
-            )
+            // A finished pod gives its sandbox and address back at once
+            // (its containers' records stay for its status and logs).
+            self.stop_all(&containers, Duration::ZERO).await;
+            if let Err(error) = self.ctx.runtime.remove_sandbox(&self.uid).await {
+                tracing::warn!(%error, pod = %self.uid, "removing a finished pod's sandbox");
+            }
+            self.ctx.network.remove_sandbox(&self.uid).await?;
+            (None, pod.status.as_ref().and_then(|s| s.pod_ip.clone()))
         } else {
             let (netns, ip) = if host_network {
                 (None, self.ctx.me.ip.to_string())
@@ -307,35 +325,168 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// The pod is no longer wanted: stop within its grace period, then
-    /// remove everything that was made for it.
-    async fn terminate(&mut self) {
-        let containers = self.mine();
-        let grace = self
-            .last
-            .as_ref()
-            .and_then(|p| p.spec.as_ref())
-            .and_then(|s| s.termination_grace_period_seconds)
+    /// The grace period the pod has to stop: what its deletion set, else
+    /// its spec's.
+    fn grace(&self) -> Duration {
+        let pod = self.last.as_ref();
+        let seconds = pod
+            .and_then(|p| p.metadata.deletion_grace_period_seconds)
+            .or_else(|| {
+                pod.and_then(|p| p.spec.as_ref())
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
             .unwrap_or(DEFAULT_GRACE)
             .max(0);
-        if let Some(pod) = self.last.clone() {
-            for c in containers
-                .iter()
-                .filter(|c| matches!(c.state, State::Running(_)))
-            {
+        Duration::from_secs(seconds.unsigned_abs())
+    }
+
+    /// Stops every running container within `grace`, all at once: the
+    /// preStop hook, then the stop signal, then SIGKILL when time is up.
+    async fn stop_gracefully(&self, grace: Duration) {
+        let Some(pod) = self.last.clone() else {
+            self.stop_all(&self.mine(), Duration::ZERO).await;
+            return;
+        };
+        let running: Vec<ContainerStatus> = self
+            .mine()
+            .into_iter()
+            .filter(|c| !matches!(c.state, State::Exited { .. }))
+            .collect();
+        let stops = running.iter().map(|c| self.stop_one(&pod, c, grace));
+        futures_util::future::join_all(stops).await;
+    }
+
+    async fn stop_one(&self, pod: &Pod, container: &ContainerStatus, grace: Duration) {
+        let name = &container.meta.name;
+        self.ctx
+            .event(
+                pod,
+                Some(name),
+                "Normal",
+                "Killing",
+                &format!("Stopping container {name}"),
+            )
+            .await;
+        let began = Instant::now();
+        let spec = pod
+            .spec
+            .iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .find(|c| &c.name == name);
+        if let Some((spec, hook)) =
+            spec.and_then(|c| c.lifecycle.as_ref()?.pre_stop.as_ref().map(|h| (c, h)))
+        {
+            let pod_ip = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .unwrap_or_default();
+            let action = crate::actions::from_parts(
+                hook.exec.as_ref(),
+                hook.http_get.as_ref(),
+                hook.tcp_socket.as_ref(),
+                hook.sleep.as_ref().map(|s| s.seconds),
+                spec,
+                &pod_ip,
+            );
+            let outcome = match action {
+                Ok(action) => {
+                    crate::actions::run(&self.ctx.runtime, &container.id, &action, grace).await
+                }
+                Err(error) => Err(error),
+            };
+            if let Err(error) = outcome {
+                let message = format!("PreStopHook failed: {error}");
                 self.ctx
-                    .event(
-                        &pod,
-                        Some(&c.meta.name),
-                        "Normal",
-                        "Killing",
-                        &format!("Stopping container {}", c.meta.name),
-                    )
+                    .event(pod, Some(name), "Warning", "FailedPreStopHook", &message)
                     .await;
             }
         }
-        self.stop_all(&containers, Duration::from_secs(grace.unsigned_abs()))
-            .await;
+        // The kubelet leaves at least 2 s between the stop signal and SIGKILL.
+        let left = grace
+            .saturating_sub(began.elapsed())
+            .max(Duration::from_secs(2).min(grace));
+        if let Err(error) = self
+            .ctx
+            .runtime
+            .stop_container(&container.id, None, left)
+            .await
+        {
+            tracing::warn!(%error, container = %container.id, "stopping a container failed");
+        }
+    }
+
+    /// A pod deleted through the API: stop it, report how its containers
+    /// ended, then delete it for good (grace 0, this pod's UID only).
+    /// Whether it is gone.
+    async fn finish_deletion(&mut self, pod: &Arc<Pod>) -> bool {
+        self.stop_gracefully(self.grace()).await;
+        let containers = self.mine();
+        let pod_ip = self
+            .ctx
+            .network
+            .existing(&self.uid)
+            .map(|s| s.ip.to_string());
+        let start_time = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .map_or_else(jiff::Timestamp::now, |t| t.0);
+        let status = status::compute(&Observed {
+            pod,
+            containers: &containers,
+            waiting: &HashMap::new(),
+            sandbox_ready: false,
+            pod_ip,
+            host_ip: self.ctx.me.ip.to_string(),
+            start_time,
+        });
+        if let Err(error) = self.ctx.status.set(pod, status).await {
+            tracing::debug!(%error, pod = %super::describe(pod), "final status");
+        }
+        let api = kube::Api::<Pod>::namespaced(
+            self.ctx.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+        );
+        let params = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(self.uid.clone()),
+                resource_version: None,
+            }),
+            ..kube::api::DeleteParams::default()
+        };
+        match api
+            .delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
+            .await
+        {
+            Ok(_) => true,
+            // Gone already, or the name now belongs to another pod.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => true,
+            Err(error) => {
+                tracing::warn!(%error, pod = %super::describe(pod), "confirming the deletion failed; retrying");
+                false
+            }
+        }
+    }
+
+    /// The pod is no longer wanted: stop within its grace period, then
+    /// remove everything that was made for it.
+    async fn terminate(&mut self) {
+        self.stop_gracefully(self.grace()).await;
+        let containers = self.mine();
+        if containers.is_empty()
+            && self.ctx.network.existing(&self.uid).is_none()
+            && self.ctx.runtime.sandbox(&self.uid).is_none()
+        {
+            self.ctx.remove_pod_files(&self.uid, self.last.as_deref());
+            self.ctx.status.forget(&self.uid);
+            return;
+        }
         for c in &containers {
             if let Err(error) = self.ctx.runtime.remove_container(&c.id).await {
                 tracing::warn!(%error, container = %c.id, "removing a container failed");
@@ -350,6 +501,21 @@ impl<R: Runtime> Worker<R> {
         self.ctx.remove_pod_files(&self.uid, self.last.as_deref());
         self.ctx.status.forget(&self.uid);
         tracing::info!(pod = %self.uid, "pod removed from the node");
+    }
+}
+
+/// Forgets a worker that panicked, so the next event starts a new one
+/// instead of waking a dead task.
+struct Unregister<R: Runtime> {
+    ctx: Arc<Context<R>>,
+    uid: String,
+}
+
+impl<R: Runtime> Drop for Unregister<R> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.ctx.workers.lock().remove(&self.uid);
+        }
     }
 }
 

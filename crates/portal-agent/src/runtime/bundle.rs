@@ -115,18 +115,21 @@ pub fn config(
     let mut resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
     if let Some(limit) = container.memory_limit {
         resources["memory"] = json!({"limit": limit});
+        if container.limit_swap {
+            // No swapping past the limit either, as containerd sets it.
+            resources["memory"]["swap"] = json!(limit);
+        }
     }
     let mut cpu = serde_json::Map::new();
     if let Some(millis) = container.cpu_limit_millis {
-        cpu.insert(
-            "quota".into(),
-            json!((millis * CPU_PERIOD / 1000).max(1000)),
-        );
+        let quota = millis.saturating_mul(CPU_PERIOD) / 1000;
+        cpu.insert("quota".into(), json!(quota.max(1000)));
         cpu.insert("period".into(), json!(CPU_PERIOD));
     }
     if let Some(millis) = container.cpu_request_millis {
-        // The kubelet's milli-CPU to shares conversion (min 2).
-        cpu.insert("shares".into(), json!((millis * 1024 / 1000).max(2)));
+        // The kubelet's milli-CPU to shares conversion (2 to 262144).
+        let shares = (millis.saturating_mul(1024) / 1000).clamp(2, 262_144);
+        cpu.insert("shares".into(), json!(shares));
     }
     if !cpu.is_empty() {
         resources["cpu"] = Value::Object(cpu);
@@ -145,7 +148,7 @@ pub fn config(
                 "effective": capabilities,
                 "permitted": capabilities,
             },
-            "noNewPrivileges": !container.privileged,
+            "noNewPrivileges": container.no_new_privileges && !container.privileged,
         },
         "root": {"path": rootfs, "readonly": false},
         "mounts": mounts,

@@ -48,7 +48,25 @@ pub struct ContainerMeta {
     pub image_id: String,
     pub created_at: String,
     pub log_path: PathBuf,
+    /// The signal that asks it to stop (the image's `StopSignal`).
+    #[serde(default)]
+    pub stop_signal: Option<String>,
+    /// Where it writes its termination message (a file on the node).
+    #[serde(default)]
+    pub termination_message: Option<PathBuf>,
 }
+
+/// What a command run in a container did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecResult {
+    /// None when it did not finish in time (it was killed).
+    pub exit_code: Option<i32>,
+    /// Its stdout and stderr, cut at [`EXEC_OUTPUT_LIMIT`].
+    pub output: Vec<u8>,
+}
+
+/// The most output kept from a hook or probe command (as the kubelet's 10 KiB).
+pub const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
 
 /// What a container runs: the process and its limits, already resolved.
 #[derive(Clone, Debug, Default)]
@@ -67,6 +85,10 @@ pub struct ContainerConfig {
     /// The pod shares the node's network namespace.
     pub host_network: bool,
     pub privileged: bool,
+    /// `allowPrivilegeEscalation: false`: setuid binaries gain nothing.
+    pub no_new_privileges: bool,
+    /// The node accounts swap: the memory limit covers it too.
+    pub limit_swap: bool,
 }
 
 /// Where a container is in its life.
@@ -139,6 +161,14 @@ pub trait Runtime: Send + Sync + 'static {
         signal: Option<&str>,
         grace: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// Runs `argv` in a running container (hooks and exec probes), killed
+    /// after `timeout`.
+    fn exec(
+        &self,
+        id: &str,
+        argv: &[String],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<ExecResult>> + Send;
     /// Forgets an exited container and frees its files.
     fn remove_container(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
     /// Every container of this agent, running or not.

@@ -115,6 +115,15 @@ impl Runc {
                 },
             },
         };
+        // An end the shim could not record is recorded now, once: its time
+        // must not move at every look.
+        if let State::Exited { exit, .. } = &state {
+            if !state_dir.join("exit").exists() {
+                if let Ok(text) = serde_json::to_vec(exit) {
+                    let _ = shim::write_atomic(&state_dir.join("exit"), &text);
+                }
+            }
+        }
         Some(ContainerStatus {
             id: id.to_owned(),
             meta,
@@ -245,11 +254,76 @@ impl Runtime for Runc {
             crate::short_hash(&shim::now())
         );
         let dir = self.container_dir(&id);
+        match self
+            .prepare_and_spawn(&id, &dir, sandbox, &meta, image, config)
+            .await
+        {
+            Ok(()) => {}
+            Err(error) => {
+                // Nothing half-made stays behind: no mount, no directory.
+                let _ = umount2(&dir.join("rootfs"), MntFlags::MNT_DETACH);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(error);
+            }
+        }
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            match self.status_of(&id).map(|s| s.state) {
+                Some(State::Created) | None if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                _ => return Ok(id),
+            }
+        }
+    }
+
+    async fn stop_container(&self, id: &str, signal: Option<&str>, grace: Duration) -> Result<()> {
+        self.stop(id, signal, grace).await
+    }
+
+    async fn exec(
+        &self,
+        id: &str,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<super::ExecResult> {
+        self.exec_in(id, argv, timeout).await
+    }
+
+    async fn remove_container(&self, id: &str) -> Result<()> {
+        self.remove(id).await
+    }
+
+    fn containers(&self) -> Vec<ContainerStatus> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("containers")) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|id| self.status_of(id)))
+            .collect()
+    }
+}
+
+impl Runc {
+    /// The container's directory, mount, bundle and shim.
+    async fn prepare_and_spawn(
+        &self,
+        id: &str,
+        dir: &Path,
+        sandbox: &SandboxPaths,
+        meta: &ContainerMeta,
+        image: &Image,
+        config: &ContainerConfig,
+    ) -> Result<()> {
         let rootfs = dir.join("rootfs");
         let state = dir.join("state");
         for sub in [&rootfs, &dir.join("upper"), &dir.join("work"), &state] {
             std::fs::create_dir_all(sub).map_err(io(format!("{}", sub.display())))?;
         }
+        // First: a directory with `meta.json` is listed (and cleaned up)
+        // whatever happens next.
+        write_json(&dir.join("meta.json"), meta)?;
         let options = format!(
             "lowerdir={},upperdir={},workdir={}",
             image.rootfs.display(),
@@ -270,7 +344,6 @@ impl Runtime for Runc {
         let cgroup = format!("{}/{id}", self.pod_cgroup(&meta.pod_uid));
         let spec = bundle::config(&rootfs, sandbox, config, &cgroup);
         write_json(&dir.join("config.json"), &spec)?;
-        write_json(&dir.join("meta.json"), &meta)?;
         if let Some(parent) = meta.log_path.parent() {
             std::fs::create_dir_all(parent).map_err(io(format!("{}", parent.display())))?;
         }
@@ -281,9 +354,9 @@ impl Runtime for Runc {
             .arg(&self.runc)
             .arg("--runc-root")
             .arg(self.dir.join("runc"))
-            .args(["--id", &id])
+            .args(["--id", id])
             .arg("--bundle")
-            .arg(&dir)
+            .arg(dir)
             .arg("--state")
             .arg(&state)
             .arg("--log")
@@ -303,25 +376,18 @@ impl Runtime for Runc {
         tokio::spawn(async move {
             let _ = child.wait().await;
         });
-        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-        loop {
-            match self.status_of(&id).map(|s| s.state) {
-                Some(State::Created) | None if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                _ => return Ok(id),
-            }
-        }
+        Ok(())
     }
 
-    async fn stop_container(&self, id: &str, signal: Option<&str>, grace: Duration) -> Result<()> {
+    async fn stop(&self, id: &str, signal: Option<&str>, grace: Duration) -> Result<()> {
         if !matches!(
             self.status_of(id).map(|s| s.state),
             Some(State::Running(_) | State::Created)
         ) {
             return Ok(());
         }
-        let signal = signal.unwrap_or("SIGTERM");
+        let stop_signal = self.status_of(id).and_then(|s| s.meta.stop_signal);
+        let signal = signal.or(stop_signal.as_deref()).unwrap_or("SIGTERM");
         if !grace.is_zero() {
             // A container that already went away is fine.
             let _ = self.runc(&["kill", id, signal]).await;
@@ -340,9 +406,62 @@ impl Runtime for Runc {
         Ok(())
     }
 
-    async fn remove_container(&self, id: &str) -> Result<()> {
-        self.stop_container(id, Some("SIGKILL"), Duration::ZERO)
-            .await?;
+    async fn exec_in(
+        &self,
+        id: &str,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<super::ExecResult> {
+        use tokio::io::AsyncReadExt;
+        let mut child = Command::new(&self.runc)
+            .arg("--root")
+            .arg(self.dir.join("runc"))
+            .args(["exec", id])
+            .args(argv)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io("runc exec"))?;
+        let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+        let run = async {
+            let (mut output, mut errors) = (Vec::new(), Vec::new());
+            let limit = super::EXEC_OUTPUT_LIMIT as u64;
+            // Both at once: a command filling one pipe must not stall.
+            tokio::join!(
+                async {
+                    if let Some(out) = stdout.as_mut() {
+                        let _ = out.take(limit).read_to_end(&mut output).await;
+                    }
+                },
+                async {
+                    if let Some(err) = stderr.as_mut() {
+                        let _ = err.take(limit).read_to_end(&mut errors).await;
+                    }
+                }
+            );
+            output.extend(errors);
+            output.truncate(super::EXEC_OUTPUT_LIMIT);
+            let status = child.wait().await;
+            (status, output)
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok((status, output)) => Ok(super::ExecResult {
+                exit_code: status.ok().and_then(|s| s.code()),
+                output,
+            }),
+            // Dropping the future kills runc exec (kill_on_drop); the
+            // command itself may linger in the container, as with the kubelet.
+            Err(_) => Ok(super::ExecResult {
+                exit_code: None,
+                output: Vec::new(),
+            }),
+        }
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        self.stop(id, Some("SIGKILL"), Duration::ZERO).await?;
         let _ = self.runc(&["delete", "--force", id]).await;
         let dir = self.container_dir(id);
         let _ = umount2(&dir.join("rootfs"), MntFlags::MNT_DETACH);
@@ -354,16 +473,6 @@ impl Runtime for Runc {
                 source,
             }),
         }
-    }
-
-    fn containers(&self) -> Vec<ContainerStatus> {
-        let Ok(entries) = std::fs::read_dir(self.dir.join("containers")) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|id| self.status_of(id)))
-            .collect()
     }
 }
 

@@ -259,9 +259,13 @@ pub(crate) fn now() -> String {
     jiff::Timestamp::now().to_string()
 }
 
-/// Writes a file whole or not at all (write to a temporary, then rename).
+/// Writes a file whole or not at all (write to a temporary beside it, then
+/// rename); concurrent writers never share a temporary.
 pub(crate) fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    let temporary = path.with_extension("tmp");
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let temporary = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
     std::fs::write(&temporary, contents)?;
     std::fs::rename(&temporary, path)
 }

@@ -1,0 +1,268 @@
+//! What lifecycle hooks and probes do, as the kubelet runs them: a command
+//! in the container (`exec`: success is exit code 0), an HTTP GET to the
+//! pod (`httpGet`: a status from 200 to 399), a TCP connection
+//! (`tcpSocket`), or a pause (`sleep`, hooks only). Ports may be given by
+//! name, resolved through the container's ports.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, ExecAction, HTTPGetAction, TCPSocketAction};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::runtime::Runtime;
+
+/// An action, ready to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    Exec(Vec<String>),
+    HttpGet {
+        host: String,
+        port: u16,
+        path: String,
+        headers: Vec<(String, String)>,
+        https: bool,
+    },
+    TcpSocket {
+        host: String,
+        port: u16,
+    },
+    Sleep(Duration),
+}
+
+/// How an action went: `Err` says why it failed.
+pub(crate) type Outcome = Result<(), String>;
+
+/// A port given by number or by one of the container's port names.
+fn port(value: &IntOrString, container: &Container) -> Result<u16, String> {
+    match value {
+        IntOrString::Int(n) => u16::try_from(*n)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("invalid port {n}")),
+        IntOrString::String(name) => container
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(name.as_str()))
+            .and_then(|p| u16::try_from(p.container_port).ok())
+            .ok_or_else(|| format!("no port named {name:?} in container {}", container.name)),
+    }
+}
+
+/// The action of a hook or probe given by its parts (one of them is set).
+pub(crate) fn from_parts(
+    exec: Option<&ExecAction>,
+    http: Option<&HTTPGetAction>,
+    tcp: Option<&TCPSocketAction>,
+    sleep_seconds: Option<i64>,
+    container: &Container,
+    pod_ip: &str,
+) -> Result<Action, String> {
+    if let Some(exec) = exec {
+        let argv = exec.command.clone().unwrap_or_default();
+        if argv.is_empty() {
+            return Err("exec with no command".into());
+        }
+        return Ok(Action::Exec(argv));
+    }
+    if let Some(http) = http {
+        let host = http
+            .host
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| pod_ip.to_owned());
+        let path = http
+            .path
+            .clone()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "/".into());
+        let path = if path.starts_with('/') {
+            path
+        } else {
+            format!("/{path}")
+        };
+        return Ok(Action::HttpGet {
+            host,
+            port: port(&http.port, container)?,
+            path,
+            headers: http
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect(),
+            https: http.scheme.as_deref() == Some("HTTPS"),
+        });
+    }
+    if let Some(tcp) = tcp {
+        let host = tcp
+            .host
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| pod_ip.to_owned());
+        return Ok(Action::TcpSocket {
+            host,
+            port: port(&tcp.port, container)?,
+        });
+    }
+    if let Some(seconds) = sleep_seconds {
+        return Ok(Action::Sleep(Duration::from_secs(
+            seconds.max(0).unsigned_abs(),
+        )));
+    }
+    Err("no action given (exec, httpGet, tcpSocket or sleep)".into())
+}
+
+/// Runs `action` for the container `id`, failing after `timeout`.
+pub(crate) async fn run<R: Runtime>(
+    runtime: &R,
+    id: &str,
+    action: &Action,
+    timeout: Duration,
+) -> Outcome {
+    match action {
+        Action::Exec(argv) => match runtime.exec(id, argv, timeout).await {
+            Ok(result) => match result.exit_code {
+                Some(0) => Ok(()),
+                Some(code) => Err(format!(
+                    "command {argv:?} exited with {code}: {}",
+                    String::from_utf8_lossy(&result.output).trim()
+                )),
+                None => Err(format!(
+                    "command {argv:?} timed out after {}s",
+                    timeout.as_secs()
+                )),
+            },
+            Err(error) => Err(error.to_string()),
+        },
+        Action::HttpGet {
+            host,
+            port,
+            path,
+            headers,
+            https,
+        } => {
+            if *https {
+                return Err("HTTPS probes and hooks are not supported by this agent yet".into());
+            }
+            match tokio::time::timeout(timeout, http_get(host, *port, path, headers)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(format!(
+                    "Get \"http://{host}:{port}{path}\": context deadline exceeded"
+                )),
+            }
+        }
+        Action::TcpSocket { host, port } => {
+            match tokio::time::timeout(
+                timeout,
+                tokio::net::TcpStream::connect((host.as_str(), *port)),
+            )
+            .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(format!("dial tcp {host}:{port}: {error}")),
+                Err(_) => Err(format!("dial tcp {host}:{port}: i/o timeout")),
+            }
+        }
+        Action::Sleep(duration) => {
+            tokio::time::sleep((*duration).min(timeout)).await;
+            Ok(())
+        }
+    }
+}
+
+/// A plain HTTP/1.1 GET; success for a status from 200 to 399.
+async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> Outcome {
+    let url = format!("http://{host}:{port}{path}");
+    let mut stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| format!("Get \"{url}\": dial tcp {host}:{port}: {e}"))?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("Get \"{url}\": {e}"))?;
+    let mut head = vec![0u8; 1024];
+    let mut read = 0;
+    while read < head.len() && !head[..read].contains(&b'\n') {
+        match stream.read(&mut head[read..]).await {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(e) => return Err(format!("Get \"{url}\": {e}")),
+        }
+    }
+    let line = String::from_utf8_lossy(&head[..read]);
+    let code: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("Get \"{url}\": malformed HTTP response"))?;
+    if (200..400).contains(&code) {
+        Ok(())
+    } else {
+        Err(format!("HTTP probe failed with statuscode: {code}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn actions_from_specs() {
+        let container: Container = serde_json::from_value(
+            json!({"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}),
+        )
+        .unwrap();
+        let http: HTTPGetAction = serde_json::from_value(json!({"port": "http", "path": "healthz", "httpHeaders": [{"name": "X", "value": "1"}]})).unwrap();
+        let action = from_parts(None, Some(&http), None, None, &container, "10.244.0.5").unwrap();
+        assert_eq!(
+            action,
+            Action::HttpGet {
+                host: "10.244.0.5".into(),
+                port: 8080,
+                path: "/healthz".into(),
+                headers: vec![("X".into(), "1".into())],
+                https: false
+            }
+        );
+        let tcp: TCPSocketAction = serde_json::from_value(json!({"port": 5432})).unwrap();
+        assert_eq!(
+            from_parts(None, None, Some(&tcp), None, &container, "10.0.0.1").unwrap(),
+            Action::TcpSocket {
+                host: "10.0.0.1".into(),
+                port: 5432
+            }
+        );
+        let missing: TCPSocketAction = serde_json::from_value(json!({"port": "nope"})).unwrap();
+        assert!(from_parts(None, None, Some(&missing), None, &container, "10.0.0.1").is_err());
+        assert!(from_parts(None, None, None, None, &container, "x").is_err());
+    }
+
+    #[tokio::test]
+    async fn http_get_judges_the_status() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            for status in ["200 OK", "503 Service Unavailable"] {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut buffer = [0u8; 1024];
+                let _ = socket.read(&mut buffer).await;
+                let _ = socket
+                    .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await;
+            }
+        });
+        assert_eq!(http_get("127.0.0.1", port, "/", &[]).await, Ok(()));
+        assert!(http_get("127.0.0.1", port, "/", &[])
+            .await
+            .unwrap_err()
+            .contains("503"));
+    }
+}

@@ -1,0 +1,205 @@
+//! Graceful deletion and finalizers, as Kubernetes' generic store and pod
+//! strategy decide them. Deleting an object with finalizers, or a pod that
+//! runs on a node, only marks it (`deletionTimestamp`,
+//! `deletionGracePeriodSeconds`); it goes when its finalizers are removed
+//! (grace 0), or — for a pod — when its node's agent, having stopped its
+//! containers, deletes it again with grace 0. An unscheduled or finished
+//! pod goes at once, and so does anything deleted with grace 0 and no
+//! finalizers (`kubectl delete --force --grace-period=0`).
+
+use bytes::Bytes;
+use portal_api::{meta, Kind, Resource};
+use portal_store::{Error as StoreError, KeyValue, Op, Store};
+use serde_json::{json, Value};
+
+use crate::allocator::{delete_stored, Allocators};
+
+/// A pod's grace period when neither the request nor the spec gives one.
+const DEFAULT_POD_GRACE: i64 = 30;
+
+/// What a delete request does to the object now.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Plan {
+    /// Remove it.
+    Now,
+    /// Keep it, marked for deletion: write this object.
+    Mark(Value),
+    /// Already marked, no sooner than asked: nothing to write.
+    Pending,
+}
+
+fn finalizers(object: &Value) -> bool {
+    meta::metadata(object)
+        .get("finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+}
+
+/// The grace period a delete gives `object` (`asked`: the request's).
+fn grace_period(resource: &Resource, object: &Value, asked: Option<i64>) -> i64 {
+    if resource.kind != Kind::Pod {
+        return 0;
+    }
+    let scheduled = object["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty());
+    let finished = matches!(
+        object["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    );
+    if !scheduled || finished {
+        return 0;
+    }
+    asked
+        .or_else(|| object["spec"]["terminationGracePeriodSeconds"].as_i64())
+        .unwrap_or(DEFAULT_POD_GRACE)
+        .max(0)
+}
+
+/// Decides what deleting `object` with the requested grace period does.
+pub(crate) fn plan(
+    resource: &Resource,
+    object: &Value,
+    asked: Option<i64>,
+    now: jiff::Timestamp,
+) -> Plan {
+    let grace = grace_period(resource, object, asked);
+    let metadata = meta::metadata(object);
+    let marked = metadata.get("deletionTimestamp").is_some();
+    if marked {
+        let current = metadata
+            .get("deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        // A second delete may only shorten the grace period.
+        if grace >= current {
+            return Plan::Pending;
+        }
+    }
+    if grace == 0 && !finalizers(object) {
+        return Plan::Now;
+    }
+    let mut marked_object = object.clone();
+    let at = now
+        .checked_add(jiff::SignedDuration::from_secs(grace))
+        .unwrap_or(now)
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let metadata = meta::metadata_mut(&mut marked_object);
+    metadata.insert("deletionTimestamp".into(), json!(at));
+    metadata.insert("deletionGracePeriodSeconds".into(), json!(grace));
+    Plan::Mark(marked_object)
+}
+
+/// Whether an updated object is done being deleted: marked, no finalizers
+/// left, and no grace period running (a pod waits for its agent).
+pub(crate) fn finished(object: &Value) -> bool {
+    let metadata = meta::metadata(object);
+    metadata.get("deletionTimestamp").is_some()
+        && !finalizers(object)
+        && metadata
+            .get("deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            == 0
+}
+
+/// What a delete did to a stored object.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Removed at this revision.
+    Deleted { revision: u64, object: Value },
+    /// Marked for deletion at this revision.
+    Marked { revision: u64, object: Value },
+    /// Already marked: unchanged.
+    Pending { object: Value },
+}
+
+/// Deletes `current` as [`plan`] says: removes it (with its allocations)
+/// or marks it, in one compare-and-swap on its revision.
+pub(crate) async fn delete_object(
+    store: &dyn Store,
+    allocators: &Allocators,
+    resource: &Resource,
+    current: &KeyValue,
+    asked: Option<i64>,
+) -> Result<Outcome, StoreError> {
+    let object: Value =
+        serde_json::from_slice(&current.value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    match plan(resource, &object, asked, jiff::Timestamp::now()) {
+        Plan::Now => {
+            let revision = delete_stored(store, allocators, resource, current).await?;
+            Ok(Outcome::Deleted { revision, object })
+        }
+        Plan::Mark(marked) => {
+            let op = Op::Update {
+                key: current.key.clone(),
+                value: Bytes::from(marked.to_string()),
+                expected_revision: current.mod_revision,
+            };
+            let revision = store.txn(vec![op]).await?;
+            Ok(Outcome::Marked {
+                revision,
+                object: marked,
+            })
+        }
+        Plan::Pending => Ok(Outcome::Pending { object }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(node: &str, phase: &str) -> Value {
+        json!({"metadata": {"name": "p"}, "spec": {"nodeName": node, "terminationGracePeriodSeconds": 20}, "status": {"phase": phase}})
+    }
+
+    #[test]
+    fn pods_on_a_node_are_marked_others_go_at_once() {
+        let pods = Resource::of(Kind::Pod);
+        let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        assert_eq!(plan(pods, &pod("", "Pending"), None, now), Plan::Now);
+        assert_eq!(plan(pods, &pod("n", "Succeeded"), None, now), Plan::Now);
+        assert_eq!(plan(pods, &pod("n", "Running"), Some(0), now), Plan::Now);
+        let Plan::Mark(marked) = plan(pods, &pod("n", "Running"), None, now) else {
+            panic!("a running pod is marked");
+        };
+        assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 20);
+        assert_eq!(
+            marked["metadata"]["deletionTimestamp"],
+            "2023-11-14T22:13:40Z"
+        );
+        assert!(!finished(&marked), "the agent confirms");
+        assert_eq!(plan(pods, &marked, None, now), Plan::Pending);
+        assert_eq!(
+            plan(pods, &marked, Some(30), now),
+            Plan::Pending,
+            "never longer"
+        );
+        assert!(matches!(plan(pods, &marked, Some(5), now), Plan::Mark(_)));
+        assert_eq!(
+            plan(pods, &marked, Some(0), now),
+            Plan::Now,
+            "the agent's final delete"
+        );
+    }
+
+    #[test]
+    fn finalizers_hold_any_kind() {
+        let services = Resource::of(Kind::Service);
+        let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        let held = json!({"metadata": {"name": "s", "finalizers": ["example.com/x"]}});
+        let Plan::Mark(marked) = plan(services, &held, None, now) else {
+            panic!("held by a finalizer");
+        };
+        assert!(!finished(&marked));
+        let mut released = marked.clone();
+        released["metadata"]["finalizers"] = json!([]);
+        assert!(finished(&released));
+        assert_eq!(
+            plan(services, &json!({"metadata": {"name": "s"}}), None, now),
+            Plan::Now
+        );
+    }
+}

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 mod pods;
+pub mod prober;
 mod quantity;
 pub mod runtime;
 pub mod shim;
@@ -166,6 +167,7 @@ pub async fn start(client: Client, config: Config) -> Result<Agent, Error> {
         dns,
         services,
         metrics: metrics.clone(),
+        probes: prober::Probes::default(),
         desired: pods::Desired::default(),
         workers: parking_lot::Mutex::new(std::collections::HashMap::new()),
         pods_dir: data.join("pods"),

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus as ApiContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus as ApiContainerStatus, HostIP, Pod, PodCondition, PodIP,
+    PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
@@ -31,12 +32,16 @@ pub struct Observed<'a> {
     /// The runtime's instances of this pod's containers.
     pub containers: &'a [ContainerStatus],
     pub waiting: &'a HashMap<String, Waiting>,
+    /// What the probes say, by container instance id (none: no probes ran).
+    pub verdicts: &'a HashMap<String, crate::prober::Verdict>,
     /// The sandbox is up (network and namespaces).
     pub sandbox_ready: bool,
     pub pod_ip: Option<String>,
     pub host_ip: String,
     /// When the agent first took the pod on.
     pub start_time: jiff::Timestamp,
+    /// It ran longer than its `activeDeadlineSeconds` (then it failed).
+    pub deadline_exceeded: bool,
 }
 
 fn parse_time(text: &str) -> Option<Time> {
@@ -138,69 +143,116 @@ fn waiting_state(reason: &str, message: &str) -> ContainerState {
 }
 
 /// The pod's status now.
+/// How a container counts in the kubelet's getPhase: a container waiting
+/// after it ended (to restart) counts as stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Running,
+    Stopped { succeeded: bool },
+    Waiting,
+}
+
+/// One container's status from its instances and why it waits.
+fn container_status(
+    container: &Container,
+    observed: &Observed<'_>,
+    init: bool,
+) -> (ApiContainerStatus, Class) {
+    let (latest, previous) = instances(observed.containers, &container.name);
+    let why = observed.waiting.get(&container.name);
+    let fallback = container.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
+    let mut state = match latest {
+        Some(instance) => state_of(instance, fallback),
+        None if init => waiting_state("PodInitializing", ""),
+        None => waiting_state("ContainerCreating", ""),
+    };
+    // A container waiting to restart (or to be made) says why.
+    if let Some(why) = why {
+        if state.running.is_none() {
+            state = waiting_state(&why.reason, &why.message);
+        }
+    }
+    let last_state = match (why, latest, previous) {
+        // Waiting to restart: the last run is the newest instance.
+        (Some(_), Some(last), _) if !matches!(last.state, State::Running(_)) => {
+            Some(state_of(last, fallback))
+        }
+        (_, _, Some(previous)) => Some(state_of(previous, fallback)),
+        _ => None,
+    }
+    .filter(|s| s.terminated.is_some());
+    let is_running = state.running.is_some();
+    let verdict = latest.and_then(|c| observed.verdicts.get(&c.id));
+    let class = match (&state.terminated, &state.waiting) {
+        (Some(t), _) => Class::Stopped {
+            succeeded: t.exit_code == 0,
+        },
+        (None, Some(_)) if last_state.is_some() => Class::Stopped { succeeded: false },
+        (None, Some(_)) => Class::Waiting,
+        _ => Class::Running,
+    };
+    // A completed init container counts as ready, as the kubelet says.
+    let completed = init && class == Class::Stopped { succeeded: true };
+    // Restarts so far: the newest instance's attempt number.
+    let restarts = latest.map_or(0, |c| c.meta.attempt);
+    let status = ApiContainerStatus {
+        name: container.name.clone(),
+        image: container.image.clone().unwrap_or_default(),
+        image_id: latest.map(|c| c.meta.image_id.clone()).unwrap_or_default(),
+        container_id: latest
+            .filter(|_| state.waiting.is_none())
+            .map(|c| format!("portal://{}", c.id)),
+        ready: completed || (is_running && verdict.is_none_or(|v| v.ready)),
+        started: Some(is_running && verdict.is_none_or(|v| v.started)),
+        restart_count: i32::try_from(restarts).unwrap_or(i32::MAX),
+        state: Some(state),
+        last_state: Some(last_state.unwrap_or_default()),
+        ..ApiContainerStatus::default()
+    };
+    (status, class)
+}
+
+/// The pod's status now.
 pub fn compute(observed: &Observed<'_>) -> PodStatus {
     let spec = observed.pod.spec.clone().unwrap_or_default();
     let policy = spec.restart_policy.as_deref().unwrap_or("Always");
+    // Init containers: regular ones must have succeeded, sidecars
+    // (restartPolicy Always) must run.
+    let mut init_statuses = Vec::new();
+    let (mut initialized, mut init_failed) = (true, false);
+    for container in spec.init_containers.iter().flatten() {
+        let sidecar = container.restart_policy.as_deref() == Some("Always");
+        let (status, class) = container_status(container, observed, true);
+        let done = if sidecar {
+            class == Class::Running && status.started == Some(true)
+        } else {
+            class == Class::Stopped { succeeded: true }
+        };
+        if !sidecar && class == (Class::Stopped { succeeded: false }) && policy == "Never" {
+            init_failed = true;
+        }
+        initialized &= done;
+        init_statuses.push(status);
+    }
     let mut statuses = Vec::new();
-    // The kubelet's getPhase counts: a container waiting after it ended
-    // (to restart) counts as stopped.
     let (mut running, mut stopped, mut succeeded, mut waiting) = (0, 0, 0, 0);
     for container in &spec.containers {
-        let (latest, previous) = instances(observed.containers, &container.name);
-        let why = observed.waiting.get(&container.name);
-        let fallback =
-            container.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
-        let mut state = match latest {
-            Some(instance) => state_of(instance, fallback),
-            None => waiting_state("ContainerCreating", ""),
-        };
-        // A container waiting to restart (or to be made) says why.
-        if let Some(why) = why {
-            if state.running.is_none() {
-                state = waiting_state(&why.reason, &why.message);
-            }
-        }
-        let last_state = match (why, latest, previous) {
-            // Waiting to restart: the last run is the newest instance.
-            (Some(_), Some(last), _) if !matches!(last.state, State::Running(_)) => {
-                Some(state_of(last, fallback))
-            }
-            (_, _, Some(previous)) => Some(state_of(previous, fallback)),
-            _ => None,
-        }
-        .filter(|s| s.terminated.is_some());
-        let is_running = state.running.is_some();
-        match (&state.terminated, &state.waiting) {
-            (Some(t), _) => {
+        let (status, class) = container_status(container, observed, false);
+        match class {
+            Class::Running => running += 1,
+            Class::Stopped { succeeded: ok } => {
                 stopped += 1;
-                if t.exit_code == 0 {
-                    succeeded += 1;
-                }
+                succeeded += usize::from(ok);
             }
-            (None, Some(_)) if last_state.is_some() => stopped += 1,
-            (None, Some(_)) => waiting += 1,
-            _ => running += 1,
+            Class::Waiting => waiting += 1,
         }
-        // Restarts so far: the newest instance's attempt number.
-        let restarts = latest.map_or(0, |c| c.meta.attempt);
-        statuses.push(ApiContainerStatus {
-            name: container.name.clone(),
-            image: container.image.clone().unwrap_or_default(),
-            image_id: latest.map(|c| c.meta.image_id.clone()).unwrap_or_default(),
-            container_id: latest
-                .filter(|_| state.waiting.is_none())
-                .map(|c| format!("portal://{}", c.id)),
-            ready: is_running,
-            started: Some(is_running),
-            restart_count: i32::try_from(restarts).unwrap_or(i32::MAX),
-            state: Some(state),
-            last_state: Some(last_state.unwrap_or_default()),
-            ..ApiContainerStatus::default()
-        });
+        statuses.push(status);
     }
     let total = spec.containers.len();
     // The kubelet's getPhase.
-    let phase = if waiting > 0 || total == 0 {
+    let phase = if init_failed {
+        "Failed"
+    } else if !initialized || waiting > 0 || total == 0 {
         "Pending"
     } else if running > 0 {
         "Running"
@@ -215,7 +267,7 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
     } else {
         "Pending"
     };
-    let all_ready = total > 0 && statuses.iter().all(|s| s.ready);
+    let all_ready = initialized && total > 0 && statuses.iter().all(|s| s.ready);
     let gates_pass = spec.readiness_gates.iter().flatten().all(|gate| {
         observed
             .pod
@@ -256,7 +308,7 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
             observed.sandbox_ready && !terminal,
             None,
         ),
-        condition("Initialized", true, None),
+        condition("Initialized", initialized, Some("ContainersNotInitialized")),
         condition(
             "Ready",
             all_ready && gates_pass,
@@ -285,8 +337,19 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
         }
     }
     let pod_ip = observed.pod_ip.clone();
+    let (phase, reason, message) = if observed.deadline_exceeded {
+        (
+            "Failed",
+            Some("DeadlineExceeded".to_owned()),
+            Some("Pod was active on the node longer than the specified deadline".to_owned()),
+        )
+    } else {
+        (phase, None, None)
+    };
     PodStatus {
         phase: Some(phase.into()),
+        reason,
+        message,
         conditions: Some(merged),
         host_ip: Some(observed.host_ip.clone()),
         host_ips: Some(vec![HostIP {
@@ -296,6 +359,7 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
         pod_ips: pod_ip.map(|ip| vec![PodIP { ip }]),
         start_time: Some(Time(observed.start_time)),
         container_statuses: Some(statuses),
+        init_container_statuses: Some(init_statuses).filter(|s| !s.is_empty()),
         qos_class: Some(qos_class(observed.pod).into()),
         ..PodStatus::default()
     }
@@ -450,10 +514,12 @@ mod tests {
             pod,
             containers,
             waiting,
+            verdicts: &HashMap::new(),
             sandbox_ready: true,
             pod_ip: Some("10.244.0.5".into()),
             host_ip: "192.168.1.2".into(),
             start_time: jiff::Timestamp::UNIX_EPOCH,
+            deadline_exceeded: false,
         })
     }
 

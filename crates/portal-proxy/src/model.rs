@@ -176,7 +176,21 @@ pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceKey> {
 /// A slice's ready IPv4 endpoints for one Service port, matched by port
 /// name and protocol like kube-proxy (an unnamed Service port matches the
 /// slice's unnamed port).
-fn slice_endpoints(slice: &EndpointSlice, port: &ServicePort, unnamed: bool) -> Vec<SocketAddrV4> {
+/// Which endpoints of a slice are wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wanted {
+    Ready,
+    /// Terminating but still serving: used only when none is ready
+    /// (KEP-1669), so a Service whose pods are all stopping keeps serving.
+    ServingTerminating,
+}
+
+fn slice_endpoints(
+    slice: &EndpointSlice,
+    port: &ServicePort,
+    unnamed: bool,
+    wanted: Wanted,
+) -> Vec<SocketAddrV4> {
     let wanted_name = if unnamed { "" } else { port.port_name.as_str() };
     let Some(number) = slice.ports.iter().flatten().find_map(|p| {
         let name = p.name.as_deref().unwrap_or("");
@@ -193,8 +207,17 @@ fn slice_endpoints(slice: &EndpointSlice, port: &ServicePort, unnamed: bool) -> 
     slice
         .endpoints
         .iter()
-        // Unset means ready (discovery.k8s.io/v1).
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .filter(|e| {
+            let conditions = e.conditions.as_ref();
+            // Unset means ready, and serving when ready (discovery.k8s.io/v1).
+            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+            let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+            match wanted {
+                Wanted::Ready => ready,
+                Wanted::ServingTerminating => serving && terminating,
+            }
+        })
         .flat_map(|e| e.addresses.iter())
         .filter_map(|a| a.parse::<Ipv4Addr>().ok())
         .map(|ip| SocketAddrV4::new(ip, number))
@@ -217,10 +240,16 @@ pub fn join<'a>(
     let mut ports = service_ports(key, service);
     for port in &mut ports {
         let unnamed = !named_in_spec(&port.port_name);
-        let mut endpoints: Vec<SocketAddrV4> = slices
-            .clone()
-            .flat_map(|slice| slice_endpoints(slice, port, unnamed))
-            .collect();
+        let pick = |wanted| -> Vec<SocketAddrV4> {
+            slices
+                .clone()
+                .flat_map(|slice| slice_endpoints(slice, port, unnamed, wanted))
+                .collect()
+        };
+        let mut endpoints = pick(Wanted::Ready);
+        if endpoints.is_empty() {
+            endpoints = pick(Wanted::ServingTerminating);
+        }
         endpoints.sort_unstable();
         endpoints.dedup();
         port.endpoints = endpoints;
@@ -326,6 +355,26 @@ mod tests {
         let ports = join(&key(), &web, std::iter::once(&s));
         assert_eq!(ports[0].id(), "default/web/tcp/80");
         assert_eq!(ports[0].endpoints.len(), 1);
+    }
+
+    #[test]
+    fn serving_terminating_endpoints_only_when_none_is_ready() {
+        let web = service(serde_json::json!({"clusterIP": "10.96.0.20", "ports": [{"port": 80}]}));
+        let stopping = serde_json::json!({"addresses": ["10.244.0.5"], "conditions": {"ready": false, "serving": true, "terminating": true}});
+        let gone = serde_json::json!({"addresses": ["10.244.0.6"], "conditions": {"ready": false, "serving": false, "terminating": true}});
+        let ready = serde_json::json!({"addresses": ["10.244.0.7"], "conditions": {"ready": true, "serving": true, "terminating": false}});
+        let ports = serde_json::json!([{"port": 8080, "protocol": "TCP"}]);
+        let only_stopping = slice(ports.clone(), serde_json::json!([stopping, gone]));
+        let addresses = |s: &EndpointSlice| -> Vec<String> {
+            join(&key(), &web, std::iter::once(s))[0]
+                .endpoints
+                .iter()
+                .map(|e| e.ip().to_string())
+                .collect()
+        };
+        assert_eq!(addresses(&only_stopping), ["10.244.0.5"]);
+        let mixed = slice(ports, serde_json::json!([stopping, ready]));
+        assert_eq!(addresses(&mixed), ["10.244.0.7"]);
     }
 
     #[test]

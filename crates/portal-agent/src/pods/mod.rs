@@ -99,6 +99,7 @@ pub(crate) struct Context<R: Runtime> {
     pub events: portal_controllers::events::Recorder,
     pub services: Store<Service>,
     pub metrics: Metrics,
+    pub probes: crate::prober::Probes,
     pub desired: Desired,
     /// Running workers: pod UID → how to wake it.
     pub workers: Mutex<HashMap<String, Arc<Notify>>>,

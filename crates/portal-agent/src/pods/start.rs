@@ -37,7 +37,7 @@ pub(super) async fn start<R: Runtime>(
     files: &PodFiles,
     pod_ip: &str,
     attempt: u32,
-) -> Result<Duration, StartFailure> {
+) -> Result<(Duration, String), StartFailure> {
     let name = container.name.as_str();
     let began = Instant::now();
     let (image, pulled) = image(ctx, backoff, pod, container).await?;
@@ -157,7 +157,7 @@ pub(super) async fn start<R: Runtime>(
             ctx.metrics.container_started();
         }
     }
-    Ok(pulling)
+    Ok((pulling, id))
 }
 
 /// The container's image as its pull policy says, with the kubelet's

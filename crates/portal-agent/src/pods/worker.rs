@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 use super::start::{self, StartFailure};
 use super::Context;
 use crate::backoff::Backoff;
+use crate::prober::Probes;
 use crate::runtime::{ContainerStatus, Runtime, SandboxPaths, State};
 use crate::status::{self, Observed, Waiting};
 
@@ -113,6 +114,41 @@ impl<R: Runtime> Worker<R> {
         let spec = pod.spec.clone().unwrap_or_default();
         let host_network = spec.host_network == Some(true);
         let mut containers = self.mine();
+        // Past its activeDeadlineSeconds: stopped for good, and Failed.
+        let started_at = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .map(|t| t.0);
+        let exceeded = match (spec.active_deadline_seconds, started_at) {
+            (Some(deadline), Some(at)) => {
+                jiff::Timestamp::now().as_second() - at.as_second() >= deadline
+            }
+            _ => false,
+        };
+        let already_failed = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed");
+        if exceeded && !already_failed {
+            let message = "Pod was active on the node longer than the specified deadline";
+            self.ctx
+                .event(pod, None, "Normal", "DeadlineExceeded", message)
+                .await;
+            self.stop_gracefully(self.grace()).await;
+            let containers = self.mine();
+            let verdicts = HashMap::new();
+            let status = status::compute(&Observed {
+                pod,
+                containers: &containers,
+                waiting: &self.waiting,
+                verdicts: &verdicts,
+                sandbox_ready: false,
+                pod_ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
+                host_ip: self.ctx.me.ip.to_string(),
+                start_time: started_at.unwrap_or_else(jiff::Timestamp::now),
+                deadline_exceeded: true,
+            });
+            self.ctx.status.set(pod, status).await?;
+            return Ok(());
+        }
         let terminal = pod
             .status
             .as_ref()
@@ -161,14 +197,17 @@ impl<R: Runtime> Worker<R> {
             .as_ref()
             .and_then(|s| s.start_time.as_ref())
             .map_or_else(jiff::Timestamp::now, |t| t.0);
+        let verdicts = self.verdicts(pod, &containers);
         let status = status::compute(&Observed {
             pod,
             containers: &containers,
             waiting: &self.waiting,
+            verdicts: &verdicts,
             sandbox_ready: sandbox.is_some(),
             pod_ip,
             host_ip: self.ctx.me.ip.to_string(),
             start_time,
+            deadline_exceeded: false,
         });
         let all_running = status
             .container_statuses
@@ -190,7 +229,9 @@ impl<R: Runtime> Worker<R> {
         Ok(())
     }
 
-    /// Starts what is missing and restarts what ended, per restart policy.
+    /// Runs the init containers in order (each must succeed before the
+    /// next; sidecars, `restartPolicy: Always`, must be running), then
+    /// starts what is missing and restarts what ended, per restart policy.
     async fn run_containers(
         &mut self,
         pod: &Arc<Pod>,
@@ -201,96 +242,241 @@ impl<R: Runtime> Worker<R> {
     ) {
         let spec = pod.spec.clone().unwrap_or_default();
         let policy = spec.restart_policy.as_deref().unwrap_or("Always");
-        for container in &spec.containers {
-            let name = container.name.as_str();
-            let latest = containers
-                .iter()
-                .filter(|c| c.meta.name == name)
-                .max_by_key(|c| c.meta.attempt);
-            let now = Instant::now();
-            let attempt = match latest.map(|c| &c.state) {
-                None => 0,
-                Some(State::Created) => continue,
-                Some(State::Running(started)) => {
-                    self.waiting.remove(name);
-                    let ran = started
-                        .started_at
-                        .parse::<jiff::Timestamp>()
-                        .ok()
-                        .and_then(|t| (jiff::Timestamp::now() - t).try_into().ok());
-                    if ran.is_some_and(|d: std::time::Duration| d >= crate::backoff::RESET_AFTER) {
-                        self.backoff.reset(name);
-                    }
-                    continue;
-                }
-                Some(State::Exited { exit, .. }) => {
-                    let restart = match policy {
-                        "Never" => false,
-                        "OnFailure" => exit.exit_code != 0,
-                        _ => true,
-                    };
-                    if !restart {
-                        self.waiting.remove(name);
-                        continue;
-                    }
-                    if self.backoff.remaining(name, now).is_some() {
-                        let delay = self.backoff.delay(name).unwrap_or_default();
-                        let message = format!(
-                            "back-off {} restarting failed container={name} pod={}",
-                            humanize(delay),
-                            super::describe(pod)
-                        );
-                        if self.waiting.get(name).map(|w| w.reason.as_str())
-                            != Some("CrashLoopBackOff")
-                        {
-                            self.ctx
-                                .event(
-                                    pod,
-                                    Some(name),
-                                    "Warning",
-                                    "BackOff",
-                                    &format!(
-                                        "Back-off restarting failed container {name} in pod {}",
-                                        super::describe(pod)
-                                    ),
-                                )
-                                .await;
-                        }
-                        self.waiting.insert(
-                            name.to_owned(),
-                            Waiting {
-                                reason: "CrashLoopBackOff".into(),
-                                message,
-                            },
-                        );
-                        continue;
-                    }
-                    self.backoff.fail(name, now);
-                    latest.map_or(0, |c| c.meta.attempt + 1)
-                }
+        let place = Place {
+            sandbox,
+            files,
+            pod_ip,
+        };
+        for init in spec.init_containers.iter().flatten() {
+            let sidecar = init.restart_policy.as_deref() == Some("Always");
+            // A failed init container is retried unless the pod never restarts.
+            let own_policy = match (sidecar, policy) {
+                (true, _) => "Always",
+                (false, "Never") => "Never",
+                (false, _) => "OnFailure",
             };
-            match start::start(
-                &self.ctx,
-                &mut self.backoff,
-                pod,
-                container,
-                sandbox,
-                files,
-                pod_ip,
-                attempt,
-            )
-            .await
-            {
-                Ok(pulling) => {
-                    self.pulling += pulling;
-                    self.waiting.remove(name);
-                }
-                Err(StartFailure::Waiting(waiting)) => {
-                    self.waiting.insert(name.to_owned(), waiting);
-                }
+            let step = self.step(pod, init, own_policy, &place, containers).await;
+            let done = match step {
+                Step::Running => sidecar,
+                Step::Succeeded => !sidecar,
+                Step::Waiting | Step::Failed => false,
+            };
+            if !done {
+                *containers = self.mine();
+                return;
             }
         }
+        for container in &spec.containers {
+            self.step(pod, container, policy, &place, containers).await;
+        }
         *containers = self.mine();
+    }
+
+    /// One container: started when missing, restarted when it ended and
+    /// the policy says so (with back-off), killed when a liveness or
+    /// startup probe failed. Where it stands afterwards.
+    async fn step(
+        &mut self,
+        pod: &Arc<Pod>,
+        container: &k8s_openapi::api::core::v1::Container,
+        policy: &str,
+        place: &Place<'_>,
+        containers: &[ContainerStatus],
+    ) -> Step {
+        let name = container.name.as_str();
+        let latest = containers
+            .iter()
+            .filter(|c| c.meta.name == name)
+            .max_by_key(|c| c.meta.attempt);
+        let now = Instant::now();
+        let attempt = match latest.map(|c| &c.state) {
+            None => 0,
+            Some(State::Created) => return Step::Waiting,
+            Some(State::Running(started)) => {
+                self.waiting.remove(name);
+                let id = latest.map(|c| c.id.clone()).unwrap_or_default();
+                Probes::ensure(&self.ctx, pod, container, &id, place.pod_ip);
+                if let Some(kind) = self.ctx.probes.verdict(container, &id).failed {
+                    // Restarted as its restart policy says, like any end.
+                    let what = if kind == crate::prober::Kind::Startup {
+                        "startup"
+                    } else {
+                        "liveness"
+                    };
+                    let message =
+                        format!("Container {name} failed {what} probe, will be restarted");
+                    self.ctx
+                        .event(pod, Some(name), "Normal", "Killing", &message)
+                        .await;
+                    if let Err(error) = self
+                        .ctx
+                        .runtime
+                        .stop_container(&id, None, self.grace())
+                        .await
+                    {
+                        tracing::warn!(%error, container = %id, "stopping an unhealthy container");
+                    }
+                    self.ctx.probes.forget(&id);
+                    return Step::Waiting;
+                }
+                let ran = started
+                    .started_at
+                    .parse::<jiff::Timestamp>()
+                    .ok()
+                    .and_then(|t| (jiff::Timestamp::now() - t).try_into().ok());
+                if ran.is_some_and(|d: std::time::Duration| d >= crate::backoff::RESET_AFTER) {
+                    self.backoff.reset(name);
+                }
+                return Step::Running;
+            }
+            Some(State::Exited { exit, .. }) => {
+                if let Some(ended) = latest {
+                    self.ctx.probes.forget(&ended.id);
+                }
+                let restart = match policy {
+                    "Never" => false,
+                    "OnFailure" => exit.exit_code != 0,
+                    _ => true,
+                };
+                if !restart {
+                    self.waiting.remove(name);
+                    return if exit.exit_code == 0 {
+                        Step::Succeeded
+                    } else {
+                        Step::Failed
+                    };
+                }
+                if self.backoff.remaining(name, now).is_some() {
+                    self.back_off(pod, name).await;
+                    return Step::Waiting;
+                }
+                self.backoff.fail(name, now);
+                latest.map_or(0, |c| c.meta.attempt + 1)
+            }
+        };
+        let started = start::start(
+            &self.ctx,
+            &mut self.backoff,
+            pod,
+            container,
+            place.sandbox,
+            place.files,
+            place.pod_ip,
+            attempt,
+        )
+        .await;
+        match started {
+            Ok((pulling, id)) => {
+                self.pulling += pulling;
+                self.waiting.remove(name);
+                if self.post_start(pod, container, &id, place.pod_ip).await {
+                    Step::Running
+                } else {
+                    Step::Waiting
+                }
+            }
+            Err(StartFailure::Waiting(waiting)) => {
+                self.waiting.insert(name.to_owned(), waiting);
+                Step::Waiting
+            }
+        }
+    }
+
+    /// Runs the container's postStart hook, if it has one; a failed hook
+    /// kills the container (restarted as its policy says). Whether it runs.
+    async fn post_start(
+        &self,
+        pod: &Pod,
+        container: &k8s_openapi::api::core::v1::Container,
+        id: &str,
+        pod_ip: &str,
+    ) -> bool {
+        let Some(hook) = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.post_start.as_ref())
+        else {
+            return true;
+        };
+        let action = crate::actions::from_parts(
+            hook.exec.as_ref(),
+            hook.http_get.as_ref(),
+            hook.tcp_socket.as_ref(),
+            hook.sleep.as_ref().map(|s| s.seconds),
+            container,
+            pod_ip,
+        );
+        let outcome = match action {
+            Ok(action) => crate::actions::run(&self.ctx.runtime, id, &action, self.grace()).await,
+            Err(error) => Err(error),
+        };
+        let Err(error) = outcome else {
+            return true;
+        };
+        let name = &container.name;
+        let message = format!("PostStartHook failed: {error}");
+        self.ctx
+            .event(pod, Some(name), "Warning", "FailedPostStartHook", &message)
+            .await;
+        if let Err(error) = self
+            .ctx
+            .runtime
+            .stop_container(id, None, self.grace())
+            .await
+        {
+            tracing::warn!(%error, container = %id, "stopping a container whose postStart failed");
+        }
+        false
+    }
+
+    /// Says why a container waits to be restarted (CrashLoopBackOff).
+    async fn back_off(&mut self, pod: &Pod, name: &str) {
+        let delay = self.backoff.delay(name).unwrap_or_default();
+        let message = format!(
+            "back-off {} restarting failed container={name} pod={}",
+            humanize(delay),
+            super::describe(pod)
+        );
+        if self.waiting.get(name).map(|w| w.reason.as_str()) != Some("CrashLoopBackOff") {
+            let text = format!(
+                "Back-off restarting failed container {name} in pod {}",
+                super::describe(pod)
+            );
+            self.ctx
+                .event(pod, Some(name), "Warning", "BackOff", &text)
+                .await;
+        }
+        self.waiting.insert(
+            name.to_owned(),
+            Waiting {
+                reason: "CrashLoopBackOff".into(),
+                message,
+            },
+        );
+    }
+
+    /// What the probes say of each running container instance.
+    fn verdicts(
+        &self,
+        pod: &Pod,
+        containers: &[ContainerStatus],
+    ) -> HashMap<String, crate::prober::Verdict> {
+        let specs: Vec<&k8s_openapi::api::core::v1::Container> = pod
+            .spec
+            .iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .collect();
+        containers
+            .iter()
+            .filter_map(|c| {
+                let spec = specs.iter().find(|s| s.name == c.meta.name)?;
+                Some((c.id.clone(), self.ctx.probes.verdict(spec, &c.id)))
+            })
+            .collect()
     }
 
     /// Keeps the newest two instances of each container (the current one
@@ -304,6 +490,7 @@ impl<R: Runtime> Worker<R> {
             list.sort_by_key(|c| std::cmp::Reverse(c.meta.attempt));
             for old in list.iter().skip(2) {
                 if matches!(old.state, State::Exited { .. }) {
+                    self.ctx.probes.forget(&old.id);
                     if let Err(error) = self.ctx.runtime.remove_container(&old.id).await {
                         tracing::warn!(%error, container = %old.id, "removing an old container failed");
                     }
@@ -440,10 +627,12 @@ impl<R: Runtime> Worker<R> {
             pod,
             containers: &containers,
             waiting: &HashMap::new(),
+            verdicts: &HashMap::new(),
             sandbox_ready: false,
             pod_ip,
             host_ip: self.ctx.me.ip.to_string(),
             start_time,
+            deadline_exceeded: false,
         });
         if let Err(error) = self.ctx.status.set(pod, status).await {
             tracing::debug!(%error, pod = %super::describe(pod), "final status");
@@ -488,6 +677,7 @@ impl<R: Runtime> Worker<R> {
             return;
         }
         for c in &containers {
+            self.ctx.probes.forget(&c.id);
             if let Err(error) = self.ctx.runtime.remove_container(&c.id).await {
                 tracing::warn!(%error, container = %c.id, "removing a container failed");
             }
@@ -502,6 +692,25 @@ impl<R: Runtime> Worker<R> {
         self.ctx.status.forget(&self.uid);
         tracing::info!(pod = %self.uid, "pod removed from the node");
     }
+}
+
+/// Where a pod's containers run.
+struct Place<'a> {
+    sandbox: &'a SandboxPaths,
+    files: &'a super::PodFiles,
+    pod_ip: &'a str,
+}
+
+/// Where one container stands after a step of its worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Running,
+    /// Ended with 0 and stays ended.
+    Succeeded,
+    /// Ended otherwise and stays ended.
+    Failed,
+    /// Starting, backing off, or failed to start.
+    Waiting,
 }
 
 /// Forgets a worker that panicked, so the next event starts a new one

@@ -169,32 +169,108 @@ fn endpoints(object: &Value) -> String {
     list.join(",")
 }
 
+/// kubectl's `printPod`: the STATUS a user sees (init progress, a waiting
+/// or terminated reason, Terminating), READY, and RESTARTS with the time of
+/// the last one.
 fn pod(object: &Value, now: i64) -> Vec<Value> {
     let containers = arr(object, &["spec", "containers"]).len();
-    let statuses = arr(object, &["status", "containerStatuses"]);
-    let ready = statuses
-        .iter()
-        .filter(|c| c.get("ready").and_then(Value::as_bool) == Some(true))
-        .count();
-    let restarts: i64 = statuses.iter().map(|c| int(c, &["restartCount"])).sum();
+    let mut restarts: i64 = 0;
+    let mut last_restart: Option<i64> = None;
+    let mut note_restart = |status: &Value| {
+        restarts += int(status, &["restartCount"]);
+        if let Some(at) =
+            s(status, &["lastState", "terminated", "finishedAt"]).and_then(parse_rfc3339)
+        {
+            last_restart = Some(last_restart.map_or(at, |t: i64| t.max(at)));
+        }
+    };
     let mut reason = s(object, &["status", "reason"])
         .or(s(object, &["status", "phase"]))
         .unwrap_or("")
         .to_owned();
-    for status in statuses {
-        if let Some(waiting) = s(status, &["state", "waiting", "reason"]).filter(|r| !r.is_empty())
-        {
-            reason = waiting.to_owned();
-        } else if let Some(terminated) = status.pointer("/state/terminated") {
-            reason = s(terminated, &["reason"]).map_or_else(
-                || format!("ExitCode:{}", int(terminated, &["exitCode"])),
-                str::to_owned,
-            );
+    let init_specs = arr(object, &["spec", "initContainers"]);
+    let init_statuses = arr(object, &["status", "initContainerStatuses"]);
+    let mut initializing = false;
+    for (i, status) in init_statuses.iter().enumerate() {
+        note_restart(status);
+        let sidecar = init_specs
+            .iter()
+            .find(|c| s(c, &["name"]) == s(status, &["name"]))
+            .is_some_and(|c| s(c, &["restartPolicy"]) == Some("Always"));
+        let terminated = status.pointer("/state/terminated");
+        let waiting = s(status, &["state", "waiting", "reason"])
+            .filter(|r| !r.is_empty() && *r != "PodInitializing");
+        if terminated.is_some_and(|t| int(t, &["exitCode"]) == 0) {
+            continue;
+        }
+        if sidecar && status.get("started").and_then(Value::as_bool) == Some(true) {
+            continue;
+        }
+        reason = match (terminated, waiting) {
+            (Some(t), _) => match s(t, &["reason"]).filter(|r| !r.is_empty()) {
+                Some(r) => format!("Init:{r}"),
+                None if int(t, &["signal"]) != 0 => format!("Init:Signal:{}", int(t, &["signal"])),
+                None => format!("Init:ExitCode:{}", int(t, &["exitCode"])),
+            },
+            (None, Some(w)) => format!("Init:{w}"),
+            (None, None) => format!("Init:{i}/{}", init_specs.len()),
+        };
+        initializing = true;
+        break;
+    }
+    let conditions = arr(object, &["status", "conditions"]);
+    let condition_true = |kind: &str| {
+        conditions
+            .iter()
+            .any(|c| s(c, &["type"]) == Some(kind) && s(c, &["status"]) == Some("True"))
+    };
+    let mut ready = 0;
+    if !initializing || condition_true("Initialized") {
+        restarts = 0;
+        last_restart = None;
+        let mut has_running = false;
+        for status in arr(object, &["status", "containerStatuses"]).iter().rev() {
+            restarts += int(status, &["restartCount"]);
+            if let Some(at) =
+                s(status, &["lastState", "terminated", "finishedAt"]).and_then(parse_rfc3339)
+            {
+                last_restart = Some(last_restart.map_or(at, |t: i64| t.max(at)));
+            }
+            let terminated = status.pointer("/state/terminated");
+            if let Some(waiting) =
+                s(status, &["state", "waiting", "reason"]).filter(|r| !r.is_empty())
+            {
+                reason = waiting.to_owned();
+            } else if let Some(t) = terminated {
+                reason = match s(t, &["reason"]).filter(|r| !r.is_empty()) {
+                    Some(r) => r.to_owned(),
+                    None if int(t, &["signal"]) != 0 => format!("Signal:{}", int(t, &["signal"])),
+                    None => format!("ExitCode:{}", int(t, &["exitCode"])),
+                };
+            } else if status.get("ready").and_then(Value::as_bool) == Some(true)
+                && status.pointer("/state/running").is_some()
+            {
+                has_running = true;
+                ready += 1;
+            }
+        }
+        // Some container still runs: the pod is not "Completed".
+        if reason == "Completed" && has_running {
+            reason = if condition_true("Ready") {
+                "Running"
+            } else {
+                "NotReady"
+            }
+            .into();
         }
     }
     if s(object, &["metadata", "deletionTimestamp"]).is_some() {
         reason = "Terminating".into();
     }
+    let restarts = match last_restart {
+        Some(at) if restarts > 0 => format!("{restarts} ({} ago)", human_duration(now - at)),
+        _ => restarts.to_string(),
+    };
     let gates = arr(object, &["spec", "readinessGates"]);
     let gates = if gates.is_empty() {
         NONE.to_owned()
@@ -214,7 +290,7 @@ fn pod(object: &Value, now: i64) -> Vec<Value> {
         name(object),
         json!(format!("{ready}/{containers}")),
         json!(reason),
-        json!(restarts.to_string()),
+        json!(restarts),
         age(object, now),
         json!(s(object, &["status", "podIP"])
             .filter(|ip| !ip.is_empty())
@@ -415,7 +491,7 @@ mod tests {
             "metadata": {"name": "p"},
             "spec": {"containers": [{"name": "a"}, {"name": "b"}], "nodeName": "n1"},
             "status": {"phase": "Running", "podIP": "10.244.0.5", "containerStatuses": [
-                {"ready": true, "restartCount": 2}, {"ready": false, "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]},
+                {"ready": true, "restartCount": 2, "state": {"running": {}}}, {"ready": false, "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]},
         });
         let row = row(Kind::Pod, &pod, 0);
         assert_eq!(
@@ -423,5 +499,51 @@ mod tests {
             &[json!("1/2"), json!("CrashLoopBackOff"), json!("3")]
         );
         assert_eq!(&row[5..7], &[json!("10.244.0.5"), json!("n1")]);
+    }
+
+    #[test]
+    fn pod_status_as_kubectl_prints_it() {
+        let status = |pod: serde_json::Value| row(Kind::Pod, &pod, 100)[2].clone();
+        let init = |statuses: serde_json::Value| {
+            json!({
+                "metadata": {"name": "p"},
+                "spec": {"initContainers": [{"name": "i1"}, {"name": "i2"}], "containers": [{"name": "a"}]},
+                "status": {"phase": "Pending", "initContainerStatuses": statuses,
+                           "containerStatuses": [{"name": "a", "state": {"waiting": {"reason": "PodInitializing"}}}]},
+            })
+        };
+        assert_eq!(
+            status(init(
+                json!([{"name": "i1", "state": {"running": {}}}, {"name": "i2", "state": {"waiting": {"reason": "PodInitializing"}}}])
+            )),
+            "Init:0/2"
+        );
+        assert_eq!(
+            status(init(
+                json!([{"name": "i1", "state": {"terminated": {"exitCode": 0}}}, {"name": "i2", "state": {"running": {}}}])
+            )),
+            "Init:1/2"
+        );
+        assert_eq!(
+            status(init(
+                json!([{"name": "i1", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}])
+            )),
+            "Init:Error"
+        );
+        assert_eq!(
+            status(init(
+                json!([{"name": "i1", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}])
+            )),
+            "Init:CrashLoopBackOff"
+        );
+        let done = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a"}]},
+            "status": {"phase": "Succeeded", "containerStatuses": [{"name": "a", "restartCount": 1,
+                "lastState": {"terminated": {"finishedAt": "1970-01-01T00:00:40Z"}},
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}});
+        assert_eq!(status(done.clone()), "Completed");
+        assert_eq!(row(Kind::Pod, &done, 100)[3], json!("1 (60s ago)"));
+        let mut deleting = done;
+        deleting["metadata"]["deletionTimestamp"] = json!("1970-01-01T00:01:00Z");
+        assert_eq!(status(deleting), "Terminating");
     }
 }

@@ -27,7 +27,10 @@ pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodEndpoint {
     pub ip: String,
+    /// Ready and not terminating.
     pub ready: bool,
+    /// The pod's own readiness, terminating or not (KEP-1672's `serving`).
+    pub serving: bool,
     pub terminating: bool,
     pub node_name: Option<String>,
     pub hostname: Option<String>,
@@ -118,6 +121,7 @@ pub fn pod_endpoint(service: &Service, pod: &Pod) -> Option<PodEndpoint> {
     Some(PodEndpoint {
         ip,
         ready: pod_ready(pod) && !terminating,
+        serving: pod_ready(pod),
         terminating,
         node_name: pod_spec.and_then(|s| s.node_name.clone()),
         hostname,
@@ -210,7 +214,7 @@ pub fn slice_contents(
             addresses: vec![endpoint.ip.clone()],
             conditions: Some(EndpointConditions {
                 ready: Some(endpoint.ready || all_ready),
-                serving: Some(endpoint.ready || (endpoint.terminating && all_ready)),
+                serving: Some(endpoint.serving || all_ready),
                 terminating: Some(endpoint.terminating),
             }),
             hostname: endpoint.hostname.clone(),

@@ -161,6 +161,19 @@ def container_pids(agent_dir):
     return pids
 
 
+def running_containers_of(agent_dir, pod_uid):
+    """Ids of the pod's containers still running (from the runtime's records)."""
+    running = []
+    for directory in pathlib.Path(agent_dir, "runtime", "containers").glob("*"):
+        try:
+            meta = json.loads((directory / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if meta.get("pod_uid") == pod_uid and (directory / "state" / "pid").exists() and not (directory / "state" / "exit").exists():
+            running.append(directory.name)
+    return running
+
+
 def mounts_under(agent_dir):
     marker = str(os.path.realpath(agent_dir))
     return [line.split()[4] for line in open("/proc/self/mountinfo") if marker in line.split()[4]]

@@ -59,7 +59,7 @@ def running_pods(node, selector):
 
 
 def http(url, timeout=5):
-    result = subprocess.run(["wget", "-qO-", "-T", str(timeout), url], capture_output=True, text=True, timeout=timeout + 5)
+    result = subprocess.run(["wget", "-qO-", "--tries=1", "-T", str(timeout), url], capture_output=True, text=True, timeout=timeout + 5)
     return result.stdout if result.returncode == 0 else None
 
 

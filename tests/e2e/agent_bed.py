@@ -11,9 +11,12 @@ network namespaces and cgroups.
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import time
+
+import kubernetes
 
 import nodes
 import registry
@@ -81,7 +84,12 @@ class AgentNode:
         self.core = self.portal.core()
 
     def node_ready(self):
-        node = self.core.read_node(self.node_name)
+        try:
+            node = self.core.read_node(self.node_name)
+        except kubernetes.client.rest.ApiException as error:
+            if error.status == 404:
+                return None  # the agent has not registered it yet
+            raise
         ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
         return node.spec.pod_cidr if ready else None
 
@@ -133,6 +141,36 @@ class AgentNode:
     def events(self, name):
         items = self.core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items
         return [(e.type, e.reason, e.message) for e in items]
+
+
+def programmed(cluster_ip):
+    """Whether the proxy has put the Service's address in the kernel (as a
+    Service with endpoints, or one it rejects). Tests wait for this before
+    sending traffic: a SYN sent earlier leaves an un-NATed conntrack entry
+    that a later connection from the same port would follow (as with
+    kube-proxy)."""
+    maps = subprocess.run(["nft", "list", "map", "ip", "portal", "cluster-ips"], capture_output=True, text=True).stdout
+    rejected = subprocess.run(["nft", "list", "map", "ip", "portal", "no-endpoint-services"], capture_output=True, text=True).stdout
+    return f"{cluster_ip} . " in maps + rejected
+
+
+def wait_programmed(cluster_ip, with_endpoints=True):
+    def ready():
+        maps = subprocess.run(["nft", "list", "map", "ip", "portal", "cluster-ips"], capture_output=True, text=True).stdout
+        return f"{cluster_ip} . " in maps if with_endpoints else programmed(cluster_ip)
+    wait_for(ready, f"the proxy to program {cluster_ip}")
+
+
+def dnat_targets():
+    """The endpoint addresses the kernel DNATs Services to now."""
+    table = subprocess.run(["nft", "list", "table", "ip", "portal"], capture_output=True, text=True).stdout
+    return set(re.findall(r"dnat to (\d+\.\d+\.\d+\.\d+):\d+", table))
+
+
+def wait_endpoints_programmed(ips):
+    """Until the kernel sends Service traffic to these pods (programming
+    takes up to a sync period after the pods turn ready)."""
+    wait_for(lambda: set(ips) <= dnat_targets(), f"the proxy to program {sorted(ips)}")
 
 
 def processes_of(agent_dir):

@@ -110,7 +110,7 @@ def test_replicated_pods_behind_a_service(node):
     # A client pod reaches the Service by address and by every name form,
     # once the proxy has programmed it (it rejects until then).
     cluster_ip = core.read_namespaced_service("web", NS).spec.cluster_ip
-    wait_for(lambda: http(f"http://{cluster_ip}/name.txt", timeout=1), "the Service to answer from the node")
+    agent_bed.wait_programmed(cluster_ip)
     script = (
         f"for target in {cluster_ip} web web.{NS} web.{NS}.svc.cluster.local; do "
         # (busybox-static's wget -T segfaults: the timeout applet bounds it.)
@@ -154,16 +154,20 @@ def test_containers_outlive_a_killed_server(node):
     processes afterwards, no restarts, and the Service keeps answering
     while the server is down (the kernel proxy's rules stay)."""
     core = node.core
-    wait_for(lambda: (lambda p: p if p and len(p) == 3 else None)(running_pods(node, "app=web")), "3 web pods")
+    pods = wait_for(lambda: (lambda p: p if p and len(p) == 3 else None)(running_pods(node, "app=web")), "3 web pods")
+    agent_bed.wait_endpoints_programmed({p.status.pod_ip for p in pods})
     before = container_pids(node.data_dir / "agent")
     cluster_ip = core.read_namespaced_service("web", NS).spec.cluster_ip
     failures, done = [], threading.Event()
 
+    began = time.monotonic()
+
     def load():
         count = 0
         while not done.is_set() and count < 2000:
-            if http(f"http://{cluster_ip}/name.txt", timeout=2) is None:
-                failures.append(time.monotonic())
+            result = subprocess.run(["wget", "-qO-", "--tries=1", "-T", "2", f"http://{cluster_ip}/name.txt"], capture_output=True, text=True, timeout=10)
+            if result.returncode != 0:
+                failures.append((round(time.monotonic() - began, 2), result.stderr.strip()))
             count += 1
             time.sleep(0.02)
     client = threading.Thread(target=load)
@@ -175,7 +179,7 @@ def test_containers_outlive_a_killed_server(node):
     finally:
         done.set()
         client.join()
-    assert not failures, f"{len(failures)} requests failed while the server restarted"
+    assert not failures, f"{len(failures)} requests failed while the server restarted (seconds in, error): {failures}"
     after = container_pids(node.data_dir / "agent")
     assert after == before, "containers were replaced"
     time.sleep(2)

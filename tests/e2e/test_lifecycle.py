@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agent_bed import NS, AgentNode, busybox_image, container_pids, pod_manifest, running_containers_of, wait_for
+from agent_bed import NS, AgentNode, busybox_image, container_pids, pod_manifest, running_containers_of, wait_endpoints_programmed, wait_for, wait_programmed
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,7 @@ def test_readiness_gates_traffic(node):
     body["spec"]["containers"][0]["readinessProbe"] = {"exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1}
     core.create_namespaced_pod(NS, body)
     cluster_ip = service(node, "gated", {"app": "gated"})
+    wait_programmed(cluster_ip, with_endpoints=False)
     wait_for(lambda: node.pod("gated").status.phase == "Running", "the pod to run")
     ip = node.pod("gated").status.pod_ip
     wait_for(lambda: slice_state(node, "gated").get(ip) == (False, False, False), "a not-ready endpoint")
@@ -153,7 +154,7 @@ def test_graceful_deletion_under_load(node):
     cluster_ip = service(node, "gentle", {"app": "gentle"})
     wait_for(lambda: all(ready(node, f"gentle-{i}") for i in range(3)), "3 ready pods")
     wait_for(lambda: len([s for s in slice_state(node, "gentle").values() if s[0]]) == 3, "3 ready endpoints")
-    wait_for(lambda: http(f"http://{cluster_ip}/name", timeout=1), "the Service to answer")
+    wait_endpoints_programmed({node.pod(f"gentle-{i}").status.pod_ip for i in range(3)})
     events = subprocess.Popen(
         ["kubectl", "--kubeconfig", node.portal.kubeconfig, "get", "pod", "gentle-0", "-w", "-o", "json", "--output-watch-events"],
         stdout=subprocess.PIPE, text=True,
@@ -196,6 +197,7 @@ def test_only_terminating_pod_keeps_serving(node):
     core = node.core
     core.create_namespaced_pod(NS, server_pod(node, "last", {"app": "last"}, grace=8, pre_stop_sleep=5))
     cluster_ip = service(node, "last", {"app": "last"})
+    wait_programmed(cluster_ip, with_endpoints=False)
     wait_for(lambda: ready(node, "last") and http(f"http://{cluster_ip}/name", timeout=1), "the Service to answer")
     ip = node.pod("last").status.pod_ip
     core.delete_namespaced_pod("last", NS)

@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup >/dev/null
+# The podman anchor, where Debian's podman installs (best effort).
+command -v podman >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman >/dev/null 2>&1 || true
 cargo build --release --locked -p portal
 write=false
 if [ "${1:-}" = "--write" ]; then write=true; shift; fi

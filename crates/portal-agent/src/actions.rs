@@ -143,14 +143,15 @@ pub(crate) async fn run<R: Runtime>(
             headers,
             https,
         } => {
-            if *https {
-                return Err("HTTPS probes and hooks are not supported by this agent yet".into());
-            }
-            match tokio::time::timeout(timeout, http_get(host, *port, path, headers)).await {
+            let get = http_get(host, *port, path, headers, *https);
+            match tokio::time::timeout(timeout, get).await {
                 Ok(outcome) => outcome,
-                Err(_) => Err(format!(
-                    "Get \"http://{host}:{port}{path}\": context deadline exceeded"
-                )),
+                Err(_) => {
+                    let scheme = if *https { "https" } else { "http" };
+                    Err(format!(
+                        "Get \"{scheme}://{host}:{port}{path}\": context deadline exceeded"
+                    ))
+                }
             }
         }
         Action::TcpSocket { host, port } => {
@@ -172,40 +173,160 @@ pub(crate) async fn run<R: Runtime>(
     }
 }
 
-/// A plain HTTP/1.1 GET; success for a status from 200 to 399.
-async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> Outcome {
-    let url = format!("http://{host}:{port}{path}");
-    let mut stream = tokio::net::TcpStream::connect((host, port))
+/// An HTTP/1.1 GET, over TLS for `https` (the certificate is not
+/// checked, as the kubelet's probes do not); success for a status from 200
+/// to 399.
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+    https: bool,
+) -> Outcome {
+    let scheme = if https { "https" } else { "http" };
+    let url = format!("{scheme}://{host}:{port}{path}");
+    let tcp = tokio::net::TcpStream::connect((host, port))
         .await
         .map_err(|e| format!("Get \"{url}\": dial tcp {host}:{port}: {e}"))?;
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
+    let request = Request {
+        url: &url,
+        host,
+        port,
+        path,
+        headers,
+    };
+    if !https {
+        return request.send(tcp).await;
     }
-    request.push_str("\r\n");
-    stream
-        .write_all(request.as_bytes())
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| format!("Get \"{url}\": {e}"))?;
+    let tls = insecure::connector()
+        .map_err(|e| format!("Get \"{url}\": {e}"))?
+        .connect(name, tcp)
         .await
         .map_err(|e| format!("Get \"{url}\": {e}"))?;
-    let mut head = vec![0u8; 1024];
-    let mut read = 0;
-    while read < head.len() && !head[..read].contains(&b'\n') {
-        match stream.read(&mut head[read..]).await {
-            Ok(0) => break,
-            Ok(n) => read += n,
-            Err(e) => return Err(format!("Get \"{url}\": {e}")),
+    request.send(tls).await
+}
+
+struct Request<'a> {
+    url: &'a str,
+    host: &'a str,
+    port: u16,
+    path: &'a str,
+    headers: &'a [(String, String)],
+}
+
+impl Request<'_> {
+    async fn send<S>(&self, mut stream: S) -> Outcome
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let Request {
+            url,
+            host,
+            port,
+            path,
+            headers,
+        } = self;
+        let mut request = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n");
+        for (name, value) in headers.iter() {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("Get \"{url}\": {e}"))?;
+        let mut head = vec![0u8; 1024];
+        let mut read = 0;
+        while read < head.len() && !head[..read].contains(&b'\n') {
+            match stream.read(&mut head[read..]).await {
+                Ok(0) => break,
+                Ok(n) => read += n,
+                Err(e) => return Err(format!("Get \"{url}\": {e}")),
+            }
+        }
+        let line = String::from_utf8_lossy(&head[..read]);
+        let code: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("Get \"{url}\": malformed HTTP response"))?;
+        if (200..400).contains(&code) {
+            Ok(())
+        } else {
+            Err(format!("HTTP probe failed with statuscode: {code}"))
         }
     }
-    let line = String::from_utf8_lossy(&head[..read]);
-    let code: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("Get \"{url}\": malformed HTTP response"))?;
-    if (200..400).contains(&code) {
-        Ok(())
-    } else {
-        Err(format!("HTTP probe failed with statuscode: {code}"))
+}
+
+/// TLS for probes and hooks: any certificate is accepted (the kubelet's
+/// `InsecureSkipVerify`); signatures are still checked, so the handshake
+/// itself is sound.
+mod insecure {
+    use std::sync::Arc;
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    #[derive(Debug)]
+    struct AcceptAny(Arc<CryptoProvider>);
+
+    impl ServerCertVerifier for AcceptAny {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    pub(super) fn connector() -> Result<tokio_rustls::TlsConnector, rustls::Error> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+            .with_no_client_auth();
+        Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
     }
 }
 
@@ -259,10 +380,39 @@ mod tests {
                     .await;
             }
         });
-        assert_eq!(http_get("127.0.0.1", port, "/", &[]).await, Ok(()));
-        assert!(http_get("127.0.0.1", port, "/", &[])
+        assert_eq!(http_get("127.0.0.1", port, "/", &[], false).await, Ok(()));
+        assert!(http_get("127.0.0.1", port, "/", &[], false)
             .await
             .unwrap_err()
             .contains("503"));
+    }
+
+    #[tokio::test]
+    async fn https_get_accepts_any_certificate() {
+        let cert = rcgen::generate_simple_self_signed(vec!["pod.local".into()]).unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(socket).await.unwrap();
+            let mut buffer = [0u8; 1024];
+            let _ = tls.read(&mut buffer).await;
+            let _ = tls.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await;
+            let _ = tls.shutdown().await;
+        });
+        assert_eq!(
+            http_get("127.0.0.1", port, "/healthz", &[], true).await,
+            Ok(())
+        );
     }
 }

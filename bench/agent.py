@@ -158,7 +158,7 @@ def podman_anchor(rootfs, count):
         times, ids = [], []
         for _ in range(count):
             began = time.monotonic()
-            run = subprocess.run(["podman", "run", "-d", "--network", "none", "--ulimit", "nofile=10000:10000", "portal-bench/busybox:1", "sleep", "3600"], capture_output=True, text=True)
+            run = subprocess.run(["podman", "run", "-d", "--network", "none", "--ulimit", "nofile=10000:10000", "--ulimit", "nproc=10000:10000", "portal-bench/busybox:1", "sleep", "3600"], capture_output=True, text=True)
             if run.returncode != 0:
                 return None, f"podman run failed: {run.stderr.strip()[:120]}"
             times.append(time.monotonic() - began)

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, ExecAction, HTTPGetAction, TCPSocketAction};
+use k8s_openapi::api::core::v1::{
+    Container, ExecAction, HTTPGetAction, LifecycleHandler, TCPSocketAction,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -112,6 +114,27 @@ pub(crate) fn from_parts(
         )));
     }
     Err("no action given (exec, httpGet, tcpSocket or sleep)".into())
+}
+
+/// Runs a lifecycle hook (postStart, preStop) of `container` in its
+/// instance `id`, failing after `timeout`.
+pub(crate) async fn run_hook<R: Runtime>(
+    runtime: &R,
+    id: &str,
+    hook: &LifecycleHandler,
+    container: &Container,
+    pod_ip: &str,
+    timeout: Duration,
+) -> Outcome {
+    let action = from_parts(
+        hook.exec.as_ref(),
+        hook.http_get.as_ref(),
+        hook.tcp_socket.as_ref(),
+        hook.sleep.as_ref().map(|s| s.seconds),
+        container,
+        pod_ip,
+    )?;
+    run(runtime, id, &action, timeout).await
 }
 
 /// Runs `action` for the container `id`, failing after `timeout`.

@@ -133,19 +133,8 @@ impl<R: Runtime> Worker<R> {
                 .event(pod, None, "Normal", "DeadlineExceeded", message)
                 .await;
             self.stop_gracefully(self.grace()).await;
-            let containers = self.mine();
-            let verdicts = HashMap::new();
-            let status = status::compute(&Observed {
-                pod,
-                containers: &containers,
-                waiting: &self.waiting,
-                verdicts: &verdicts,
-                sandbox_ready: false,
-                pod_ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
-                host_ip: self.ctx.me.ip.to_string(),
-                start_time: started_at.unwrap_or_else(jiff::Timestamp::now),
-                deadline_exceeded: true,
-            });
+            let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+            let status = self.status_now(pod, &self.mine(), false, pod_ip, true);
             self.ctx.status.set(pod, status).await?;
             return Ok(());
         }
@@ -192,23 +181,7 @@ impl<R: Runtime> Worker<R> {
         }
         self.prune(&containers).await;
         let containers = self.mine();
-        let start_time = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.start_time.as_ref())
-            .map_or_else(jiff::Timestamp::now, |t| t.0);
-        let verdicts = self.verdicts(pod, &containers);
-        let status = status::compute(&Observed {
-            pod,
-            containers: &containers,
-            waiting: &self.waiting,
-            verdicts: &verdicts,
-            sandbox_ready: sandbox.is_some(),
-            pod_ip,
-            host_ip: self.ctx.me.ip.to_string(),
-            start_time,
-            deadline_exceeded: false,
-        });
+        let status = self.status_now(pod, &containers, sandbox.is_some(), pod_ip, false);
         let all_running = status
             .container_statuses
             .iter()
@@ -398,18 +371,9 @@ impl<R: Runtime> Worker<R> {
         else {
             return true;
         };
-        let action = crate::actions::from_parts(
-            hook.exec.as_ref(),
-            hook.http_get.as_ref(),
-            hook.tcp_socket.as_ref(),
-            hook.sleep.as_ref().map(|s| s.seconds),
-            container,
-            pod_ip,
-        );
-        let outcome = match action {
-            Ok(action) => crate::actions::run(&self.ctx.runtime, id, &action, self.grace()).await,
-            Err(error) => Err(error),
-        };
+        let runtime = &self.ctx.runtime;
+        let outcome =
+            crate::actions::run_hook(runtime, id, hook, container, pod_ip, self.grace()).await;
         let Err(error) = outcome else {
             return true;
         };
@@ -453,6 +417,33 @@ impl<R: Runtime> Worker<R> {
                 message,
             },
         );
+    }
+
+    /// The pod's status from what runs now (probes included).
+    fn status_now(
+        &self,
+        pod: &Pod,
+        containers: &[ContainerStatus],
+        sandbox_ready: bool,
+        pod_ip: Option<String>,
+        deadline_exceeded: bool,
+    ) -> k8s_openapi::api::core::v1::PodStatus {
+        let start_time = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .map_or_else(jiff::Timestamp::now, |t| t.0);
+        status::compute(&Observed {
+            pod,
+            containers,
+            waiting: &self.waiting,
+            verdicts: &self.verdicts(pod, containers),
+            sandbox_ready,
+            pod_ip,
+            host_ip: self.ctx.me.ip.to_string(),
+            start_time,
+            deadline_exceeded,
+        })
     }
 
     /// What the probes say of each running container instance.
@@ -572,20 +563,9 @@ impl<R: Runtime> Worker<R> {
                 .as_ref()
                 .and_then(|s| s.pod_ip.clone())
                 .unwrap_or_default();
-            let action = crate::actions::from_parts(
-                hook.exec.as_ref(),
-                hook.http_get.as_ref(),
-                hook.tcp_socket.as_ref(),
-                hook.sleep.as_ref().map(|s| s.seconds),
-                spec,
-                &pod_ip,
-            );
-            let outcome = match action {
-                Ok(action) => {
-                    crate::actions::run(&self.ctx.runtime, &container.id, &action, grace).await
-                }
-                Err(error) => Err(error),
-            };
+            let runtime = &self.ctx.runtime;
+            let outcome =
+                crate::actions::run_hook(runtime, &container.id, hook, spec, &pod_ip, grace).await;
             if let Err(error) = outcome {
                 let message = format!("PreStopHook failed: {error}");
                 self.ctx
@@ -618,22 +598,7 @@ impl<R: Runtime> Worker<R> {
             .network
             .existing(&self.uid)
             .map(|s| s.ip.to_string());
-        let start_time = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.start_time.as_ref())
-            .map_or_else(jiff::Timestamp::now, |t| t.0);
-        let status = status::compute(&Observed {
-            pod,
-            containers: &containers,
-            waiting: &HashMap::new(),
-            verdicts: &HashMap::new(),
-            sandbox_ready: false,
-            pod_ip,
-            host_ip: self.ctx.me.ip.to_string(),
-            start_time,
-            deadline_exceeded: false,
-        });
+        let status = self.status_now(pod, &containers, false, pod_ip, false);
         if let Err(error) = self.ctx.status.set(pod, status).await {
             tracing::debug!(%error, pod = %super::describe(pod), "final status");
         }

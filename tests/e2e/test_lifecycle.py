@@ -285,6 +285,11 @@ def test_active_deadline(node):
     wait_for(lambda: node.pod("late").status.phase == "Failed", "the deadline to end it", timeout=30)
     status = node.pod("late").status
     assert status.reason == "DeadlineExceeded", status.reason
+    # A finished pod stays finished (restartPolicy Always would otherwise
+    # bring it back as its killed container ends).
+    for _ in range(15):
+        time.sleep(0.2)
+        assert node.pod("late").status.phase == "Failed"
     assert any(r == "DeadlineExceeded" for _, r, _ in node.events("late"))
     node.core.delete_namespaced_pod("late", NS)
     wait_for(lambda: not node.core.list_namespaced_pod(NS, field_selector="metadata.name=late").items, "a finished pod to go at once")
@@ -293,11 +298,15 @@ def test_active_deadline(node):
 def test_namespace_deletion_waits_for_its_pods(node):
     core = node.core
     core.create_namespace({"metadata": {"name": "doomed"}})
-    body = pod_manifest("inside", node.busybox, ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"])
+    body = pod_manifest("inside", node.busybox, ["sh", "-c", "trap 'sleep 2; exit 0' TERM; while true; do sleep 1; done"])
     core.create_namespaced_pod("doomed", body)
     wait_for(lambda: core.read_namespaced_pod("inside", "doomed").status.phase == "Running", "the pod to run")
     core.delete_namespace("doomed")
     assert core.read_namespace("doomed").status.phase == "Terminating"
+    # Changing it meanwhile does not end its termination early.
+    node.kubectl("label", "namespace", "doomed", "touched=yes")
+    assert core.read_namespace("doomed").status.phase == "Terminating"
+    assert core.read_namespaced_pod("inside", "doomed").metadata.deletion_timestamp is not None
     wait_for(lambda: not [n for n in core.list_namespace().items if n.metadata.name == "doomed"], "the namespace to go", timeout=30)
 
 

@@ -170,6 +170,7 @@ pub async fn start(client: Client, config: Config) -> Result<Agent, Error> {
         probes: prober::Probes::default(),
         desired: pods::Desired::default(),
         workers: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        confirmed: parking_lot::Mutex::default(),
         pods_dir: data.join("pods"),
         logs_dir: data.join("logs"),
     });

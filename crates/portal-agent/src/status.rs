@@ -337,7 +337,19 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
         }
     }
     let pod_ip = observed.pod_ip.clone();
-    let (phase, reason, message) = if observed.deadline_exceeded {
+    // A finished pod stays finished (the kubelet refuses that transition
+    // back), with the reason it ended for.
+    let current = observed.pod.status.as_ref();
+    let finished = current
+        .and_then(|s| s.phase.as_deref())
+        .filter(|p| matches!(*p, "Succeeded" | "Failed"));
+    let (phase, reason, message) = if let Some(finished) = finished {
+        (
+            finished,
+            current.and_then(|s| s.reason.clone()),
+            current.and_then(|s| s.message.clone()),
+        )
+    } else if observed.deadline_exceeded {
         (
             "Failed",
             Some("DeadlineExceeded".to_owned()),

@@ -131,7 +131,34 @@ fn pod_spec(spec: &mut Value) {
             for port in array_mut(container, "ports") {
                 default(port, "protocol", json!("TCP"));
             }
+            for var in array_mut(container, "env") {
+                if let Some(field) = var.pointer_mut("/valueFrom/fieldRef") {
+                    default(field, "apiVersion", json!("v1"));
+                }
+            }
+            for kind in ["readinessProbe", "livenessProbe", "startupProbe"] {
+                if let Some(probe) = container.get_mut(kind).filter(|p| p.is_object()) {
+                    default(probe, "timeoutSeconds", json!(1));
+                    default(probe, "periodSeconds", json!(10));
+                    default(probe, "successThreshold", json!(1));
+                    default(probe, "failureThreshold", json!(3));
+                    http_get(probe);
+                }
+            }
+            for hook in ["postStart", "preStop"] {
+                if let Some(handler) = container.pointer_mut(&format!("/lifecycle/{hook}")) {
+                    http_get(handler);
+                }
+            }
         }
+    }
+}
+
+/// An `httpGet` action's defaults (path `/`, scheme HTTP).
+fn http_get(handler: &mut Value) {
+    if let Some(get) = handler.get_mut("httpGet").filter(|g| g.is_object()) {
+        default(get, "path", json!("/"));
+        default(get, "scheme", json!("HTTP"));
     }
 }
 
@@ -170,6 +197,32 @@ fn replication_controller(object: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_env_probes_and_hooks_are_defaulted() {
+        let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "busybox:1.36",
+            "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+            "readinessProbe": {"httpGet": {"port": 80}},
+            "lifecycle": {"preStop": {"httpGet": {"port": 80, "path": "/stop"}}}}]}});
+        apply(Kind::Pod, &mut pod);
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(
+            container["env"][0]["valueFrom"]["fieldRef"]["apiVersion"],
+            "v1"
+        );
+        assert_eq!(
+            container["readinessProbe"],
+            json!({"httpGet": {"port": 80, "path": "/", "scheme": "HTTP"}, "timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3})
+        );
+        assert_eq!(
+            container["lifecycle"]["preStop"]["httpGet"]["path"],
+            "/stop"
+        );
+        assert_eq!(
+            container["lifecycle"]["preStop"]["httpGet"]["scheme"],
+            "HTTP"
+        );
+    }
 
     #[test]
     fn service_defaults() {

@@ -50,10 +50,15 @@ fn grace_period(resource: &Resource, object: &Value, asked: Option<i64>) -> i64 
     if !scheduled || finished {
         return 0;
     }
-    asked
-        .or_else(|| object["spec"]["terminationGracePeriodSeconds"].as_i64())
-        .unwrap_or(DEFAULT_POD_GRACE)
-        .max(0)
+    match asked {
+        // A negative grace period means the shortest one, as Kubernetes reads it.
+        Some(seconds) if seconds < 0 => 1,
+        Some(seconds) => seconds,
+        None => object["spec"]["terminationGracePeriodSeconds"]
+            .as_i64()
+            .unwrap_or(DEFAULT_POD_GRACE)
+            .max(0),
+    }
 }
 
 /// Decides what deleting `object` with the requested grace period does.
@@ -91,9 +96,14 @@ pub(crate) fn plan(
     Plan::Mark(marked_object)
 }
 
-/// Whether an updated object is done being deleted: marked, no finalizers
-/// left, and no grace period running (a pod waits for its agent).
-pub(crate) fn finished(object: &Value) -> bool {
+/// Whether an update released an object being deleted: it removed the
+/// last finalizer, and no grace period runs (a pod waits for its agent).
+/// Namespaces keep theirs in `spec` and their own termination.
+pub(crate) fn released(resource: &Resource, old: &Value, new: &Value) -> bool {
+    resource.kind != Kind::Namespace && finalizers(old) && finished(new)
+}
+
+fn finished(object: &Value) -> bool {
     let metadata = meta::metadata(object);
     metadata.get("deletionTimestamp").is_some()
         && !finalizers(object)
@@ -126,6 +136,22 @@ pub(crate) async fn delete_object(
 ) -> Result<Outcome, StoreError> {
     let object: Value =
         serde_json::from_slice(&current.value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    // A pod bound to a node that does not exist has no agent to stop it:
+    // it goes at once (Kubernetes' pod garbage collector does the same).
+    let node = object["spec"]["nodeName"]
+        .as_str()
+        .filter(|n| !n.is_empty());
+    let asked = match node {
+        Some(node) if resource.kind == Kind::Pod => {
+            let key = Resource::of(Kind::Node).key(None, node);
+            if store.get(&key).await?.is_none() {
+                Some(0)
+            } else {
+                asked
+            }
+        }
+        _ => asked,
+    };
     match plan(resource, &object, asked, jiff::Timestamp::now()) {
         Plan::Now => {
             let revision = delete_stored(store, allocators, resource, current).await?;
@@ -171,6 +197,9 @@ mod tests {
             "2023-11-14T22:13:40Z"
         );
         assert!(!finished(&marked), "the agent confirms");
+        assert!(
+            matches!(plan(pods, &pod("n", "Running"), Some(-5), now), Plan::Mark(m) if m["metadata"]["deletionGracePeriodSeconds"] == 1)
+        );
         assert_eq!(plan(pods, &marked, None, now), Plan::Pending);
         assert_eq!(
             plan(pods, &marked, Some(30), now),
@@ -196,7 +225,13 @@ mod tests {
         assert!(!finished(&marked));
         let mut released = marked.clone();
         released["metadata"]["finalizers"] = json!([]);
-        assert!(finished(&released));
+        assert!(super::released(services, &marked, &released));
+        assert!(
+            !super::released(services, &released, &released),
+            "nothing was removed"
+        );
+        let namespaces = Resource::of(Kind::Namespace);
+        assert!(!super::released(namespaces, &marked, &released));
         assert_eq!(
             plan(services, &json!({"metadata": {"name": "s"}}), None, now),
             Plan::Now

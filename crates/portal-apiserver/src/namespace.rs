@@ -67,7 +67,8 @@ pub(crate) async fn begin_termination(
     mut object: Value,
 ) -> Result<Response<Body>, Status> {
     let key = current.key.clone();
-    let revision = if meta::meta_str(&object, "deletionTimestamp").is_some() {
+    let already = meta::meta_str(&object, "deletionTimestamp").is_some();
+    let revision = if already {
         current.mod_revision
     } else {
         meta::metadata_mut(&mut object)
@@ -86,11 +87,15 @@ pub(crate) async fn begin_termination(
             Err(e) => return Err(store_error(e)),
         }
     };
-    tokio::spawn(finish_termination(
-        state.store.clone(),
-        state.allocators.clone(),
-        name.to_owned(),
-    ));
+    // One loop per namespace: the request that marked it starts it (a
+    // restart resumes those already marked).
+    if !already {
+        tokio::spawn(finish_termination(
+            state.store.clone(),
+            state.allocators.clone(),
+            name.to_owned(),
+        ));
+    }
     Ok(json_response(
         StatusCode::OK,
         CachedObject::from_value(key, object, revision).json.clone(),

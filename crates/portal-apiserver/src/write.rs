@@ -288,7 +288,7 @@ pub(crate) async fn guaranteed_update(
                 warnings,
             ));
         }
-        if deletion::finished(&new) && !dry_run(query) {
+        if deletion::released(resource, &old, &new) && !dry_run(query) {
             // The last finalizer went from an object being deleted: it goes.
             match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
                 Ok(revision) => {
@@ -555,6 +555,15 @@ pub(crate) async fn delete(
                 &serde_json::json!({"metadata": {"uid": uid}}),
                 &old,
             )?;
+        }
+        if dry_run(query) {
+            // Checked, not done.
+            return Ok(json_response(
+                StatusCode::OK,
+                CachedObject::from_value(key, old, current.mod_revision)
+                    .json
+                    .clone(),
+            ));
         }
         if resource.kind == Kind::Namespace {
             return crate::namespace::begin_termination(state, scope, name, current, old).await;

@@ -101,6 +101,9 @@ pub(crate) struct Context<R: Runtime> {
     pub metrics: Metrics,
     pub probes: crate::prober::Probes,
     pub desired: Desired,
+    /// Pods whose deletion this agent confirmed, until the API shows them
+    /// gone (a finalizer may hold one).
+    pub confirmed: Mutex<std::collections::HashSet<String>>,
     /// Running workers: pod UID → how to wake it.
     pub workers: Mutex<HashMap<String, Arc<Notify>>>,
     /// `DIR/pods/<uid>/`: the pod's managed files.
@@ -273,6 +276,7 @@ async fn api_source<R: Runtime>(ctx: Arc<Context<R>>) {
             }
             Ok(watcher::Event::Delete(pod)) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
+                    ctx.confirmed.lock().remove(uid);
                     ctx.desired.remove(uid);
                     ctx.dispatch(uid);
                 }

@@ -126,8 +126,12 @@ impl<R: Runtime> Worker<R> {
             }
             _ => false,
         };
-        let already_failed = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed");
-        if exceeded && !already_failed {
+        let finished = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed");
+        if exceeded && !finished {
             let message = "Pod was active on the node longer than the specified deadline";
             self.ctx
                 .event(pod, None, "Normal", "DeadlineExceeded", message)
@@ -229,10 +233,15 @@ impl<R: Runtime> Worker<R> {
                 (false, _) => "OnFailure",
             };
             let step = self.step(pod, init, own_policy, &place, containers).await;
+            // Once the app containers have started, a sidecar restarting
+            // does not hold them back.
+            let app_started = containers
+                .iter()
+                .any(|c| spec.containers.iter().any(|app| app.name == c.meta.name));
             let done = match step {
                 Step::Running => sidecar,
                 Step::Succeeded => !sidecar,
-                Step::Waiting | Step::Failed => false,
+                Step::Waiting | Step::Failed => sidecar && app_started,
             };
             if !done {
                 *containers = self.mine();
@@ -492,6 +501,9 @@ impl<R: Runtime> Worker<R> {
     }
 
     async fn stop_all(&self, containers: &[ContainerStatus], grace: Duration) {
+        for container in containers {
+            self.ctx.probes.forget(&container.id);
+        }
         let stops = containers
             .iter()
             .filter(|c| !matches!(c.state, State::Exited { .. }))
@@ -591,6 +603,11 @@ impl<R: Runtime> Worker<R> {
     /// ended, then delete it for good (grace 0, this pod's UID only).
     /// Whether it is gone.
     async fn finish_deletion(&mut self, pod: &Arc<Pod>) -> bool {
+        // Confirmed before but still there (held by a finalizer): its final
+        // status stays as written; only the confirmation is repeated.
+        if self.ctx.confirmed.lock().contains(&self.uid) {
+            return self.confirm_deletion(pod).await;
+        }
         self.stop_gracefully(self.grace()).await;
         let containers = self.mine();
         let pod_ip = self
@@ -602,6 +619,16 @@ impl<R: Runtime> Worker<R> {
         if let Err(error) = self.ctx.status.set(pod, status).await {
             tracing::debug!(%error, pod = %super::describe(pod), "final status");
         }
+        let confirmed = self.confirm_deletion(pod).await;
+        if confirmed {
+            self.ctx.confirmed.lock().insert(self.uid.clone());
+        }
+        confirmed
+    }
+
+    /// Deletes the pod for good (grace 0, this pod's UID only); whether
+    /// that is done.
+    async fn confirm_deletion(&self, pod: &Pod) -> bool {
         let api = kube::Api::<Pod>::namespaced(
             self.ctx.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or("default"),

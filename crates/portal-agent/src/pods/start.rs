@@ -20,6 +20,26 @@ pub(super) enum StartFailure {
     Waiting(Waiting),
 }
 
+/// A `Failed` event (`Error: …`, as the kubelet words it) and the reason
+/// the container waits.
+async fn failed<R: Runtime>(
+    ctx: &Context<R>,
+    pod: &Pod,
+    name: &str,
+    reason: &str,
+    message: String,
+) -> StartFailure {
+    ctx.event(
+        pod,
+        Some(name),
+        "Warning",
+        "Failed",
+        &format!("Error: {message}"),
+    )
+    .await;
+    waiting(reason, message)
+}
+
 fn waiting(reason: &str, message: impl Into<String>) -> StartFailure {
     StartFailure::Waiting(Waiting {
         reason: reason.into(),
@@ -77,15 +97,7 @@ pub(super) async fn start<R: Runtime>(
     }) {
         Ok(config) => config,
         Err(message) => {
-            ctx.event(
-                pod,
-                Some(name),
-                "Warning",
-                "Failed",
-                &format!("Error: {message}"),
-            )
-            .await;
-            return Err(waiting("CreateContainerConfigError", message));
+            return Err(failed(ctx, pod, name, "CreateContainerConfigError", message).await)
         }
     };
     let meta = ContainerMeta {
@@ -108,16 +120,7 @@ pub(super) async fn start<R: Runtime>(
     {
         Ok(id) => id,
         Err(error) => {
-            let message = error.to_string();
-            ctx.event(
-                pod,
-                Some(name),
-                "Warning",
-                "Failed",
-                &format!("Error: {message}"),
-            )
-            .await;
-            return Err(waiting("CreateContainerError", message));
+            return Err(failed(ctx, pod, name, "CreateContainerError", error.to_string()).await)
         }
     };
     ctx.event(

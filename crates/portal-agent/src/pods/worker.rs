@@ -287,17 +287,8 @@ impl<R: Runtime> Worker<R> {
                     };
                     let message =
                         format!("Container {name} failed {what} probe, will be restarted");
-                    self.ctx
-                        .event(pod, Some(name), "Normal", "Killing", &message)
+                    self.kill(pod, name, &id, ("Normal", "Killing"), &message)
                         .await;
-                    if let Err(error) = self
-                        .ctx
-                        .runtime
-                        .stop_container(&id, None, self.grace())
-                        .await
-                    {
-                        tracing::warn!(%error, container = %id, "stopping an unhealthy container");
-                    }
                     self.ctx.probes.forget(&id);
                     return Step::Waiting;
                 }
@@ -386,20 +377,25 @@ impl<R: Runtime> Worker<R> {
         let Err(error) = outcome else {
             return true;
         };
-        let name = &container.name;
         let message = format!("PostStartHook failed: {error}");
-        self.ctx
-            .event(pod, Some(name), "Warning", "FailedPostStartHook", &message)
-            .await;
+        let event = ("Warning", "FailedPostStartHook");
+        self.kill(pod, &container.name, id, event, &message).await;
+        false
+    }
+
+    /// Stops a container for a reason the pod's Events say (it is then
+    /// restarted as its restart policy says, like any end).
+    async fn kill(&self, pod: &Pod, name: &str, id: &str, event: (&str, &str), message: &str) {
+        let (kind, reason) = event;
+        self.ctx.event(pod, Some(name), kind, reason, message).await;
         if let Err(error) = self
             .ctx
             .runtime
             .stop_container(id, None, self.grace())
             .await
         {
-            tracing::warn!(%error, container = %id, "stopping a container whose postStart failed");
+            tracing::warn!(%error, container = %id, reason, "stopping a container");
         }
-        false
     }
 
     /// Says why a container waits to be restarted (CrashLoopBackOff).

@@ -324,3 +324,50 @@ def test_post_start_hook_and_termination_message_from_logs(node):
     assert terminated.exit_code == 2
     assert terminated.message.strip().splitlines() == ["hooked", "oops"], terminated.message
     node.core.delete_namespaced_pod("hooked", NS)
+
+
+def test_startup_probe_gates_readiness(node):
+    """Until the startup probe passes the container is neither started nor
+    ready (readiness waits for it)."""
+    body = pod_manifest("slowstart", node.busybox, ["sh", "-c", "sleep 3; touch /tmp/started; sleep 3600"])
+    container = body["spec"]["containers"][0]
+    container["startupProbe"] = {"exec": {"command": ["cat", "/tmp/started"]}, "periodSeconds": 1, "failureThreshold": 30}
+    container["readinessProbe"] = {"exec": {"command": ["true"]}, "periodSeconds": 1}
+    node.core.create_namespaced_pod(NS, body)
+    wait_for(lambda: node.pod("slowstart").status.phase == "Running", "the pod to run")
+    status = node.pod("slowstart").status.container_statuses[0]
+    assert status.started is False and status.ready is False, status
+    wait_for(lambda: ready(node, "slowstart"), "Ready once started", timeout=20)
+    assert node.pod("slowstart").status.container_statuses[0].started is True
+    node.core.delete_namespaced_pod("slowstart", NS, grace_period_seconds=0)
+
+
+def test_node_lease_is_renewed(node):
+    def renewed():
+        lease = json.loads(node.kubectl("get", "lease", node.node_name, "-n", "kube-node-lease", "-o", "json"))
+        return lease["spec"]
+    first = renewed()
+    assert first["holderIdentity"] == node.node_name and first["leaseDurationSeconds"] == 40
+    wait_for(lambda: renewed()["renewTime"] != first["renewTime"], "the lease to be renewed", timeout=25)
+    assert node.kubectl("get", "leases", "-n", "kube-node-lease").split()[:3] == ["NAME", "HOLDER", "AGE"]
+
+
+def test_finalizer_holds_a_deletion_until_released(node):
+    core = node.core
+    core.create_namespaced_service(NS, {"metadata": {"name": "held", "finalizers": ["example.com/hold"]}, "spec": {"ports": [{"port": 80}]}})
+    node.kubectl("delete", "service", "held", "--wait=false")
+    held = core.read_namespaced_service("held", NS)
+    assert held.metadata.deletion_timestamp is not None, "marked, kept while a finalizer holds it"
+    node.kubectl("patch", "service", "held", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    wait_for(lambda: not core.list_namespaced_service(NS, field_selector="metadata.name=held").items, "the service to go")
+
+
+def test_server_dry_run_delete_changes_nothing(node):
+    core = node.core
+    core.create_namespaced_pod(NS, pod_manifest("kept", node.busybox, ["sleep", "3600"]))
+    wait_for(lambda: node.pod("kept").status.phase == "Running", "the pod to run")
+    out = node.kubectl("delete", "pod", "kept", "--dry-run=server")
+    assert "(server dry run)" in out, out
+    pod = node.pod("kept")
+    assert pod.metadata.deletion_timestamp is None and pod.status.phase == "Running"
+    core.delete_namespaced_pod("kept", NS, grace_period_seconds=0)

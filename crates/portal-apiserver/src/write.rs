@@ -489,6 +489,9 @@ struct DeleteOptions {
     /// Seconds a pod gets to stop (0: at once).
     #[serde(default)]
     grace_period_seconds: Option<i64>,
+    /// `["All"]`: check, do not delete (kubectl sends it here, not in the query).
+    #[serde(default)]
+    dry_run: Vec<String>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -556,7 +559,7 @@ pub(crate) async fn delete(
                 &old,
             )?;
         }
-        if dry_run(query) {
+        if dry_run(query) || options.dry_run.iter().any(|d| d == "All") {
             // Checked, not done.
             return Ok(json_response(
                 StatusCode::OK,

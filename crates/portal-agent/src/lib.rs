@@ -18,6 +18,7 @@ mod pods;
 pub mod prober;
 mod quantity;
 pub mod runtime;
+pub mod server;
 pub mod shim;
 pub mod status;
 
@@ -69,8 +70,12 @@ pub struct Config {
     pub cluster_dns: Option<Ipv4Addr>,
     pub mirrors: Vec<Mirror>,
     pub insecure_registries: Vec<String>,
-    /// The port the node reports for its agent (`daemonEndpoints`).
+    /// The port of the agent's API (logs, exec, attach, port-forward),
+    /// reported in the Node's `daemonEndpoints`.
     pub port: i32,
+    /// The CA whose client certificates may use the agent's API (the API
+    /// server's); without one the API is off (no anonymous access).
+    pub client_ca: Option<PathBuf>,
 }
 
 /// A running agent.
@@ -174,6 +179,21 @@ pub async fn start(client: Client, config: Config) -> Result<Agent, Error> {
         pods_dir: data.join("pods"),
         logs_dir: data.join("logs"),
     });
+    match &config.client_ca {
+        Some(ca) => {
+            let tls = server::tls_config(ca, std::net::IpAddr::V4(ip))
+                .map_err(|e| Error::Config(format!("agent API: {e}")))?;
+            let port = u16::try_from(config.port)
+                .map_err(|_| Error::Config(format!("agent API: bad port {}", config.port)))?;
+            let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+            server::serve(context.clone(), addr, tls)
+                .await
+                .map_err(|e| Error::Config(format!("agent API: {e}")))?;
+        }
+        None => tracing::warn!(
+            "no --client-ca-file: the agent API (logs, exec, attach, port-forward) is off"
+        ),
+    }
     tokio::spawn(pods::run(context));
     Ok(Agent { metrics })
 }

@@ -6,6 +6,7 @@
 mod allocator;
 mod binding;
 mod cache;
+mod connect;
 mod deletion;
 mod discovery;
 mod gc;
@@ -87,6 +88,8 @@ pub(crate) struct ApiState {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) token: String,
     pub(crate) address: SocketAddr,
+    /// TLS to node agents (`connect`), with this server's client certificate.
+    pub(crate) agents: Arc<rustls::ClientConfig>,
 }
 
 impl ApiState {
@@ -226,6 +229,7 @@ impl ApiServer {
             .collect();
         let (names, ips) = pki::serving_names(address, &extra);
         let credentials = pki::load_or_create(&config.data_dir, &names, &ips)?;
+        let agents = pki::agent_client(&config.data_dir)?;
         let state = Arc::new(ApiState {
             store,
             cache,
@@ -233,6 +237,7 @@ impl ApiServer {
             metrics: metrics.clone(),
             token: credentials.token.clone(),
             address,
+            agents: agents.tls,
         });
         let acceptor = tokio_rustls::TlsAcceptor::from(credentials.tls.clone());
         let serving = tokio::spawn(serve(listener, acceptor, state));
@@ -296,7 +301,11 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, state
                 async move { Ok::<_, std::convert::Infallible>(routes::handle(state, request).await) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            if let Err(error) = builder.serve_connection(TokioIo::new(tls), service).await {
+            // Upgrades (exec, attach, port-forward) are spliced to the agent.
+            if let Err(error) = builder
+                .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                .await
+            {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });

@@ -160,6 +160,121 @@ pub fn load_or_create(dir: &Path, names: &[String], ips: &[IpAddr]) -> Result<Cr
     })
 }
 
+/// What the API server presents to node agents: a client certificate from
+/// a CA of its own (`pki/kubelet-client-ca.crt`, the file agents are given
+/// as `--client-ca-file`), so that no other credential of the cluster
+/// opens an agent's exec.
+#[derive(Debug)]
+pub struct AgentClient {
+    pub ca_path: PathBuf,
+    pub tls: Arc<rustls::ClientConfig>,
+}
+
+/// Loads (or makes) the agents' client CA and issues this server's client
+/// certificate from it.
+pub fn agent_client(dir: &Path) -> Result<AgentClient> {
+    let pki = dir.join("pki");
+    fs::create_dir_all(&pki).map_err(io(&pki))?;
+    let key_path = pki.join("kubelet-client-ca.key");
+    let ca_path = pki.join("kubelet-client-ca.crt");
+    let key_pem = read_or_create(&key_path, || Ok(KeyPair::generate()?.serialize_pem()))?;
+    let ca_key = KeyPair::from_pem(&key_pem).map_err(|e| Error::Pem {
+        path: key_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut ca = ca_params()?;
+    ca.distinguished_name = DistinguishedName::new();
+    ca.distinguished_name
+        .push(DnType::CommonName, "portal-kubelet-client-ca");
+    let ca_pem = read_or_create(&ca_path, || Ok(ca.clone().self_signed(&ca_key)?.pem()))?;
+    let issuer = Issuer::new(ca, ca_key);
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "portal-apiserver-kubelet-client");
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:masters");
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    let chain = vec![
+        cert.der().clone(),
+        CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| Error::Pem {
+            path: ca_path.clone(),
+            reason: e.to_string(),
+        })?,
+    ];
+    let private =
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| Error::Pem {
+            path: pki.join("kubelet-client.key"),
+            reason: e.to_string(),
+        })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyAgent(provider)))
+        .with_client_auth_cert(chain, private)?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(AgentClient {
+        ca_path,
+        tls: Arc::new(tls),
+    })
+}
+
+/// Agents serve with certificates they make themselves; like
+/// kube-apiserver without `--kubelet-certificate-authority`, the server
+/// checks their signatures but not who issued them.
+#[derive(Debug)]
+struct AnyAgent(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyAgent {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// The names and addresses a serving certificate must cover for `bind`.
 /// The serving certificate's names: loopback, the bind address, and
 /// `extra` (the advertised node address and the `kubernetes` Service's

@@ -11,7 +11,7 @@ use portal_api::{path, Resource, Status};
 
 use crate::http::{json_response, read_body, status_response, text_response, Body, Output, Query};
 use crate::write::Part;
-use crate::{binding, discovery, openapi, read, scale, watch, write, ApiState, Scope};
+use crate::{binding, connect, discovery, openapi, read, scale, watch, write, ApiState, Scope};
 
 /// Paths anyone may ask: they reveal nothing and let probes work.
 const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
@@ -149,6 +149,26 @@ async fn route(
         resource,
         namespace: api_path.namespace.as_deref(),
     };
+    if let (Some(connect), Some(name), Some(namespace)) = (
+        api_path
+            .subresource
+            .as_deref()
+            .filter(|_| resource.kind == portal_api::Kind::Pod)
+            .and_then(connect::Connect::parse),
+        api_path.name.as_deref(),
+        api_path.namespace.as_deref(),
+    ) {
+        labels.0 = if connect == connect::Connect::Log {
+            "GET"
+        } else {
+            "CONNECT"
+        };
+        labels.1 = format!(
+            "pods/{}",
+            api_path.subresource.as_deref().unwrap_or_default()
+        );
+        return connect::serve(state, namespace, name, connect, request).await;
+    }
     let part = match api_path.subresource.as_deref() {
         None => Target::Part(Part::Main),
         Some("status") if resource.has_status => Target::Part(Part::Status),

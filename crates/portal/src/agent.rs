@@ -25,6 +25,9 @@ pub(crate) struct AgentOptions {
     /// The DNS server pods use (default: the kube-dns Service's address).
     #[arg(long)]
     pub cluster_dns: Option<Ipv4Addr>,
+    /// The port of the agent's API (logs, exec, attach, port-forward).
+    #[arg(long, default_value_t = 10250)]
+    pub agent_port: u16,
 }
 
 impl AgentOptions {
@@ -37,6 +40,7 @@ impl AgentOptions {
         data_dir: PathBuf,
         node_ip: Option<Ipv4Addr>,
         cluster_domain: &str,
+        client_ca: Option<PathBuf>,
     ) -> portal_agent::Config {
         portal_agent::Config {
             node_name: self.node_name(),
@@ -46,7 +50,8 @@ impl AgentOptions {
             cluster_dns: self.cluster_dns,
             mirrors: self.mirrors.clone(),
             insecure_registries: self.insecure_registries.clone(),
-            port: 10250,
+            port: i32::from(self.agent_port),
+            client_ca,
         }
     }
 }
@@ -78,6 +83,11 @@ pub(crate) struct AgentArgs {
     /// Where to serve /metrics and /healthz.
     #[arg(long, default_value = "127.0.0.1:10248")]
     metrics_bind: SocketAddr,
+    /// Client certificates from this CA may use the agent's API: the API
+    /// server's `DIR/pki/kubelet-client-ca.crt`. Without it the agent
+    /// serves no logs, exec, attach or port-forward.
+    #[arg(long)]
+    client_ca_file: Option<PathBuf>,
 }
 
 pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
@@ -86,9 +96,12 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Metrics { addr, source })?;
-    let config = args
-        .options
-        .config(args.data_dir, args.node_ip, &args.cluster_domain);
+    let config = args.options.config(
+        args.data_dir,
+        args.node_ip,
+        &args.cluster_domain,
+        args.client_ca_file,
+    );
     let agent = portal_agent::start(client, config).await?;
     let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
     tokio::spawn(crate::serve_metrics_and_health(
@@ -150,6 +163,12 @@ pub(crate) struct ShimArgs {
     log_max_bytes: u64,
     #[arg(long)]
     log_max_files: u32,
+    #[arg(long)]
+    stdin: bool,
+    #[arg(long)]
+    stdin_once: bool,
+    #[arg(long)]
+    tty: bool,
 }
 
 /// Runs the shim (no async runtime); the process exit code.
@@ -166,5 +185,8 @@ pub(crate) fn shim(args: ShimArgs) -> i32 {
             max_files: args.log_max_files,
         },
         cgroup: args.cgroup,
+        stdin: args.stdin,
+        stdin_once: args.stdin_once,
+        tty: args.tty,
     })
 }

@@ -299,6 +299,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     let reachable_node_ip = node_ip.filter(|ip| !ip.is_loopback());
     let ipam = args.ipam.config()?;
     let agent_data = args.data_dir.join("agent");
+    let client_ca = args.data_dir.join("pki").join("kubelet-client-ca.crt");
     let cluster_domain = args.dns.cluster_domain.clone();
     let config = portal_apiserver::Config {
         data_dir: args.data_dir,
@@ -372,7 +373,9 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
                 Some(IpAddr::V4(ip)) => Some(ip),
                 _ => None,
             };
-            let config = args.agent.config(agent_data, node_ip, &cluster_domain);
+            let config = args
+                .agent
+                .config(agent_data, node_ip, &cluster_domain, Some(client_ca));
             let registry = api.metrics.clone();
             // In its own task: it waits for a pod range (node IPAM), and a
             // node that cannot run pods must not take the API down.

@@ -54,6 +54,18 @@ impl Desired {
         self.pods.lock().get(uid).cloned()
     }
 
+    /// The pod by namespace and name.
+    pub(crate) fn find(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods
+            .lock()
+            .values()
+            .find(|p| {
+                p.metadata.namespace.as_deref() == Some(namespace)
+                    && p.metadata.name.as_deref() == Some(name)
+            })
+            .cloned()
+    }
+
     /// Records the pod; returns its UID when more than its status changed
     /// (the agent's own status writes come back through the watch and
     /// must not wake its worker: the kubelet's sources filter them too).

@@ -265,6 +265,10 @@ fn process<R: Runtime>(
     if environment.get("HOSTNAME").is_none() {
         environment.set("HOSTNAME", crate::files::hostname(pod));
     }
+    // As containerd does for a container on a terminal.
+    if container.tty == Some(true) && environment.get("TERM").is_none() {
+        environment.set("TERM", "xterm".to_owned());
+    }
     let argv = env::argv(
         container,
         &image.config.entrypoint,
@@ -339,6 +343,9 @@ fn process<R: Runtime>(
         privileged: security.privileged == Some(true),
         no_new_privileges: security.allow_privilege_escalation == Some(false),
         limit_swap: swap_accounted(),
+        stdin: container.stdin == Some(true),
+        stdin_once: container.stdin_once == Some(true),
+        tty: container.tty == Some(true),
     })
 }
 

@@ -138,7 +138,7 @@ pub fn config(
     json!({
         "ociVersion": "1.0.2",
         "process": {
-            "terminal": false,
+            "terminal": container.tty,
             "user": {"uid": uid, "gid": gid},
             "args": container.argv,
             "env": container.env,

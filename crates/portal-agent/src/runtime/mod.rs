@@ -4,6 +4,7 @@
 //! implementation (ADR 0007), and tests can put a fake behind it.
 
 pub mod bundle;
+pub mod console;
 pub mod runc;
 
 use std::future::Future;
@@ -89,6 +90,10 @@ pub struct ContainerConfig {
     pub no_new_privileges: bool,
     /// The node accounts swap: the memory limit covers it too.
     pub limit_swap: bool,
+    /// Stdin kept open for attach (`stdin`, `stdinOnce`), on a terminal (`tty`).
+    pub stdin: bool,
+    pub stdin_once: bool,
+    pub tty: bool,
 }
 
 /// Where a container is in its life.
@@ -173,4 +178,37 @@ pub trait Runtime: Send + Sync + 'static {
     fn remove_container(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
     /// Every container of this agent, running or not.
     fn containers(&self) -> Vec<ContainerStatus>;
+    /// One container, running or not.
+    fn container(&self, id: &str) -> Option<ContainerStatus>;
+    /// Starts `argv` in a running container for an exec session, its
+    /// streams connected to the caller (through a terminal with `tty`).
+    fn exec_session(
+        &self,
+        id: &str,
+        argv: &[String],
+        stdin: bool,
+        tty: bool,
+    ) -> impl Future<Output = Result<ExecSession>> + Send;
+    /// The container's attach socket (see `shim::attach`).
+    fn attach_socket(&self, id: &str) -> PathBuf;
+}
+
+/// A process started by [`Runtime::exec_session`].
+pub struct ExecSession {
+    /// Ends with the process; its exit code is the command's.
+    pub child: tokio::process::Child,
+    pub stdin: Option<Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
+    pub stdout: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    pub stderr: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    /// The terminal's master end, for resizes.
+    pub terminal: Option<std::os::fd::OwnedFd>,
+}
+
+impl std::fmt::Debug for ExecSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecSession")
+            .field("child", &self.child)
+            .field("terminal", &self.terminal)
+            .finish_non_exhaustive()
+    }
 }

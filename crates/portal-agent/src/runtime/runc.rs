@@ -294,6 +294,24 @@ impl Runtime for Runc {
         self.remove(id).await
     }
 
+    fn container(&self, id: &str) -> Option<ContainerStatus> {
+        self.status_of(id)
+    }
+
+    async fn exec_session(
+        &self,
+        id: &str,
+        argv: &[String],
+        stdin: bool,
+        tty: bool,
+    ) -> Result<super::ExecSession> {
+        self.exec_interactive(id, argv, stdin, tty).await
+    }
+
+    fn attach_socket(&self, id: &str) -> PathBuf {
+        self.container_dir(id).join("state").join("attach.sock")
+    }
+
     fn containers(&self) -> Vec<ContainerStatus> {
         let Ok(entries) = std::fs::read_dir(self.dir.join("containers")) else {
             return Vec::new();
@@ -364,6 +382,15 @@ impl Runc {
             .args(["--cgroup", &cgroup])
             .args(["--log-max-bytes", &self.log_limits.max_bytes.to_string()])
             .args(["--log-max-files", &self.log_limits.max_files.to_string()])
+            .args(
+                [
+                    (config.stdin, "--stdin"),
+                    (config.stdin_once, "--stdin-once"),
+                    (config.tty, "--tty"),
+                ]
+                .into_iter()
+                .filter_map(|(on, flag)| on.then_some(flag)),
+            )
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(shim_log)
@@ -458,6 +485,95 @@ impl Runc {
                 output: Vec::new(),
             }),
         }
+    }
+
+    async fn exec_interactive(
+        &self,
+        id: &str,
+        argv: &[String],
+        stdin: bool,
+        tty: bool,
+    ) -> Result<super::ExecSession> {
+        use std::process::Stdio;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut command = Command::new(&self.runc);
+        command
+            .arg("--root")
+            .arg(self.dir.join("runc"))
+            .arg("exec")
+            .kill_on_drop(true);
+        let console = if tty {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = self
+                .container_dir(id)
+                .join("state")
+                .join(format!("exec-{}-{n}.sock", std::process::id()));
+            let socket =
+                super::console::ConsoleSocket::bind(&path).map_err(io("console socket"))?;
+            command.arg("--tty").arg("--console-socket").arg(&path);
+            command.stdin(Stdio::null()).stdout(Stdio::null());
+            Some((socket, path))
+        } else {
+            command
+                .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+                .stdout(Stdio::piped());
+            None
+        };
+        command.stderr(Stdio::piped()).arg(id).args(argv);
+        let mut child = command.spawn().map_err(io("runc exec"))?;
+        let Some((socket, path)) = console else {
+            let boxed_read = |r: Option<tokio::process::ChildStdout>| {
+                r.map(|r| Box::new(r) as Box<dyn tokio::io::AsyncRead + Send + Unpin>)
+            };
+            return Ok(super::ExecSession {
+                stdin: child
+                    .stdin
+                    .take()
+                    .map(|w| Box::new(w) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>),
+                stdout: boxed_read(child.stdout.take()),
+                stderr: child
+                    .stderr
+                    .take()
+                    .map(|r| Box::new(r) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+                terminal: None,
+                child,
+            });
+        };
+        let received = tokio::task::spawn_blocking(move || socket.receive())
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let _ = std::fs::remove_file(&path);
+        let master = match received {
+            Ok(master) => master,
+            Err(error) => {
+                // runc failed before making the terminal: its reason.
+                let mut reason = String::new();
+                if let Some(mut err) = child.stderr.take() {
+                    use tokio::io::AsyncReadExt;
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        (&mut err).take(4096).read_to_string(&mut reason),
+                    )
+                    .await;
+                }
+                return Err(Error::Io {
+                    what: format!("exec terminal: {}", reason.trim()),
+                    source: error,
+                });
+            }
+        };
+        let dup = |fd: &std::os::fd::OwnedFd| {
+            fd.try_clone()
+                .map(|fd| tokio::fs::File::from_std(std::fs::File::from(fd)))
+                .map_err(io("exec terminal"))
+        };
+        Ok(super::ExecSession {
+            stdin: Some(Box::new(dup(&master)?)),
+            stdout: Some(Box::new(dup(&master)?)),
+            stderr: None,
+            terminal: Some(master),
+            child,
+        })
     }
 
     async fn remove(&self, id: &str) -> Result<()> {

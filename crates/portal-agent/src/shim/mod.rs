@@ -11,6 +11,7 @@
 //! The shim is plain threads and blocking calls, no async runtime: it runs
 //! in a fresh process that the agent spawned (no fork inside tokio).
 
+pub mod attach;
 mod log;
 
 use std::io::Read;
@@ -41,6 +42,12 @@ pub struct ShimArgs {
     pub log_limits: LogLimits,
     /// The container's cgroup (absolute), read for OOM kills at exit.
     pub cgroup: String,
+    /// Keep the container's stdin open for attach (`stdin: true`).
+    pub stdin: bool,
+    /// The first attach that ends its input ends the container's.
+    pub stdin_once: bool,
+    /// The container runs on a terminal (`tty: true`).
+    pub tty: bool,
 }
 
 /// How a container ended, as the shim recorded it.
@@ -85,17 +92,35 @@ fn supervise(args: &ShimArgs) -> Result<i32, String> {
     let (err_read, err_write) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
     let pid_file = args.state.join("pid");
     let runc_log = args.state.join("runc.log");
-    let status = Command::new(&args.runc)
-        .arg("--root")
+    let listener = std::os::unix::net::UnixListener::bind(args.state.join("attach.sock"))
+        .map_err(|e| format!("attach socket: {e}"))?;
+    let console_path = args.state.join("console.sock");
+    let console = args
+        .tty
+        .then(|| crate::runtime::console::ConsoleSocket::bind(&console_path))
+        .transpose()
+        .map_err(|e| format!("console socket: {e}"))?;
+    let (stdin, input) = if args.stdin && !args.tty {
+        let (read, write) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+        (Stdio::from(read), Some(std::fs::File::from(write)))
+    } else {
+        (Stdio::null(), None)
+    };
+    let mut runc = Command::new(&args.runc);
+    runc.arg("--root")
         .arg(&args.runc_root)
         .arg("--log")
         .arg(&runc_log)
         .args(["--log-format", "json", "run", "--detach", "--pid-file"])
-        .arg(&pid_file)
+        .arg(&pid_file);
+    if console.is_some() {
+        runc.arg("--console-socket").arg(&console_path);
+    }
+    let status = runc
         .arg("--bundle")
         .arg(&args.bundle)
         .arg(&args.id)
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::from(out_write))
         .stderr(Stdio::from(err_write))
         .status()
@@ -103,10 +128,35 @@ fn supervise(args: &ShimArgs) -> Result<i32, String> {
     let writer = LogWriter::open(&args.log, args.log_limits)
         .map_err(|e| format!("log {}: {e}", args.log.display()))?;
     let writer = Arc::new(Mutex::new(writer));
-    let copiers = [("stdout", out_read), ("stderr", err_read)].map(|(stream, fd)| {
-        let writer = writer.clone();
-        std::thread::spawn(move || copy(fd, stream, &writer))
-    });
+    // On a terminal, output and input both go through its master end.
+    let terminal = match (&console, status.success()) {
+        (Some(console), true) => Some(console.receive().map_err(|e| format!("terminal: {e}"))?),
+        _ => None,
+    };
+    let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("terminal: {e}"));
+    let (input, terminal_output, terminal_control) = match &terminal {
+        Some(master) => (
+            Some(std::fs::File::from(dup(master)?)),
+            Some(dup(master)?),
+            Some(dup(master)?),
+        ),
+        None => (input, None, None),
+    };
+    let attach = attach::Attach::new(input, terminal_control, args.stdin_once);
+    attach.serve(listener);
+    let mut sources = vec![
+        ("stdout", attach::STDOUT, out_read),
+        ("stderr", attach::STDERR, err_read),
+    ];
+    sources.extend(terminal_output.map(|fd| ("stdout", attach::STDOUT, fd)));
+    let copiers: Vec<_> = sources
+        .into_iter()
+        .map(|(stream, kind, fd)| {
+            let (writer, attach) = (writer.clone(), attach.clone());
+            std::thread::spawn(move || copy(fd, stream, &writer, |data| attach.publish(kind, data)))
+        })
+        .collect();
+    drop(terminal);
     if !status.success() {
         // runc ends the container it could not start; its reason is in
         // its log (e.g. the executable does not exist).
@@ -133,6 +183,7 @@ fn supervise(args: &ShimArgs) -> Result<i32, String> {
     for copier in copiers {
         let _ = copier.join();
     }
+    attach.close();
     let reason = if oom_killed(&args.cgroup) {
         "OOMKilled"
     } else if code == 0 {
@@ -167,7 +218,7 @@ fn reap(container: Pid) -> i32 {
     }
 }
 
-fn copy(fd: OwnedFd, stream: &'static str, writer: &Mutex<LogWriter>) {
+fn copy(fd: OwnedFd, stream: &'static str, writer: &Mutex<LogWriter>, publish: impl Fn(&[u8])) {
     let mut pipe = std::fs::File::from(fd);
     let mut buffer = vec![0u8; log::MAX_LINE];
     let mut pending: Vec<u8> = Vec::new();
@@ -178,6 +229,7 @@ fn copy(fd: OwnedFd, stream: &'static str, writer: &Mutex<LogWriter>) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
+        publish(&buffer[..n]);
         pending.extend_from_slice(&buffer[..n]);
         let mut lines = writer.lock();
         while let Some(end) = pending.iter().position(|b| *b == b'\n') {

@@ -144,6 +144,12 @@ fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Bytes)> {
         Message::Binary(bytes) if !protocol.base64 && !bytes.is_empty() => {
             Some((bytes[0], bytes.slice(1..)))
         }
+        // The Python client sends text input as text messages, channel
+        // byte included; the kubelet takes them as bytes too.
+        Message::Text(text) if !protocol.base64 && !text.is_empty() => {
+            let bytes = Bytes::from(text);
+            Some((bytes[0], bytes.slice(1..)))
+        }
         Message::Text(text) if protocol.base64 && !text.is_empty() => {
             let channel = text.as_bytes()[0].checked_sub(b'0')?;
             let data = base64::engine::general_purpose::STANDARD

@@ -3,9 +3,12 @@
 //! (`--console-socket`, SCM_RIGHTS); whoever holds the master reads the
 //! process's output from it, writes its input to it, and sets its size.
 
+use std::ffi::CStr;
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::Duration;
@@ -86,4 +89,61 @@ pub fn resize(master: &impl std::os::fd::AsFd, width: u16, height: u16) -> std::
         },
     )
     .map_err(std::io::Error::from)
+}
+
+/// A terminal the agent holds for `runc exec --tty` in the foreground:
+/// runc is given the pair's far end as its standard streams and relays
+/// between it and the container's own terminal, following its size
+/// (read again at every SIGWINCH).
+#[derive(Debug)]
+pub struct Relay {
+    pub master: OwnedFd,
+    pub far_end: std::fs::File,
+}
+
+impl Relay {
+    pub fn open() -> std::io::Result<Self> {
+        use rustix::pty::OpenptFlags;
+        let master =
+            rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+        rustix::pty::grantpt(&master)?;
+        rustix::pty::unlockpt(&master)?;
+        let name = rustix::pty::ptsname(&master, Vec::new())?;
+        let name: &CStr = name.as_c_str();
+        let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes()));
+        let far_end = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::NOCTTY.bits() as i32)
+            .open(path)?;
+        Ok(Relay { master, far_end })
+    }
+}
+
+/// Where resizes of an exec session's terminal go.
+#[derive(Debug)]
+pub struct Terminal {
+    master: OwnedFd,
+    /// Told with SIGWINCH to pass the new size on (runc relaying).
+    relay: Option<nix::unistd::Pid>,
+}
+
+impl Terminal {
+    pub fn new(master: OwnedFd, relay: Option<u32>) -> Self {
+        Terminal {
+            master,
+            relay: relay
+                .and_then(|p| i32::try_from(p).ok())
+                .map(nix::unistd::Pid::from_raw),
+        }
+    }
+
+    pub fn resize(&self, width: u16, height: u16) -> std::io::Result<()> {
+        resize(&self.master, width, height)?;
+        if let Some(pid) = self.relay {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGWINCH)
+                .map_err(std::io::Error::from)?;
+        }
+        Ok(())
+    }
 }

@@ -200,8 +200,8 @@ pub struct ExecSession {
     pub stdin: Option<Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
     pub stdout: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
     pub stderr: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
-    /// The terminal's master end, for resizes.
-    pub terminal: Option<std::os::fd::OwnedFd>,
+    /// The session's terminal, for resizes.
+    pub terminal: Option<console::Terminal>,
 }
 
 impl std::fmt::Debug for ExecSession {

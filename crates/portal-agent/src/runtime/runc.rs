@@ -495,42 +495,44 @@ impl Runc {
         tty: bool,
     ) -> Result<super::ExecSession> {
         use std::process::Stdio;
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut command = Command::new(&self.runc);
         command
             .arg("--root")
             .arg(self.dir.join("runc"))
             .arg("exec")
             .kill_on_drop(true);
-        let console = if tty {
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path = self
-                .container_dir(id)
-                .join("state")
-                .join(format!("exec-{}-{n}.sock", std::process::id()));
-            let socket =
-                super::console::ConsoleSocket::bind(&path).map_err(io("console socket"))?;
-            command.arg("--tty").arg("--console-socket").arg(&path);
-            command.stdin(Stdio::null()).stdout(Stdio::null());
-            Some((socket, path))
+        // On a terminal runc stays in the foreground (its exit code is the
+        // command's) and relays between a terminal of ours and the
+        // container's; without one the process gets pipes.
+        let relay = if tty {
+            let relay = super::console::Relay::open().map_err(io("exec terminal"))?;
+            let end =
+                |f: &std::fs::File| f.try_clone().map(Stdio::from).map_err(io("exec terminal"));
+            command
+                .arg("--tty")
+                .stdin(end(&relay.far_end)?)
+                .stdout(end(&relay.far_end)?)
+                .stderr(end(&relay.far_end)?);
+            Some(relay)
         } else {
             command
                 .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-                .stdout(Stdio::piped());
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
             None
         };
-        command.stderr(Stdio::piped()).arg(id).args(argv);
+        command.arg(id).args(argv);
         let mut child = command.spawn().map_err(io("runc exec"))?;
-        let Some((socket, path)) = console else {
-            let boxed_read = |r: Option<tokio::process::ChildStdout>| {
-                r.map(|r| Box::new(r) as Box<dyn tokio::io::AsyncRead + Send + Unpin>)
-            };
+        let Some(relay) = relay else {
             return Ok(super::ExecSession {
                 stdin: child
                     .stdin
                     .take()
                     .map(|w| Box::new(w) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>),
-                stdout: boxed_read(child.stdout.take()),
+                stdout: child
+                    .stdout
+                    .take()
+                    .map(|r| Box::new(r) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
                 stderr: child
                     .stderr
                     .take()
@@ -539,39 +541,18 @@ impl Runc {
                 child,
             });
         };
-        let received = tokio::task::spawn_blocking(move || socket.receive())
-            .await
-            .map_err(|e| Error::Config(e.to_string()))?;
-        let _ = std::fs::remove_file(&path);
-        let master = match received {
-            Ok(master) => master,
-            Err(error) => {
-                // runc failed before making the terminal: its reason.
-                let mut reason = String::new();
-                if let Some(mut err) = child.stderr.take() {
-                    use tokio::io::AsyncReadExt;
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        (&mut err).take(4096).read_to_string(&mut reason),
-                    )
-                    .await;
-                }
-                return Err(Error::Io {
-                    what: format!("exec terminal: {}", reason.trim()),
-                    source: error,
-                });
-            }
-        };
+        // Only runc keeps the far end: its exit reads as the end of output.
+        drop(relay.far_end);
         let dup = |fd: &std::os::fd::OwnedFd| {
             fd.try_clone()
                 .map(|fd| tokio::fs::File::from_std(std::fs::File::from(fd)))
                 .map_err(io("exec terminal"))
         };
         Ok(super::ExecSession {
-            stdin: Some(Box::new(dup(&master)?)),
-            stdout: Some(Box::new(dup(&master)?)),
+            stdin: Some(Box::new(dup(&relay.master)?)),
+            stdout: Some(Box::new(dup(&relay.master)?)),
             stderr: None,
-            terminal: Some(master),
+            terminal: Some(super::console::Terminal::new(relay.master, child.id())),
             child,
         })
     }

@@ -257,10 +257,7 @@ pub async fn stream(
     let mut buffer = vec![0u8; CHUNK];
     let mut last_look = false;
     loop {
-        let n = match file.read(&mut buffer) {
-            Ok(n) => n,
-            Err(_) => 0,
-        };
+        let n: usize = file.read(&mut buffer).unwrap_or_default();
         if n > 0 {
             pending.extend_from_slice(&buffer[..n]);
             let complete = pending

@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::pods::Context;
-use crate::runtime::{console, ExecSession, Runtime};
+use crate::runtime::{ExecSession, Runtime};
 use crate::shim::attach as frames;
 
 /// How long connecting to a port in the pod may take.
@@ -167,7 +167,7 @@ async fn exec<R: Runtime>(
     if let (Some(mut sizes), Some(terminal)) = (streams.resize.take(), terminal) {
         tokio::spawn(async move {
             while let Some(size) = sizes.recv().await {
-                let _ = console::resize(&terminal, size.width, size.height);
+                let _ = terminal.resize(size.width, size.height);
             }
         });
     }

@@ -125,6 +125,9 @@ fn supervise(args: &ShimArgs) -> Result<i32, String> {
         .stderr(Stdio::from(err_write))
         .status()
         .map_err(|e| format!("cannot run {}: {e}", args.runc.display()))?;
+    // The command holds the pipes' write ends: only the container may keep
+    // them, or the output never ends.
+    drop(runc);
     let writer = LogWriter::open(&args.log, args.log_limits)
         .map_err(|e| format!("log {}: {e}", args.log.display()))?;
     let writer = Arc::new(Mutex::new(writer));

@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -239,6 +240,7 @@ def leftovers(agent_dir, tag):
         "netns": netns_of(tag),
         "cgroups": cgroups_of(tag),
         "links": pod_links(),
+        "sockets": sorted(os.listdir(f"/run/portal/{tag}")) if os.path.isdir(f"/run/portal/{tag}") else [],
     }
 
 
@@ -268,6 +270,8 @@ def cleanup(agent_dir, tag):
                 (hierarchy / "portal").rmdir()
             except OSError:
                 pass
+    # The containers' attach and console sockets.
+    shutil.rmtree(f"/run/portal/{tag}", ignore_errors=True)
 
 
 def web_image(node, repository="web", tag="1"):

@@ -140,7 +140,7 @@ def test_scale_to_zero_and_back_leaves_nothing(node):
     # The agent ends the containers within their grace period (1 s here).
     wait_for(lambda: not node.leftovers()["netns"] and not container_pids(node.data_dir / "agent"), "the pods' sandboxes and containers to go")
     left = node.leftovers()
-    assert left == {"processes": [], "mounts": [], "netns": [], "cgroups": [], "links": []}, left
+    assert left == {"processes": [], "mounts": [], "netns": [], "cgroups": [], "links": [], "sockets": []}, left
     leases = [p.name for p in (node.data_dir / "agent" / "leases").iterdir() if p.name != "last"]
     assert leases == [], f"addresses still leased: {leases}"
     core.patch_namespaced_replication_controller_scale("web", NS, {"spec": {"replicas": 3}})

@@ -158,6 +158,8 @@ pub(crate) struct ShimArgs {
     #[arg(long)]
     log: PathBuf,
     #[arg(long)]
+    attach_socket: PathBuf,
+    #[arg(long)]
     cgroup: String,
     #[arg(long)]
     log_max_bytes: u64,
@@ -180,6 +182,7 @@ pub(crate) fn shim(args: ShimArgs) -> i32 {
         bundle: args.bundle,
         state: args.state,
         log: args.log,
+        attach_socket: args.attach_socket,
         log_limits: portal_agent::shim::LogLimits {
             max_bytes: args.log_max_bytes,
             max_files: args.log_max_files,

@@ -181,13 +181,15 @@ pub trait Runtime: Send + Sync + 'static {
     /// One container, running or not.
     fn container(&self, id: &str) -> Option<ContainerStatus>;
     /// Starts `argv` in a running container for an exec session, its
-    /// streams connected to the caller (through a terminal with `tty`).
+    /// streams connected to the caller (through a terminal with `tty`, of
+    /// `size` columns × rows when known).
     fn exec_session(
         &self,
         id: &str,
         argv: &[String],
         stdin: bool,
         tty: bool,
+        size: Option<(u16, u16)>,
     ) -> impl Future<Output = Result<ExecSession>> + Send;
     /// The container's attach socket (see `shim::attach`).
     fn attach_socket(&self, id: &str) -> PathBuf;

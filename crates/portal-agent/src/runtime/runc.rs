@@ -52,6 +52,13 @@ impl Runc {
         for sub in ["sandboxes", "containers", "runc"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io(format!("{}", dir.display())))?;
         }
+        let sockets = socket_dir(tag);
+        std::fs::create_dir_all(&sockets).map_err(io(format!("{}", sockets.display())))?;
+        std::fs::set_permissions(
+            &sockets,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .map_err(io(format!("{}", sockets.display())))?;
         Ok(Runc {
             runc,
             dir,
@@ -304,12 +311,13 @@ impl Runtime for Runc {
         argv: &[String],
         stdin: bool,
         tty: bool,
+        size: Option<(u16, u16)>,
     ) -> Result<super::ExecSession> {
-        self.exec_interactive(id, argv, stdin, tty).await
+        self.exec_interactive(id, argv, stdin, tty, size).await
     }
 
     fn attach_socket(&self, id: &str) -> PathBuf {
-        self.container_dir(id).join("state").join("attach.sock")
+        socket_dir(&self.tag).join(format!("{id}.attach"))
     }
 
     fn containers(&self) -> Vec<ContainerStatus> {
@@ -379,6 +387,8 @@ impl Runc {
             .arg(&state)
             .arg("--log")
             .arg(&meta.log_path)
+            .arg("--attach-socket")
+            .arg(self.attach_socket(id))
             .args(["--cgroup", &cgroup])
             .args(["--log-max-bytes", &self.log_limits.max_bytes.to_string()])
             .args(["--log-max-files", &self.log_limits.max_files.to_string()])
@@ -493,6 +503,7 @@ impl Runc {
         argv: &[String],
         stdin: bool,
         tty: bool,
+        size: Option<(u16, u16)>,
     ) -> Result<super::ExecSession> {
         use std::process::Stdio;
         let mut command = Command::new(&self.runc);
@@ -506,6 +517,11 @@ impl Runc {
         // container's; without one the process gets pipes.
         let relay = if tty {
             let relay = super::console::Relay::open().map_err(io("exec terminal"))?;
+            // runc gives the container's terminal the size of ours at start.
+            if let Some((width, height)) = size {
+                super::console::resize(&relay.master, width, height)
+                    .map_err(io("exec terminal size"))?;
+            }
             let end =
                 |f: &std::fs::File| f.try_clone().map(Stdio::from).map_err(io("exec terminal"));
             command
@@ -561,6 +577,9 @@ impl Runc {
         self.stop(id, Some("SIGKILL"), Duration::ZERO).await?;
         let _ = self.runc(&["delete", "--force", id]).await;
         let dir = self.container_dir(id);
+        let attach = self.attach_socket(id);
+        let _ = std::fs::remove_file(attach.with_extension("console"));
+        let _ = std::fs::remove_file(attach);
         let _ = umount2(&dir.join("rootfs"), MntFlags::MNT_DETACH);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
@@ -571,6 +590,13 @@ impl Runc {
             }),
         }
     }
+}
+
+/// Where this agent's containers' sockets live: a short path, as a Unix
+/// socket's may not pass 107 bytes (data directories can be deep), only
+/// root's to open.
+pub fn socket_dir(tag: &str) -> PathBuf {
+    PathBuf::from("/run/portal").join(tag)
 }
 
 fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {

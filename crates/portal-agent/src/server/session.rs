@@ -126,6 +126,10 @@ async fn pump(from: Option<Box<dyn AsyncRead + Send + Unpin>>, to: Option<Output
     }
 }
 
+/// How long a terminal session waits for the client's first size, which
+/// the command should start with (kubectl sends it at once).
+const FIRST_SIZE_WAIT: Duration = Duration::from_millis(500);
+
 async fn exec<R: Runtime>(
     ctx: &Context<R>,
     id: &str,
@@ -133,9 +137,15 @@ async fn exec<R: Runtime>(
     wanted: Wanted,
     mut streams: Streams,
 ) {
+    let mut size = None;
+    if let Some(sizes) = streams.resize.as_mut() {
+        if let Ok(Some(first)) = tokio::time::timeout(FIRST_SIZE_WAIT, sizes.recv()).await {
+            size = Some((first.width, first.height));
+        }
+    }
     let session = match ctx
         .runtime
-        .exec_session(id, argv, wanted.stdin, wanted.tty)
+        .exec_session(id, argv, wanted.stdin, wanted.tty, size)
         .await
     {
         Ok(session) => session,

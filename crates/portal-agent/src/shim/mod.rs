@@ -8,6 +8,8 @@
 //! - `pid`: the container's init process (written by runc);
 //! - `started`: when it started; `exit`: how it ended (see [`Exit`]).
 //!
+//! It also serves the container's attach socket (see [`attach`]).
+//!
 //! The shim is plain threads and blocking calls, no async runtime: it runs
 //! in a fresh process that the agent spawned (no fork inside tokio).
 
@@ -39,6 +41,9 @@ pub struct ShimArgs {
     pub state: PathBuf,
     /// The CRI-format log file of this container instance.
     pub log: PathBuf,
+    /// Where the shim serves attach (see [`attach`]); its terminal's
+    /// console socket is beside it (`.console`).
+    pub attach_socket: PathBuf,
     pub log_limits: LogLimits,
     /// The container's cgroup (absolute), read for OOM kills at exit.
     pub cgroup: String,
@@ -92,9 +97,10 @@ fn supervise(args: &ShimArgs) -> Result<i32, String> {
     let (err_read, err_write) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
     let pid_file = args.state.join("pid");
     let runc_log = args.state.join("runc.log");
-    let listener = std::os::unix::net::UnixListener::bind(args.state.join("attach.sock"))
-        .map_err(|e| format!("attach socket: {e}"))?;
-    let console_path = args.state.join("console.sock");
+    let _ = std::fs::remove_file(&args.attach_socket);
+    let listener = std::os::unix::net::UnixListener::bind(&args.attach_socket)
+        .map_err(|e| format!("attach socket {}: {e}", args.attach_socket.display()))?;
+    let console_path = args.attach_socket.with_extension("console");
     let console = args
         .tty
         .then(|| crate::runtime::console::ConsoleSocket::bind(&console_path))
@@ -136,6 +142,7 @@ fn supervise(args: &ShimArgs) -> Result<i32, String> {
         (Some(console), true) => Some(console.receive().map_err(|e| format!("terminal: {e}"))?),
         _ => None,
     };
+    let _ = std::fs::remove_file(&console_path);
     let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("terminal: {e}"));
     let (input, terminal_output, terminal_control) = match &terminal {
         Some(master) => (

@@ -322,3 +322,25 @@ def test_100_mib_through_exec_and_port_forward_arrive_intact(node, web, tmp_path
     finally:
         forward.close()
     assert len(body) == size and hashlib.sha256(body).hexdigest() == digest
+
+
+def test_pod_and_service_proxy_for_kubectl_proxy_users(node, web):
+    base = f"/api/v1/namespaces/{NS}"
+    for path in (f"{base}/pods/web:8080/proxy/name.txt", f"{base}/services/web/proxy/name.txt", f"{base}/services/http:web:80/proxy/name.txt"):
+        raw = kubectl(node, KUBECTLS[0], "get", "--raw", path)
+        assert raw.returncode == 0 and raw.stdout == b"web\n", (path, raw.stderr)
+    missing = kubectl(node, KUBECTLS[0], "get", "--raw", f"{base}/services/my-nginx:80/proxy/")
+    assert missing.returncode != 0
+    port = free_port()
+    proxy = subprocess.Popen([KUBECTLS[0], "--kubeconfig", node.portal.kubeconfig, "proxy", f"--port={port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert b"Starting to serve" in proxy.stdout.readline()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(f"GET {base}/services/web/proxy/env.txt HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.") and b" 200 " in answer.split(b"\r\n")[0] and b"HOSTNAME=web" in answer, answer[:300]
+    finally:
+        proxy.kill()
+        proxy.wait()

@@ -47,6 +47,8 @@ pub(crate) fn group_list() -> Value {
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`; `None` for an unknown one.
+const PROXY_VERBS: &[&str] = &["create", "delete", "get", "patch", "update"];
+
 pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
     let mut resources = Vec::new();
     for r in RESOURCES
@@ -77,6 +79,28 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
                 "namespaced": true,
                 "kind": "Binding",
                 "verbs": ["create"],
+            }));
+            // Served by the pod's node (`connect`) and by `proxy`.
+            for (name, kind, verbs) in [
+                ("pods/attach", "PodAttachOptions", &["create", "get"][..]),
+                ("pods/exec", "PodExecOptions", &["create", "get"][..]),
+                ("pods/log", "Pod", &["get"][..]),
+                (
+                    "pods/portforward",
+                    "PodPortForwardOptions",
+                    &["create", "get"][..],
+                ),
+                ("pods/proxy", "PodProxyOptions", PROXY_VERBS),
+            ] {
+                resources.push(json!({
+                    "name": name, "singularName": "", "namespaced": true, "kind": kind, "verbs": verbs,
+                }));
+            }
+        }
+        if r.kind == portal_api::Kind::Service {
+            resources.push(json!({
+                "name": "services/proxy", "singularName": "", "namespaced": true,
+                "kind": "ServiceProxyOptions", "verbs": PROXY_VERBS,
             }));
         }
         if r.kind == portal_api::Kind::ReplicationController {

@@ -17,6 +17,7 @@ mod metrics;
 mod namespace;
 mod openapi;
 pub mod pki;
+mod proxy;
 mod read;
 mod routes;
 mod scale;

@@ -11,7 +11,9 @@ use portal_api::{path, Resource, Status};
 
 use crate::http::{json_response, read_body, status_response, text_response, Body, Output, Query};
 use crate::write::Part;
-use crate::{binding, connect, discovery, openapi, read, scale, watch, write, ApiState, Scope};
+use crate::{
+    binding, connect, discovery, openapi, proxy, read, scale, watch, write, ApiState, Scope,
+};
 
 /// Paths anyone may ask: they reveal nothing and let probes work.
 const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
@@ -133,6 +135,11 @@ async fn route(
             }
             _ => {}
         }
+    }
+    if let Some(target) = proxy::parse(&uri_path) {
+        labels.0 = "PROXY";
+        labels.1 = format!("{}/proxy", target.1);
+        return proxy::serve(state, target, request).await;
     }
     let api_path = path::parse(&uri_path).ok_or_else(Status::no_route)?;
     let resource: &'static Resource =

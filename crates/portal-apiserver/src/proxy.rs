@@ -1,0 +1,299 @@
+//! `pods/NAME/proxy/PATH` and `services/NAME/proxy/PATH` (what `kubectl
+//! proxy` users open): the request goes on to the pod's address, or to a
+//! ready endpoint of the Service, over plain HTTP from this server (which
+//! reaches pod addresses as the node does). Names may carry a port
+//! (`web:8080`, `web:http`) and a scheme (`http:web:80`; only HTTP is
+//! spoken). Bodies stream both ways; an upgrade (a WebSocket) is spliced.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{header, HeaderName, Request, Response, StatusCode};
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use portal_api::{Kind, Resource, Status};
+use serde_json::Value;
+
+use crate::http::{full, Body};
+use crate::{read, ApiState};
+
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Headers that belong to one hop, never passed on (RFC 9110 §7.6.1), and
+/// the caller's credentials, which are this server's business only.
+const NOT_FORWARDED: [&str; 7] = [
+    "authorization",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+/// A `.../proxy/...` path: namespace, `pods` or `services`, the name part,
+/// and the path below it.
+pub(crate) fn parse(path: &str) -> Option<(String, &'static str, String, String)> {
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    let mut parts = rest.splitn(5, '/');
+    let namespace = parts.next()?;
+    let kind = match parts.next()? {
+        "pods" => "pods",
+        "services" => "services",
+        _ => return None,
+    };
+    let name = parts.next()?;
+    if parts.next()? != "proxy" || namespace.is_empty() || name.is_empty() {
+        return None;
+    }
+    let below = format!("/{}", parts.next().unwrap_or(""));
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .ok()
+            .map(|s| s.into_owned())
+    };
+    Some((decode(namespace)?, kind, decode(name)?, below))
+}
+
+/// `[scheme:]name[:port]`.
+fn split_name(name: &str) -> Result<(&str, Option<&str>), Status> {
+    let parts: Vec<&str> = name.split(':').collect();
+    let (scheme, name, port) = match parts.as_slice() {
+        [name] => ("", *name, None),
+        [name, port] => ("", *name, Some(*port)),
+        [scheme, name, port] => (*scheme, *name, Some(*port)),
+        _ => return Err(Status::bad_request(format!("invalid proxy name {name:?}"))),
+    };
+    if !matches!(scheme, "" | "http") {
+        return Err(Status::bad_request(format!(
+            "the proxy speaks HTTP only, not {scheme:?}"
+        )));
+    }
+    Ok((name, port.filter(|p| !p.is_empty())))
+}
+
+async fn object(
+    state: &ApiState,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+) -> Result<Value, Status> {
+    let resource = Resource::of(kind);
+    let found = read::stored(state, &resource.key(Some(namespace), name)).await?;
+    found.map(|o| o.value.clone()).ok_or_else(|| {
+        Status::not_found(
+            portal_api::Target {
+                group: resource.group,
+                resource: resource.plural,
+                kind: resource.kind_name,
+            },
+            name,
+        )
+    })
+}
+
+/// Where a pod's proxy goes: its address and the named, numbered or first
+/// declared port (80 when it declares none).
+async fn pod_target(state: &ApiState, namespace: &str, name: &str) -> Result<SocketAddr, Status> {
+    let (name, port) = split_name(name)?;
+    let pod = object(state, Kind::Pod, namespace, name).await?;
+    let ip: IpAddr = pod["status"]["podIP"]
+        .as_str()
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(|| Status::service_unavailable(format!("pod {name} has no address yet")))?;
+    let declared: Vec<&Value> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .collect();
+    let number = match port {
+        Some(port) => match port.parse::<u16>() {
+            Ok(number) => number,
+            Err(_) => declared
+                .iter()
+                .find(|p| p["name"] == port)
+                .and_then(|p| p["containerPort"].as_u64())
+                .and_then(|p| u16::try_from(p).ok())
+                .ok_or_else(|| Status::bad_request(format!("pod {name} has no port {port:?}")))?,
+        },
+        None => declared
+            .first()
+            .and_then(|p| p["containerPort"].as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(80),
+    };
+    Ok(SocketAddr::new(ip, number))
+}
+
+/// Where a Service's proxy goes: a ready endpoint (chosen at random) of
+/// the named, numbered or only port.
+async fn service_target(
+    state: &ApiState,
+    namespace: &str,
+    name: &str,
+) -> Result<SocketAddr, Status> {
+    let (name, port) = split_name(name)?;
+    let service = object(state, Kind::Service, namespace, name).await?;
+    let ports: Vec<&Value> = service["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let chosen = match port {
+        Some(port) => ports.iter().find(|p| {
+            p["name"] == port || p["port"].as_u64().map(|n| n.to_string()).as_deref() == Some(port)
+        }),
+        None => ports.first(),
+    }
+    .ok_or_else(|| Status::service_unavailable(format!("no such port on service {name:?}")))?;
+    let port_name = chosen["name"].as_str().unwrap_or("");
+    let endpoints = object(state, Kind::Endpoints, namespace, name).await?;
+    let mut candidates = Vec::new();
+    for subset in endpoints["subsets"].as_array().into_iter().flatten() {
+        let port = subset["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"].as_str().unwrap_or("") == port_name)
+            .and_then(|p| p["port"].as_u64())
+            .and_then(|p| u16::try_from(p).ok());
+        let Some(port) = port else { continue };
+        for address in subset["addresses"].as_array().into_iter().flatten() {
+            if let Some(ip) = address["ip"]
+                .as_str()
+                .and_then(|ip| ip.parse::<IpAddr>().ok())
+            {
+                candidates.push(SocketAddr::new(ip, port));
+            }
+        }
+    }
+    if candidates.is_empty() {
+        return Err(Status::service_unavailable(format!(
+            "no endpoints available for service {name:?}"
+        )));
+    }
+    Ok(candidates[rand::random_range(0..candidates.len())])
+}
+
+/// Serves one proxied request.
+pub(crate) async fn serve(
+    state: &ApiState,
+    (namespace, kind, name, below): (String, &'static str, String, String),
+    mut request: Request<Incoming>,
+) -> Result<Response<Body>, Status> {
+    let target = if kind == "pods" {
+        pod_target(state, &namespace, &name).await?
+    } else {
+        service_target(state, &namespace, &name).await?
+    };
+    let uri = match request.uri().query() {
+        Some(query) => format!("{below}?{query}"),
+        None => below,
+    };
+    let upgrading = request.headers().contains_key(header::UPGRADE);
+    let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut request));
+    let (parts, body) = request.into_parts();
+    let mut upstream = Request::builder().method(parts.method).uri(uri);
+    for (name, value) in &parts.headers {
+        let connection_header = *name == header::CONNECTION || *name == header::UPGRADE;
+        if NOT_FORWARDED.contains(&name.as_str())
+            || (*name == header::HOST)
+            || (connection_header && !upgrading)
+        {
+            continue;
+        }
+        upstream = upstream.header(name, value);
+    }
+    let upstream = upstream
+        .header(header::HOST, target.to_string())
+        .body(body)
+        .map_err(|e| Status::internal(e.to_string()))?;
+    let unreachable = |e: &dyn std::fmt::Display| {
+        Status::service_unavailable(format!(
+            "error trying to reach {kind}/{name} at {target}: {e}"
+        ))
+    };
+    let tcp = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(target))
+        .await
+        .map_err(|_| unreachable(&"timed out"))?
+        .map_err(|e| unreachable(&e))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| unreachable(&e))?;
+    tokio::spawn(async move {
+        let _ = connection.with_upgrades().await;
+    });
+    let mut response = sender
+        .send_request(upstream)
+        .await
+        .map_err(|e| unreachable(&e))?;
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(Status::internal("the backend switched protocols unasked"));
+        };
+        let backend_upgrade = hyper::upgrade::on(&mut response);
+        let mut answer = Response::new(full(Bytes::new()));
+        *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        *answer.headers_mut() = response.headers().clone();
+        tokio::spawn(async move {
+            let (Ok(client), Ok(backend)) = (client_upgrade.await, backend_upgrade.await) else {
+                return;
+            };
+            let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+        });
+        return Ok(answer);
+    }
+    let (parts, body) = response.into_parts();
+    let stream = BodyStream::new(body)
+        .take_while(|frame| std::future::ready(frame.is_ok()))
+        .filter_map(|frame| {
+            std::future::ready(
+                frame
+                    .ok()
+                    .and_then(|f| f.into_data().ok())
+                    .map(|d| Ok::<_, std::convert::Infallible>(Frame::data(d))),
+            )
+        });
+    let mut answer = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    *answer.status_mut() = parts.status;
+    for (name, value) in &parts.headers {
+        if !NOT_FORWARDED.contains(&name.as_str())
+            && *name != header::CONNECTION
+            && *name != HeaderName::from_static("content-length")
+        {
+            answer.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_paths_and_names() {
+        assert_eq!(
+            parse("/api/v1/namespaces/default/pods/web:8080/proxy/a/b"),
+            Some(("default".into(), "pods", "web:8080".into(), "/a/b".into()))
+        );
+        assert_eq!(
+            parse("/api/v1/namespaces/default/services/web/proxy"),
+            Some(("default".into(), "services", "web".into(), "/".into()))
+        );
+        assert_eq!(parse("/api/v1/namespaces/default/pods/web/log"), None);
+        assert_eq!(
+            parse("/api/v1/namespaces/default/endpoints/web/proxy/"),
+            None
+        );
+        assert_eq!(split_name("http:web:80").unwrap(), ("web", Some("80")));
+        assert_eq!(split_name("web").unwrap(), ("web", None));
+        assert!(split_name("https:web:443").is_err());
+    }
+}

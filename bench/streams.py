@@ -14,10 +14,12 @@ import argparse
 import hashlib
 import os
 import pathlib
+import resource
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -53,7 +55,8 @@ def main():
     args = parser.parse_args()
     size = args.mib << 20
     rows = []
-    with AgentNode(pathlib.Path(os.environ.get("BENCH_DIR", "/tmp")) / f"streams-bench-{os.getpid()}") as node:
+    data_dir = pathlib.Path(tempfile.mkdtemp(prefix="streams-bench-"))
+    with AgentNode(data_dir) as node:
         image = web_image(node)
         node.core.create_namespaced_pod(NS, pod_manifest("web", image))
         pod = node.wait_running("web")
@@ -91,21 +94,38 @@ def main():
         cases.append(("kubectl exec cat (SPDY)", exec_cat(KUBECTLS[0], {"KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"})))
         cases.append(("kubectl port-forward (SPDY in WebSocket)", forwarded(KUBECTLS[0])))
         cases.append(("kubectl port-forward (SPDY)", forwarded(KUBECTLS[0], {"KUBECTL_PORT_FORWARD_WEBSOCKETS": "false"})))
-        results = {}
+        server = node.portal.process.pid
+
+        def cpu_seconds():
+            # The server (API server and agent in one process) and the
+            # children that ended (kubectl, runc exec).
+            fields = open(f"/proc/{server}/stat").read().rsplit(")", 1)[1].split()
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
+            ticks = os.sysconf("SC_CLK_TCK")
+            return (int(fields[11]) + int(fields[12])) / ticks, children.ru_utime + children.ru_stime
+
+        results, cpu = {}, {}
         for _ in range(args.runs):
             for name, run in cases:
+                before = cpu_seconds()
                 started = time.monotonic()
                 total, got = run()
                 took = time.monotonic() - started
+                after = cpu_seconds()
                 assert total == size and got == digest, f"{name}: {total} bytes, digest {got}"
                 results.setdefault(name, []).append(args.mib / took)
+                cpu.setdefault(name, []).append((after[0] - before[0], after[1] - before[1]))
         floor = statistics.median(results[cases[0][0]])
         for name, _ in cases:
             mibs = statistics.median(results[name])
-            rows.append(f"| {name} | {mibs:.0f} MiB/s | {mibs / floor:.2f} |")
+            server_cpu = statistics.median(c[0] for c in cpu[name])
+            client_cpu = statistics.median(c[1] for c in cpu[name])
+            rows.append(f"| {name} | {mibs:.0f} MiB/s | {mibs / floor:.2f} | {server_cpu:.2f} s | {client_cpu:.2f} s |")
     table = (
-        f"{args.mib} MiB out of a pod, median of {args.runs} runs, bytes checked every run:\n\n"
-        "| path | throughput | of the floor |\n| --- | --- | --- |\n" + "\n".join(rows) + "\n"
+        f"{args.mib} MiB out of a pod, median of {args.runs} runs, bytes checked every run; CPU of "
+        "`portal server` (API server and agent, without the runc it starts) and of kubectl:\n\n"
+        "| path | throughput | of the floor | portal CPU | kubectl CPU |\n| --- | --- | --- | --- | --- |\n"
+        + "\n".join(rows) + "\n"
     )
     out = os.environ.get("BENCH_OUT")
     if out:

@@ -23,6 +23,10 @@ use crate::http::{full, Body, Query};
 use crate::{read, ApiState};
 
 /// How long reaching an agent may take.
+/// Each direction of a spliced connection moves this much at a time
+/// (tokio's default of 8 KiB makes small TLS records).
+pub(crate) const SPLICE_BUFFER: usize = 64 * 1024;
+
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most of an agent's error body passed on.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -156,7 +160,13 @@ pub(crate) async fn serve(
                 return;
             };
             let (mut client, mut node) = (TokioIo::new(client), TokioIo::new(node));
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut node).await;
+            let _ = tokio::io::copy_bidirectional_with_sizes(
+                &mut client,
+                &mut node,
+                SPLICE_BUFFER,
+                SPLICE_BUFFER,
+            )
+            .await;
         });
         return Ok(answer);
     }

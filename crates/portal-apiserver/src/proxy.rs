@@ -17,6 +17,7 @@ use hyper_util::rt::TokioIo;
 use portal_api::{Kind, Resource, Status};
 use serde_json::Value;
 
+use crate::connect::SPLICE_BUFFER;
 use crate::http::{full, Body};
 use crate::{read, ApiState};
 
@@ -245,7 +246,13 @@ pub(crate) async fn serve(
                 return;
             };
             let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+            let _ = tokio::io::copy_bidirectional_with_sizes(
+                &mut client,
+                &mut backend,
+                SPLICE_BUFFER,
+                SPLICE_BUFFER,
+            )
+            .await;
         });
         return Ok(answer);
     }

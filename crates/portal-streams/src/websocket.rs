@@ -209,26 +209,34 @@ where
         if sink.send(frame(protocol, first, &[])).await.is_err() {
             return;
         }
-        while let Some(message) = outgoing.recv().await {
-            let sent = match message {
-                Outgoing::Stdout(data) => sink.send(frame(protocol, STDOUT, &data)).await,
-                Outgoing::Stderr(data) => sink.send(frame(protocol, STDERR, &data)).await,
-                Outgoing::Finish(outcome, done) => {
-                    if let Some(status) = outcome.encode(protocol.version) {
-                        let _ = sink.send(frame(protocol, ERROR, &status)).await;
+        while let Some(first) = outgoing.recv().await {
+            // What is queued goes out in one flush.
+            let mut next = Some(first);
+            while let Some(message) = next {
+                let fed = match message {
+                    Outgoing::Stdout(data) => sink.feed(frame(protocol, STDOUT, &data)).await,
+                    Outgoing::Stderr(data) => sink.feed(frame(protocol, STDERR, &data)).await,
+                    Outgoing::Finish(outcome, done) => {
+                        if let Some(status) = outcome.encode(protocol.version) {
+                            let _ = sink.feed(frame(protocol, ERROR, &status)).await;
+                        }
+                        // A close frame (1000: Go clients take anything
+                        // else for an error), then the client's reply: the
+                        // output before it is never cut off.
+                        let _ = sink.send(normal_close()).await;
+                        let _ = sink.close().await;
+                        let _ = tokio::time::timeout(CLOSE_WAIT, reader).await;
+                        let _ = done.send(());
+                        return;
                     }
-                    // A close frame (1000: Go clients take anything else
-                    // for an error), then the client's reply: the output
-                    // before it is never cut off.
-                    let _ = sink.send(normal_close()).await;
-                    let _ = sink.close().await;
-                    let _ = tokio::time::timeout(CLOSE_WAIT, reader).await;
-                    let _ = done.send(());
+                };
+                if fed.is_err() {
                     return;
                 }
-            };
-            if sent.is_err() {
-                break;
+                next = outgoing.try_recv().ok();
+            }
+            if sink.flush().await.is_err() {
+                return;
             }
         }
     });

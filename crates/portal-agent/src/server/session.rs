@@ -317,7 +317,13 @@ async fn forward_one(forward: Forward, place: Arc<(Option<PathBuf>, String, Stri
     } = forward;
     match connect_in(netns.clone(), port).await {
         Ok(mut tcp) => {
-            let _ = tokio::io::copy_bidirectional(&mut stream, &mut tcp).await;
+            let _ = tokio::io::copy_bidirectional_with_sizes(
+                &mut stream,
+                &mut tcp,
+                CHUNK * 2,
+                CHUNK * 2,
+            )
+            .await;
         }
         Err(e) => {
             let message = format!("error forwarding port {port} to pod {pod}, uid {uid}: {e}");

@@ -76,6 +76,30 @@ pub struct Config {
     /// Addresses for `type: LoadBalancer` (`--load-balancer-pool`); empty
     /// leaves such Services pending.
     pub load_balancer_pool: Vec<Ipv4Cidr>,
+    /// Bounds on client connections.
+    pub connections: ConnectionLimits,
+}
+
+/// What one client connection may hold: slow or idle clients must not
+/// exhaust the server.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Connections served at once; past it new ones are closed at once.
+    pub max: usize,
+    /// Time to finish the TLS handshake.
+    pub handshake: std::time::Duration,
+    /// Time to send a request's headers (kube-apiserver allows about 32 s).
+    pub headers: std::time::Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max: 10_000,
+            handshake: std::time::Duration::from_secs(10),
+            headers: std::time::Duration::from_secs(32),
+        }
+    }
 }
 
 /// How often the allocation repair pass runs.
@@ -241,7 +265,7 @@ impl ApiServer {
             agents: agents.tls,
         });
         let acceptor = tokio_rustls::TlsAcceptor::from(credentials.tls.clone());
-        let serving = tokio::spawn(serve(listener, acceptor, state));
+        let serving = tokio::spawn(serve(listener, acceptor, state, config.connections));
 
         let host = if address.ip().is_unspecified() {
             "127.0.0.1".to_owned()
@@ -275,7 +299,14 @@ impl ApiServer {
     }
 }
 
-async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, state: Arc<ApiState>) {
+async fn serve(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    state: Arc<ApiState>,
+    limits: ConnectionLimits,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max));
+    let mut last_refusal_logged: Option<std::time::Instant> = None;
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -286,14 +317,29 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, state
                 continue;
             }
         };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            // Full: this one is closed at once, and said so (once a minute).
+            state.metrics.refused_connection();
+            if last_refusal_logged.is_none_or(|t| t.elapsed().as_secs() >= 60) {
+                tracing::warn!(max = limits.max, %peer, "too many connections: refusing new ones");
+                last_refusal_logged = Some(std::time::Instant::now());
+            }
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let state = state.clone();
         tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(tls) => tls,
-                Err(error) => {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
                     tracing::debug!(%peer, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
                     return;
                 }
             };
@@ -301,7 +347,11 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, state
                 let state = state.clone();
                 async move { Ok::<_, std::convert::Infallible>(routes::handle(state, request).await) }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.headers);
             // Upgrades (exec, attach, port-forward) are spliced to the agent.
             if let Err(error) = builder
                 .serve_connection_with_upgrades(TokioIo::new(tls), service)

@@ -38,6 +38,7 @@ pub struct Metrics {
     latency: Family<LatencyLabels, Histogram>,
     commit_latency: Histogram,
     commit_batch: Histogram,
+    refused_connections: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -75,8 +76,15 @@ impl Metrics {
             "Transactions made durable by one group commit",
             commit_batch.clone(),
         );
+        let refused_connections = Counter::default();
+        registry.register(
+            "portal_apiserver_refused_connections",
+            "Connections closed at once because the server had its maximum",
+            refused_connections.clone(),
+        );
         Metrics {
             registry,
+            refused_connections,
             sources: parking_lot::Mutex::default(),
             checks: parking_lot::Mutex::default(),
             requests,
@@ -100,6 +108,10 @@ impl Metrics {
                 resource: resource.to_owned(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn refused_connection(&self) {
+        self.refused_connections.inc();
     }
 
     pub fn observe_commit(&self, transactions: usize, took: Duration) {

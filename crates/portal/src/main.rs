@@ -221,6 +221,12 @@ struct ServerArgs {
     /// Revisions of history kept so watches can resume after a disconnect.
     #[arg(long, default_value_t = 100_000)]
     history_revisions: u64,
+    /// API connections served at once; more are closed at once.
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
+    /// Seconds a client may take to finish the TLS handshake.
+    #[arg(long, default_value_t = 10)]
+    tls_handshake_timeout: u64,
     /// Cluster IPs of Services come from this range (IPv4).
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cluster_ip_range: Ipv4Cidr,
@@ -309,6 +315,11 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         node_ports: args.service_node_port_range,
         advertise_address: node_ip,
         load_balancer_pool: args.load_balancer_pool,
+        connections: portal_apiserver::ConnectionLimits {
+            max: args.max_connections.max(1),
+            handshake: std::time::Duration::from_secs(args.tls_handshake_timeout.max(1)),
+            ..portal_apiserver::ConnectionLimits::default()
+        },
     };
     let api = portal_apiserver::ApiServer::start(config).await?;
     if !disabled.contains(&Component::Controllers) {

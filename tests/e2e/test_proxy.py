@@ -7,13 +7,14 @@ Service addresses programmed in nftables."""
 import re
 import ssl
 import socket
+import subprocess
 import time
 import urllib.request
 
 import pytest
 from kubernetes import client
 
-from conftest import Portal
+from conftest import BINARY, Portal
 from nodes import GATEWAY, NODE_IP, Cluster, make_service, register_pod, result_of, set_ready, sh, wait_for
 
 NS = "default"
@@ -260,3 +261,22 @@ def test_killed_proxy_keeps_traffic_and_restart_disturbs_nothing(cluster):
     # Only the `kubernetes` Service moved: the restarted API server took another free port.
     same = lambda listing: [t for t in normalized(listing) if f"dnat to {NODE_IP}:" not in t]
     assert same(table()) == same(before)
+
+
+def test_cleanup_removes_the_table_the_proxy_left(tmp_path):
+    """The proxy's rules outlive it (traffic keeps flowing); `portal proxy
+    --cleanup` removes them, and says so when there is nothing to remove."""
+    with Cluster():
+        portal = Portal(tmp_path, server_args("nftables"), proxy=True).start()
+        try:
+            core = portal.core()
+            service = core.create_namespaced_service(NS, {"metadata": {"name": "left"}, "spec": {"ports": [{"port": 80}]}})
+            wait_rules(service.spec.cluster_ip)
+        finally:
+            portal.stop()
+        assert service.spec.cluster_ip in table(), "the rules stay when the proxy stops"
+        first = subprocess.run([BINARY, "proxy", "--cleanup"], capture_output=True, text=True, timeout=30)
+        assert first.returncode == 0, first.stderr
+        assert table() == "", "the table is gone"
+        again = subprocess.run([BINARY, "proxy", "--cleanup"], capture_output=True, text=True, timeout=30)
+        assert again.returncode == 0 and "nothing to clean up" in again.stdout + again.stderr

@@ -47,8 +47,13 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct ProxyArgs {
     /// Credentials and address of the API server.
+    #[arg(long, required_unless_present = "cleanup")]
+    kubeconfig: Option<PathBuf>,
+    /// Remove Portal's nftables table (`ip portal`) from this network
+    /// namespace and exit: what the proxy programmed stays after it stops,
+    /// so traffic keeps flowing, until this.
     #[arg(long)]
-    kubeconfig: PathBuf,
+    cleanup: bool,
     /// This node's name; its InternalIP is the node address unless
     /// `--node-ip` is given.
     #[arg(long)]
@@ -461,7 +466,20 @@ async fn dns(args: DnsArgs) -> Result<(), Error> {
 }
 
 async fn proxy(args: ProxyArgs) -> Result<(), Error> {
-    let client = portal_controllers::client_from_kubeconfig(&args.kubeconfig).await?;
+    if args.cleanup {
+        let removed = portal_proxy::nftables::cleanup()
+            .map_err(|e| Error::Proxy(portal_proxy::Error::Nftables(e)))?;
+        if removed {
+            tracing::info!("removed the nftables table ip portal");
+        } else {
+            tracing::info!("no nftables table ip portal here: nothing to clean up");
+        }
+        return Ok(());
+    }
+    let Some(kubeconfig) = &args.kubeconfig else {
+        return Ok(());
+    };
+    let client = portal_controllers::client_from_kubeconfig(kubeconfig).await?;
     let node_ip = match (args.node_ip, &args.node_name) {
         (Some(ip), _) => Some(ip),
         (None, Some(name)) => Some(node_internal_ip(&client, name).await?),

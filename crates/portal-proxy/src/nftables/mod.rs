@@ -52,6 +52,35 @@ pub struct Nftables<N> {
     conntrack: Option<conntrack::Conntrack>,
 }
 
+/// Removes Portal's nftables table from this network namespace (`portal
+/// proxy --cleanup`); whether there was one.
+pub fn cleanup() -> Result<bool, Error> {
+    let listed = crate::command::run(
+        "nft",
+        &["list", "table", "ip", "portal"],
+        None,
+        std::time::Duration::from_secs(10),
+    )
+    .map_err(Error::Spawn)?;
+    if !listed.status.success() {
+        return Ok(false);
+    }
+    let deleted = crate::command::run(
+        "nft",
+        &["delete", "table", "ip", "portal"],
+        None,
+        std::time::Duration::from_secs(10),
+    )
+    .map_err(Error::Spawn)?;
+    if deleted.status.success() {
+        Ok(true)
+    } else {
+        Err(Error::Rejected(
+            String::from_utf8_lossy(&deleted.stderr).trim().to_owned(),
+        ))
+    }
+}
+
 impl Nftables<NftCommand> {
     /// The real kernel.
     pub fn kernel() -> Self {

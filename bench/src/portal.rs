@@ -52,9 +52,10 @@ impl Portal {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let config: serde_yaml::Value =
-            serde_yaml::from_str(&std::fs::read_to_string(&kubeconfig).map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
+        let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(&kubeconfig).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())?;
         let cluster = &config["clusters"][0]["cluster"];
         let server = cluster["server"].as_str().ok_or("no server")?;
         let (host, port) = server

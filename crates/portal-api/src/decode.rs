@@ -67,7 +67,7 @@ pub fn parse_body(resource: &Resource, body: &[u8], format: Format) -> Result<Va
             DecodeError::Malformed(format!("couldn't get version/kind; json parse error: {e}"))
         }),
         Format::Yaml => {
-            let yaml: serde_yaml::Value = serde_yaml::from_slice(body)
+            let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_slice(body)
                 .map_err(|e| DecodeError::Malformed(format!("yaml: {e}")))?;
             serde_json::to_value(yaml).map_err(|e| DecodeError::Malformed(format!("yaml: {e}")))
         }

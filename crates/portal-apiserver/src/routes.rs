@@ -19,13 +19,31 @@ use crate::{
 const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
 
 pub(crate) async fn handle(state: Arc<ApiState>, request: Request<Incoming>) -> Response<Body> {
+    use tracing::Instrument;
     let started = Instant::now();
     let mut labels = ("", String::new());
-    let response = match route(&state, request, &mut labels).await {
+    // Verb and resource are recorded once the path is understood.
+    let span = tracing::debug_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        verb = tracing::field::Empty,
+        resource = tracing::field::Empty,
+        namespace = tracing::field::Empty,
+        name = tracing::field::Empty,
+        code = tracing::field::Empty,
+    );
+    let response = match route(&state, request, &mut labels)
+        .instrument(span.clone())
+        .await
+    {
         Ok(response) => response,
         Err(status) => status_response(&status),
     };
     let (verb, resource) = labels;
+    span.record("verb", verb);
+    span.record("resource", resource.as_str());
+    span.record("code", response.status().as_u16());
     state.metrics.observe_request(
         verb,
         &resource,
@@ -142,6 +160,13 @@ async fn route(
         return proxy::serve(state, target, request).await;
     }
     let api_path = path::parse(&uri_path).ok_or_else(Status::no_route)?;
+    let span = tracing::Span::current();
+    if let Some(namespace) = &api_path.namespace {
+        span.record("namespace", namespace.as_str());
+    }
+    if let Some(name) = &api_path.name {
+        span.record("name", name.as_str());
+    }
     let resource: &'static Resource =
         Resource::find(&api_path.group, &api_path.version, &api_path.resource)
             .ok_or_else(Status::no_route)?;

@@ -50,19 +50,73 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
 }
 
 /// Drives a controller's result stream to its end. Failed reconciles were
-/// already logged and requeued by the controller's error policy.
-pub(crate) async fn drive<T, E: std::fmt::Display>(
-    results: impl futures_util::Stream<Item = Result<T, E>>,
+/// already logged and requeued by the controller's error policy; a success
+/// resets the object's retry delay.
+pub(crate) async fn drive<K, E: std::fmt::Display>(
+    results: impl futures_util::Stream<
+        Item = Result<
+            (
+                kube::runtime::reflector::ObjectRef<K>,
+                kube::runtime::controller::Action,
+            ),
+            E,
+        >,
+    >,
     name: &'static str,
-) {
+    retries: &Retries,
+) where
+    K: kube::Resource,
+{
     use futures_util::StreamExt;
     results
         .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, controller = name, "reconcile");
+            match result {
+                Ok((object, _)) => {
+                    retries.succeeded(object.namespace.as_deref(), &object.name);
+                }
+                Err(error) => tracing::debug!(%error, controller = name, "reconcile"),
             }
         })
         .await;
+}
+
+/// Per-object retry delays for the error policies: the first retry after
+/// `base`, each further one twice as late, at most `MAX_RETRY_DELAY`, back
+/// to `base` after a success (as the work queues of Kubernetes'
+/// controllers).
+#[derive(Debug)]
+pub(crate) struct Retries {
+    base: std::time::Duration,
+    failures: parking_lot::Mutex<std::collections::HashMap<(Option<String>, String), u32>>,
+}
+
+/// The longest a failing object waits for its next try.
+const MAX_RETRY_DELAY: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl Retries {
+    pub(crate) fn new(base: std::time::Duration) -> Self {
+        Retries {
+            base,
+            failures: parking_lot::Mutex::default(),
+        }
+    }
+
+    /// The delay before retrying an object that just failed.
+    pub(crate) fn after_failure(&self, object: &impl kube::ResourceExt) -> std::time::Duration {
+        let key = (object.namespace(), object.name_any());
+        let mut failures = self.failures.lock();
+        let count = failures.entry(key).or_insert(0);
+        let delay = self.base.saturating_mul(1u32 << (*count).min(20));
+        *count = count.saturating_add(1);
+        delay.min(MAX_RETRY_DELAY)
+    }
+
+    fn succeeded(&self, namespace: Option<&str>, name: &str) {
+        let mut failures = self.failures.lock();
+        if !failures.is_empty() {
+            failures.remove(&(namespace.map(str::to_owned), name.to_owned()));
+        }
+    }
 }
 
 /// The objects a reflected watch changed, each passed on only once the
@@ -104,4 +158,30 @@ pub async fn run(client: Client, ipam: node_ipam::Config) {
         node_ipam::run(client.clone(), ipam),
         scheduler::run(client)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Service;
+    use std::time::Duration;
+
+    #[test]
+    fn retries_back_off_exponentially_and_reset() {
+        let retries = Retries::new(Duration::from_millis(500));
+        let mut service = Service::default();
+        service.metadata.name = Some("web".into());
+        service.metadata.namespace = Some("default".into());
+        let delays: Vec<Duration> = (0..4).map(|_| retries.after_failure(&service)).collect();
+        assert_eq!(
+            delays.iter().map(Duration::as_millis).collect::<Vec<_>>(),
+            [500, 1000, 2000, 4000]
+        );
+        for _ in 0..30 {
+            retries.after_failure(&service);
+        }
+        assert_eq!(retries.after_failure(&service), MAX_RETRY_DELAY);
+        retries.succeeded(Some("default"), "web");
+        assert_eq!(retries.after_failure(&service), Duration::from_millis(500));
+    }
 }

@@ -28,6 +28,8 @@ pub use crate::ReconcileError as Error;
 
 struct Context {
     client: Client,
+    /// Delays between retries of a failing object.
+    retries: crate::Retries,
     services: Store<Service>,
     mirrors: Store<EndpointSlice>,
 }
@@ -42,23 +44,26 @@ pub async fn run(client: Client) {
     let (mirrors, mirror_writer) = reflector::store::<EndpointSlice>();
     // A Service gaining or losing its selector changes whether its
     // Endpoints are mirrored.
-    let service_events = watcher(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(service_writer)
-    .touched_objects();
+    let service_events = crate::settled_objects(
+        watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(service_writer),
+    );
     // The mirrors themselves: changed or deleted by someone else, they are
     // put back.
-    let mirror_events = watcher(
-        Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MIRRORED_BY}")),
-    )
-    .default_backoff()
-    .reflect(mirror_writer)
-    .touched_objects();
+    let mirror_events = crate::settled_objects(
+        watcher(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MIRRORED_BY}")),
+        )
+        .default_backoff()
+        .reflect(mirror_writer),
+    );
     let context = Arc::new(Context {
+        retries: crate::Retries::new(Duration::from_secs(1)),
         client: client.clone(),
         services,
         mirrors,
@@ -74,15 +79,16 @@ pub async fn run(client: Client) {
             .watches_stream(mirror_events, |slice: EndpointSlice| {
                 endpoints_of_slice(&slice)
             })
-            .run(reconcile, error_policy, context),
+            .run(reconcile, error_policy, context.clone()),
         "endpoints mirroring",
+        &context.retries,
     )
     .await;
 }
 
-fn error_policy(endpoints: Arc<Endpoints>, error: &Error, _: Arc<Context>) -> Action {
+fn error_policy(endpoints: Arc<Endpoints>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, endpoints = %endpoints.name_any(), "mirroring failed; retrying");
-    Action::requeue(Duration::from_secs(1))
+    Action::requeue(ctx.retries.after_failure(endpoints.as_ref()))
 }
 
 /// The slices' contents: one per port set, chunked, ready and not ready.

@@ -28,6 +28,8 @@ pub struct Config {
 
 struct Context {
     client: Client,
+    /// Delays between retries of a failing object.
+    retries: crate::Retries,
     config: Config,
     nodes: Store<Node>,
     /// Ranges handed out but not yet seen in `nodes`: node → (range, when).
@@ -42,18 +44,19 @@ const ASSUMED_FOR: Duration = Duration::from_secs(60);
 pub async fn run(client: Client, config: Config) {
     let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
     let context = Arc::new(Context {
+        retries: crate::Retries::new(Duration::from_secs(2)),
         nodes: controller.store(),
         client,
         config,
         assigned: Mutex::new(HashMap::new()),
     });
-    let results = controller.run(reconcile, error_policy, context);
-    crate::drive(results, "node-ipam").await;
+    let results = controller.run(reconcile, error_policy, context.clone());
+    crate::drive(results, "node-ipam", &context.retries).await;
 }
 
-fn error_policy(node: Arc<Node>, error: &Error, _: Arc<Context>) -> Action {
+fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, node = %node.name_any(), "pod range assignment failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+    Action::requeue(ctx.retries.after_failure(node.as_ref()))
 }
 
 fn pod_cidr(node: &Node) -> Option<Ipv4Cidr> {

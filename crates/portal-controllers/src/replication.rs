@@ -44,6 +44,8 @@ struct Expectations {
 
 struct Context {
     client: Client,
+    /// Delays between retries of a failing object.
+    retries: crate::Retries,
     events: events::Recorder,
     pods: Store<Pod>,
     expectations: Mutex<HashMap<String, Expectations>>,
@@ -57,6 +59,7 @@ pub async fn run(client: Client) {
             .reflect(pod_writer),
     );
     let context = Arc::new(Context {
+        retries: crate::Retries::new(Duration::from_millis(500)),
         client: client.clone(),
         events: events::Recorder::new(client.clone(), COMPONENT),
         pods,
@@ -92,8 +95,9 @@ pub async fn run(client: Client) {
     crate::drive(
         controller
             .watches_stream(pod_events, mapper)
-            .run(reconcile, error_policy, context),
+            .run(reconcile, error_policy, context.clone()),
         "replication reconcile",
+        &context.retries,
     )
     .await;
 }
@@ -156,9 +160,9 @@ async fn set_controller(
     }
 }
 
-fn error_policy(rc: Arc<ReplicationController>, error: &Error, _: Arc<Context>) -> Action {
+fn error_policy(rc: Arc<ReplicationController>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, rc = %rc.name_any(), "replication update failed; retrying");
-    Action::requeue(Duration::from_millis(500))
+    Action::requeue(ctx.retries.after_failure(rc.as_ref()))
 }
 
 const COMPONENT: &str = "replication-controller";

@@ -28,6 +28,8 @@ pub use crate::ReconcileError as Error;
 
 struct Context {
     client: Client,
+    /// Delays between retries of a failing object.
+    retries: crate::Retries,
     events: events::Recorder,
     nodes: Store<Node>,
     pods: Store<Pod>,
@@ -65,10 +67,11 @@ fn node_fits(node: &Node) -> bool {
 pub async fn run(client: Client) {
     let (nodes, node_writer) = reflector::store::<Node>();
     let (pods, pod_writer) = reflector::store::<Pod>();
-    let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(node_writer)
-        .touched_objects();
+    let node_events = crate::settled_objects(
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .reflect(node_writer),
+    );
     let all_pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(pod_writer);
@@ -89,6 +92,7 @@ pub async fn run(client: Client) {
             .collect::<Vec<_>>()
     };
     let context = Arc::new(Context {
+        retries: crate::Retries::new(Duration::from_secs(1)),
         events: events::Recorder::new(client.clone(), COMPONENT),
         client,
         nodes,
@@ -96,16 +100,17 @@ pub async fn run(client: Client) {
         assumed: Mutex::new(HashMap::new()),
         backoff,
     });
-    let results =
-        controller
-            .watches_stream(node_events, mapper)
-            .run(reconcile, error_policy, context);
-    crate::drive(results, "scheduling").await;
+    let results = controller.watches_stream(node_events, mapper).run(
+        reconcile,
+        error_policy,
+        context.clone(),
+    );
+    crate::drive(results, "scheduling", &context.retries).await;
 }
 
-fn error_policy(pod: Arc<Pod>, error: &Error, _: Arc<Context>) -> Action {
+fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, pod = %pod.name_any(), "binding failed; retrying");
-    Action::requeue(Duration::from_secs(1))
+    Action::requeue(ctx.retries.after_failure(pod.as_ref()))
 }
 
 /// Per node: (pods of this owner, all pods), counting assumed bindings.

@@ -82,7 +82,13 @@ pub(crate) async fn run(
             changes
         };
         let was_full = full;
+        let span = tracing::debug_span!(
+            "proxy_sync",
+            kind = if was_full { "full" } else { "partial" },
+            services = changes.services.len(),
+        );
         let joined = tokio::task::spawn_blocking(move || {
+            let _span = span.entered();
             let result = match backend.sync(&changes, was_full) {
                 Ok(()) => Ok(changes.triggers),
                 Err(error) => Err((error, changes.triggers)),

@@ -36,6 +36,8 @@ type ServiceKey = (String, String);
 /// Everything a reconcile reads: reflectors only, never the API server.
 struct Context {
     client: Client,
+    /// Delays between retries of a failing object.
+    retries: crate::Retries,
     pods: Store<Pod>,
     endpoints: Store<Endpoints>,
     slices: Store<EndpointSlice>,
@@ -103,6 +105,7 @@ pub async fn run(client: Client) {
     let (slices, slice_writer) = reflector::store::<EndpointSlice>();
     let (deleted_tx, deleted_rx) = tokio::sync::mpsc::unbounded_channel::<Service>();
     let context = Arc::new(Context {
+        retries: crate::Retries::new(Duration::from_millis(500)),
         client: client.clone(),
         pods,
         endpoints,
@@ -142,45 +145,47 @@ pub async fn run(client: Client) {
     // The managed slices trigger their Service: a write's event releases a
     // Service waiting on it, and a slice changed or deleted by someone else
     // is put back.
-    let endpoints_events = watcher(
-        Api::<Endpoints>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(endpoints_writer)
-    .touched_objects();
+    let endpoints_events = crate::settled_objects(
+        watcher(
+            Api::<Endpoints>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(endpoints_writer),
+    );
     let ctx = context.clone();
-    let slice_events = watcher(
-        Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
-    )
-    .default_backoff()
-    .reflect(slice_writer)
-    .inspect_ok(move |event| {
-        // Names only ever point into the reflector, so a name left behind
-        // by a re-list is harmless: `slices_of` skips it.
-        let (watcher::Event::Apply(slice)
-        | watcher::Event::InitApply(slice)
-        | watcher::Event::Delete(slice)) = event
-        else {
-            return;
-        };
-        let Some(service) = service_of_slice(slice) else {
-            return;
-        };
-        let key = (slice.namespace().unwrap_or_default(), service);
-        let mut names = ctx.slice_names.lock();
-        let set = names.entry(key.clone()).or_default();
-        if matches!(event, watcher::Event::Delete(_)) {
-            set.remove(&slice.name_any());
-            if set.is_empty() {
-                names.remove(&key);
+    let slice_events = crate::settled_objects(
+        watcher(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
+        )
+        .default_backoff()
+        .reflect(slice_writer)
+        .inspect_ok(move |event| {
+            // Names only ever point into the reflector, so a name left behind
+            // by a re-list is harmless: `slices_of` skips it.
+            let (watcher::Event::Apply(slice)
+            | watcher::Event::InitApply(slice)
+            | watcher::Event::Delete(slice)) = event
+            else {
+                return;
+            };
+            let Some(service) = service_of_slice(slice) else {
+                return;
+            };
+            let key = (slice.namespace().unwrap_or_default(), service);
+            let mut names = ctx.slice_names.lock();
+            let set = names.entry(key.clone()).or_default();
+            if matches!(event, watcher::Event::Delete(_)) {
+                set.remove(&slice.name_any());
+                if set.is_empty() {
+                    names.remove(&key);
+                }
+            } else {
+                set.insert(slice.name_any());
             }
-        } else {
-            set.insert(slice.name_any());
-        }
-    })
-    .touched_objects();
+        }),
+    );
 
     // A pod event concerns the Services that select it now and those that
     // selected it before (a relabelled pod must leave the old ones). During
@@ -222,8 +227,9 @@ pub async fn run(client: Client) {
                 let namespace = s.namespace().unwrap_or_default();
                 service_of_slice(&s).map(|name| ObjectRef::new(&name).within(&namespace))
             })
-            .run(reconcile, error_policy, context),
+            .run(reconcile, error_policy, context.clone()),
         "endpoints reconcile",
+        &context.retries,
     )
     .await;
 }
@@ -271,9 +277,9 @@ fn pod_triggers(ctx: &Context, event: watcher::Event<Pod>) -> Vec<ObjectRef<Serv
     }
 }
 
-fn error_policy(service: Arc<Service>, error: &Error, _: Arc<Context>) -> Action {
+fn error_policy(service: Arc<Service>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, service = %service.name_any(), "endpoints update failed; retrying");
-    Action::requeue(Duration::from_millis(500))
+    Action::requeue(ctx.retries.after_failure(service.as_ref()))
 }
 
 /// The time of the newest change the endpoints reflect (E2): a pod's

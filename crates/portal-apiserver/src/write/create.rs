@@ -1,0 +1,89 @@
+//! create: a new object (a generated name when asked), its allocations,
+//! one transaction that fails if the key exists.
+
+use super::*;
+
+fn random_suffix() -> String {
+    // Kubernetes' alphabet: no vowels (no words), no look-alike characters.
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+pub(crate) async fn create(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    body: DecodedBody,
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let resource = scope.resource;
+    let DecodedBody {
+        mut object,
+        warnings,
+    } = body;
+    check_body_namespace(scope, &object)?;
+    let causes = problems(resource, &object, None);
+    if !causes.is_empty() {
+        return Err(invalid(scope, &object, causes));
+    }
+    if let Some(ns) = scope.namespace {
+        check_namespace(state, ns).await?;
+    }
+    strategy::prepare_create(resource, &mut object, scope.namespace);
+    let generate = meta::meta_str(&object, "name").unwrap_or("").is_empty();
+    for _ in 0..MAX_ATTEMPTS {
+        if generate {
+            let prefix = meta::meta_str(&object, "generateName")
+                .unwrap_or("")
+                .to_owned();
+            meta::metadata_mut(&mut object).insert(
+                "name".into(),
+                Value::String(format!("{prefix}{}", random_suffix())),
+            );
+        }
+        let name = meta::meta_str(&object, "name").unwrap_or("").to_owned();
+        let key = resource.key(scope.namespace, &name);
+        let mut attempt = object.clone();
+        let mut reservation = state
+            .allocators
+            .for_create(resource, &mut attempt)
+            .map_err(|cause| Status::invalid(scope.target(), &name, vec![cause]))?;
+        if dry_run(query) {
+            reservation.abort(None);
+            let preview = CachedObject::from_value(key, attempt, 0);
+            return Ok(respond(StatusCode::CREATED, &preview, &warnings));
+        }
+        let value =
+            Bytes::from(serde_json::to_vec(&attempt).map_err(|e| Status::internal(e.to_string()))?);
+        let mut ops = vec![Op::Create {
+            key: key.clone(),
+            value,
+        }];
+        ops.append(&mut reservation.ops);
+        match state.store.txn(ops).await {
+            Ok(revision) => {
+                reservation.commit();
+                let stored = CachedObject::from_value(key, attempt, revision);
+                return Ok(respond(StatusCode::CREATED, &stored, &warnings));
+            }
+            // Another server took the address we picked: pick again.
+            Err(StoreError::AlreadyExists { key: taken }) if Allocators::is_record(&taken) => {
+                reservation.abort(Some(&taken));
+            }
+            Err(StoreError::AlreadyExists { .. }) if generate => reservation.abort(None),
+            Err(StoreError::AlreadyExists { .. }) => {
+                reservation.abort(None);
+                return Err(Status::already_exists(scope.target(), &name));
+            }
+            Err(e) => {
+                reservation.abort(None);
+                return Err(store_error(e));
+            }
+        }
+    }
+    Err(Status::timeout(
+        "could not generate a unique name; try again",
+    ))
+}

@@ -1,0 +1,234 @@
+//! delete and delete-collection: options and preconditions, then the
+//! graceful deletion plan (`deletion`).
+
+use super::*;
+
+/// The parts of `DeleteOptions` that change what a delete does.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    #[serde(default)]
+    preconditions: Option<Preconditions>,
+    #[serde(default)]
+    propagation_policy: Option<String>,
+    /// The pre-1.7 form of `propagationPolicy: Orphan`.
+    #[serde(default)]
+    orphan_dependents: Option<bool>,
+    /// Seconds a pod gets to stop (0: at once).
+    #[serde(default)]
+    grace_period_seconds: Option<i64>,
+    /// `["All"]`: check, do not delete (kubectl sends it here, not in the query).
+    #[serde(default)]
+    dry_run: Vec<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Preconditions {
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+pub(crate) async fn delete(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    body: &[u8],
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let resource = scope.resource;
+    let options: DeleteOptions = if body.iter().all(u8::is_ascii_whitespace) {
+        DeleteOptions::default()
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| Status::bad_request(format!("invalid DeleteOptions: {e}")))?
+    };
+    let policy = if options.orphan_dependents == Some(true) {
+        Propagation::Orphan
+    } else {
+        let asked = options
+            .propagation_policy
+            .as_deref()
+            .or(query.get("propagationPolicy"));
+        Propagation::parse(asked).map_err(Status::bad_request)?
+    };
+    let preconditions = options.preconditions.unwrap_or_default();
+    let expected = parse_revision(preconditions.resource_version.as_deref())?;
+    let grace = match (
+        options.grace_period_seconds,
+        query.get("gracePeriodSeconds"),
+    ) {
+        (Some(seconds), _) => Some(seconds),
+        (None, Some(text)) => Some(
+            text.parse::<i64>()
+                .map_err(|_| Status::bad_request(format!("invalid gracePeriodSeconds {text:?}")))?,
+        ),
+        (None, None) => None,
+    };
+    if resource.kind == Kind::Namespace && SYSTEM_NAMESPACES.contains(&name) {
+        return Err(Status::forbidden(format!(
+            "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+        )));
+    }
+    let key = resource.key(scope.namespace, name);
+    for _ in 0..MAX_ATTEMPTS {
+        let Some(current) = state.store.get(&key).await.map_err(store_error)? else {
+            return Err(Status::not_found(scope.target(), name));
+        };
+        let old = decode_stored(&current)?;
+        if expected.is_some_and(|rv| rv != current.mod_revision) {
+            return Err(Status::conflict(scope.target(), name));
+        }
+        if let Some(uid) = &preconditions.uid {
+            check_uid(
+                scope,
+                name,
+                &serde_json::json!({"metadata": {"uid": uid}}),
+                &old,
+            )?;
+        }
+        if dry_run(query) || options.dry_run.iter().any(|d| d == "All") {
+            // Checked, not done.
+            return Ok(json_response(
+                StatusCode::OK,
+                CachedObject::from_value(key, old, current.mod_revision)
+                    .json
+                    .clone(),
+            ));
+        }
+        if resource.kind == Kind::Namespace {
+            return crate::namespace::begin_termination(state, scope, name, current, old).await;
+        }
+        let uid = meta::meta_str(&old, "uid").unwrap_or("").to_owned();
+        let namespace = scope.namespace.map(str::to_owned);
+        let collector = state.collector();
+        let store = state.store.as_ref();
+        match deletion::delete_object(store, &state.allocators, resource, &current, grace).await {
+            // Marked (a pod stopping on its node, finalizers): it stays.
+            Ok(Outcome::Marked { revision, object }) => {
+                return Ok(json_response(
+                    StatusCode::OK,
+                    CachedObject::from_value(key, object, revision).json.clone(),
+                ));
+            }
+            Ok(Outcome::Pending { object }) => {
+                return Ok(json_response(
+                    StatusCode::OK,
+                    CachedObject::from_value(key, object, current.mod_revision)
+                        .json
+                        .clone(),
+                ));
+            }
+            Ok(Outcome::Deleted { revision, .. }) => {
+                // The owner goes first, so no controller recreates what is
+                // being removed. Foreground and Orphan finish before the
+                // reply; Background after it.
+                if !uid.is_empty() {
+                    if policy == Propagation::Background {
+                        tokio::spawn(async move {
+                            if let Err(error) = collector.collect(namespace, uid, policy).await {
+                                tracing::warn!(%error, "deleting dependents failed");
+                            }
+                        });
+                    } else {
+                        collector
+                            .collect(namespace, uid, policy)
+                            .await
+                            .map_err(store_error)?;
+                    }
+                }
+                return Ok(json_response(
+                    StatusCode::OK,
+                    CachedObject::from_value(key, old, revision).json.clone(),
+                ));
+            }
+            Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
+            Err(StoreError::NotFound { .. }) => {
+                return Err(Status::not_found(scope.target(), name))
+            }
+            Err(StoreError::Conflict { .. }) => return Err(Status::conflict(scope.target(), name)),
+            Err(e) => return Err(store_error(e)),
+        }
+    }
+    Err(Status::conflict(scope.target(), name))
+}
+
+/// DELETE on a collection: every object the selectors match.
+pub(crate) async fn delete_collection(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let resource = scope.resource;
+    let filter = Filter::from_query(resource, query)?;
+    fresh(state, query).await?;
+    let prefix = resource.list_prefix(scope.namespace);
+    let (items, _, _) = state.cache.list(resource, &prefix, None, 0, |o| {
+        filter.matches(resource, &o.value)
+    });
+    let grace = match query.get("gracePeriodSeconds") {
+        Some(text) => Some(
+            text.parse::<i64>()
+                .map_err(|_| Status::bad_request(format!("invalid gracePeriodSeconds {text:?}")))?,
+        ),
+        None => None,
+    };
+    let mut deleted = Vec::with_capacity(items.len());
+    for item in items {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(current) = state.store.get(&item.key).await.map_err(store_error)? else {
+                break;
+            };
+            let store = state.store.as_ref();
+            match deletion::delete_object(store, &state.allocators, resource, &current, grace).await
+            {
+                Ok(Outcome::Marked { revision, object }) => {
+                    deleted.push(std::sync::Arc::new(CachedObject::from_value(
+                        item.key.clone(),
+                        object,
+                        revision,
+                    )));
+                    break;
+                }
+                Ok(Outcome::Pending { object }) => {
+                    deleted.push(std::sync::Arc::new(CachedObject::from_value(
+                        item.key.clone(),
+                        object,
+                        current.mod_revision,
+                    )));
+                    break;
+                }
+                Ok(Outcome::Deleted {
+                    revision,
+                    object: value,
+                }) => {
+                    let uid = meta::meta_str(&value, "uid").unwrap_or("").to_owned();
+                    let (collector, namespace) =
+                        (state.collector(), scope.namespace.map(str::to_owned));
+                    tokio::spawn(async move {
+                        if let Err(error) = collector
+                            .collect(namespace, uid, Propagation::Background)
+                            .await
+                        {
+                            tracing::warn!(%error, "deleting dependents failed");
+                        }
+                    });
+                    deleted.push(std::sync::Arc::new(CachedObject::from_value(
+                        item.key.clone(),
+                        value,
+                        revision,
+                    )));
+                    break;
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::NotFound { .. }) => break,
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+    }
+    let revision = state.store.current_revision().await.map_err(store_error)?;
+    Ok(json_response(
+        StatusCode::OK,
+        crate::read::list_body(resource, revision, &deleted, None, 0),
+    ))
+}

@@ -1,0 +1,189 @@
+//! Writes: create, update and patch, delete, each decoded, defaulted and
+//! validated by the resource's strategy, then made one compare-and-swap
+//! transaction in the store. Shared here: body decoding, answers, checks.
+
+mod create;
+mod delete;
+mod update;
+
+pub(crate) use create::create;
+pub(crate) use delete::{delete, delete_collection};
+pub(crate) use update::{guaranteed_update, patch, patch_error, update};
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use portal_api::decode::{self, Decoded, Format};
+use portal_api::patch::{PatchError, PatchType};
+use portal_api::{meta, Kind, Resource, Status};
+use portal_store::{Error as StoreError, KeyValue, Op};
+use rand::Rng;
+use serde_json::Value;
+
+use crate::allocator::{delete_stored, Allocators};
+use crate::cache::CachedObject;
+use crate::deletion::{self, Outcome};
+use crate::gc::Propagation;
+use crate::http::{json_response, Body, FieldValidation, Query};
+use crate::read::{fresh, parse_revision, stored, Filter};
+use crate::{store_error, strategy, ApiState, Scope};
+
+/// Conflicting writers retry an unconditional update this many times.
+const MAX_ATTEMPTS: usize = 16;
+/// Namespaces that exist from the start and may not be deleted.
+pub(crate) const SYSTEM_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// A decoded request body with the warnings to send back.
+pub(crate) struct DecodedBody {
+    object: Value,
+    warnings: Vec<String>,
+}
+
+pub(crate) fn decode_body(
+    resource: &Resource,
+    body: &[u8],
+    content_type: &str,
+    query: &Query,
+) -> Result<DecodedBody, Status> {
+    let format = Format::from_content_type(content_type)
+        .ok_or_else(|| Status::unsupported_media_type(content_type))?;
+    let validation = FieldValidation::from_query(query)?;
+    let value = decode::parse_body(resource, body, format).map_err(|e| match e {
+        decode::DecodeError::Unsupported(message) => {
+            let mut status = Status::unsupported_media_type(content_type);
+            status.message = message;
+            status
+        }
+        other => Status::bad_request(other.to_string()),
+    })?;
+    let Decoded {
+        object,
+        unknown_fields,
+    } = decode::decode_object(resource, value).map_err(|e| Status::bad_request(e.to_string()))?;
+    let mut warnings = Vec::new();
+    if !unknown_fields.is_empty() {
+        match validation {
+            FieldValidation::Strict => {
+                return Err(Status::bad_request(
+                    decode::DecodeError::UnknownFields(unknown_fields).to_string(),
+                ))
+            }
+            FieldValidation::Warn => warnings.extend(
+                unknown_fields
+                    .iter()
+                    .map(|f| format!("unknown field \"{f}\"")),
+            ),
+            FieldValidation::Ignore => {}
+        }
+    }
+    Ok(DecodedBody { object, warnings })
+}
+
+fn respond(code: StatusCode, object: &CachedObject, warnings: &[String]) -> Response<Body> {
+    let mut response = json_response(code, object.json.clone());
+    for warning in warnings {
+        let text = format!(
+            "299 - {}",
+            serde_json::to_string(warning).unwrap_or_default()
+        );
+        if let Ok(value) = HeaderValue::from_str(&text) {
+            response.headers_mut().append("warning", value);
+        }
+    }
+    response
+}
+
+fn dry_run(query: &Query) -> bool {
+    query.get("dryRun") == Some("All")
+}
+
+/// Metadata and kind-specific problems of an object about to be stored.
+fn problems(resource: &Resource, object: &Value, old: Option<&Value>) -> Vec<portal_api::Cause> {
+    let mut causes = meta::validate(resource, object);
+    match resource.kind {
+        Kind::Service => causes.extend(portal_api::service::validate(object, old)),
+        Kind::Endpoints => causes.extend(portal_api::service::validate_endpoints(object)),
+        _ => {}
+    }
+    causes
+}
+
+fn invalid(scope: &Scope<'_>, object: &Value, causes: Vec<portal_api::Cause>) -> Status {
+    let name = meta::meta_str(object, "name")
+        .or(meta::meta_str(object, "generateName"))
+        .unwrap_or("");
+    Status::invalid(scope.target(), name, causes)
+}
+
+/// 404 unless the namespace exists; 403 while it is being deleted. Like
+/// Kubernetes' admission, the cache answers first (without waiting for it
+/// to catch up: a write must not wait on the watch cache) and the store
+/// only when the cache does not know the namespace yet.
+async fn check_namespace(state: &ApiState, namespace: &str) -> Result<(), Status> {
+    let resource = Resource::of(Kind::Namespace);
+    let key = resource.key(None, namespace);
+    let terminating = |ns: &Value| meta::meta_str(ns, "deletionTimestamp").is_some();
+    let terminating = match state.cache.get(resource, &key) {
+        Some(cached) => terminating(&cached.value),
+        None => {
+            let not_found = || Status::not_found(Scope::cluster(resource).target(), namespace);
+            terminating(&stored(state, &key).await?.ok_or_else(not_found)?.value)
+        }
+    };
+    if terminating {
+        return Err(Status::forbidden(format!(
+            "unable to create new content in namespace {namespace} because it is being terminated"
+        )));
+    }
+    Ok(())
+}
+
+/// The stored object and its value as the strategies see it (no RV).
+fn decode_stored(kv: &KeyValue) -> Result<Value, Status> {
+    serde_json::from_slice(&kv.value)
+        .map_err(|e| Status::internal(format!("stored object {} is corrupt: {e}", kv.key)))
+}
+
+/// Kubernetes lets PUT create these (controllers write them blindly).
+fn create_on_update(kind: Kind) -> bool {
+    matches!(kind, Kind::Endpoints | Kind::Event)
+}
+
+/// What a write to an existing object is aimed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The object itself (everything but `.status`).
+    Main,
+    /// The `status` subresource (only `.status`).
+    Status,
+}
+
+/// The new object a write computes from the current one, and the
+/// resourceVersion it insists on (a precondition), if any.
+pub(crate) struct Proposal {
+    pub(crate) object: Value,
+    pub(crate) expected: Option<portal_store::Revision>,
+    pub(crate) warnings: Vec<String>,
+}
+
+fn check_body_namespace(scope: &Scope<'_>, object: &Value) -> Result<(), Status> {
+    match (scope.namespace, meta::meta_str(object, "namespace")) {
+        (Some(ns), Some(body_ns)) if !body_ns.is_empty() && body_ns != ns => Err(Status::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_uid(scope: &Scope<'_>, name: &str, object: &Value, old: &Value) -> Result<(), Status> {
+    match (meta::meta_str(object, "uid"), meta::meta_str(old, "uid")) {
+        (Some(given), Some(stored)) if !given.is_empty() && given != stored => {
+            let mut status = Status::conflict(scope.target(), name);
+            status.message = format!(
+                "Precondition failed: UID in precondition: {given}, UID in object meta: {stored}"
+            );
+            Err(status)
+        }
+        _ => Ok(()),
+    }
+}

@@ -11,19 +11,7 @@ pub mod node_ipam;
 pub mod replication;
 pub mod scheduler;
 
-use std::path::Path;
-
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::watcher;
-use kube::{Client, Config};
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubeconfig {path}: {message}")]
-    Kubeconfig { path: String, message: String },
-    #[error("API client: {0}")]
-    Client(#[from] kube::Error),
-}
+use kube::Client;
 
 /// Why a reconcile failed (the controllers' error policies retry it).
 #[derive(Debug, thiserror::Error)]
@@ -34,19 +22,6 @@ pub enum ReconcileError {
     /// A reflector's initial list has not finished.
     #[error("reflector not ready: {0}")]
     NotReady(#[from] kube::runtime::reflector::store::WriterDropped),
-}
-
-/// A client for the cluster a kubeconfig file describes.
-pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
-    let invalid = |message: String| Error::Kubeconfig {
-        path: path.display().to_string(),
-        message,
-    };
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| invalid(e.to_string()))?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| invalid(e.to_string()))?;
-    Ok(Client::try_from(config)?)
 }
 
 /// Drives a controller's result stream to its end. Failed reconciles were
@@ -117,36 +92,6 @@ impl Retries {
             failures.remove(&(namespace.map(str::to_owned), name.to_owned()));
         }
     }
-}
-
-/// The objects a reflected watch changed, each passed on only once the
-/// reflector shows it: during a re-list kube's reflector keeps the old state
-/// until the re-list ends, so re-listed objects are held until then (a
-/// reconcile triggered earlier would read the old state and never run
-/// again). Use after `.reflect(writer)` instead of `.touched_objects()`.
-pub(crate) fn settled_objects<K: Send + 'static>(
-    events: impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-) -> impl futures_util::Stream<Item = Result<K, watcher::Error>> + Send {
-    use futures_util::{StreamExt, TryStreamExt};
-    let mut relisted = Vec::new();
-    events
-        .map_ok(move |event| {
-            let ready = match event {
-                watcher::Event::Apply(object) | watcher::Event::Delete(object) => vec![object],
-                watcher::Event::Init => {
-                    relisted.clear();
-                    Vec::new()
-                }
-                watcher::Event::InitApply(object) => {
-                    relisted.push(object);
-                    Vec::new()
-                }
-                watcher::Event::InitDone => std::mem::take(&mut relisted),
-            };
-            futures_util::stream::iter(ready.into_iter().map(Ok))
-        })
-        .try_flatten()
-        .boxed()
 }
 
 /// Runs every controller until the process ends.

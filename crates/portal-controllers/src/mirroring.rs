@@ -21,7 +21,7 @@ use crate::endpoints::desired::{
     MAX_ENDPOINTS_PER_SLICE, SERVICE_NAME_LABEL, SKIP_MIRROR_LABEL, TRIGGER_TIME_ANNOTATION,
 };
 
-const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+use portal_client::labels::MANAGED_BY as MANAGED_BY_LABEL;
 const MIRRORED_BY: &str = "endpointslicemirroring-controller.k8s.io";
 
 pub use crate::ReconcileError as Error;
@@ -44,7 +44,7 @@ pub async fn run(client: Client) {
     let (mirrors, mirror_writer) = reflector::store::<EndpointSlice>();
     // A Service gaining or losing its selector changes whether its
     // Endpoints are mirrored.
-    let service_events = crate::settled_objects(
+    let service_events = portal_client::settled_objects(
         watcher(
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
@@ -54,7 +54,7 @@ pub async fn run(client: Client) {
     );
     // The mirrors themselves: changed or deleted by someone else, they are
     // put back.
-    let mirror_events = crate::settled_objects(
+    let mirror_events = portal_client::settled_objects(
         watcher(
             Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MIRRORED_BY}")),

@@ -53,7 +53,7 @@ struct Context {
 
 pub async fn run(client: Client) {
     let (pods, pod_writer) = reflector::store::<Pod>();
-    let pod_events = crate::settled_objects(
+    let pod_events = portal_client::settled_objects(
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .reflect(pod_writer),

@@ -67,7 +67,7 @@ fn node_fits(node: &Node) -> bool {
 pub async fn run(client: Client) {
     let (nodes, node_writer) = reflector::store::<Node>();
     let (pods, pod_writer) = reflector::store::<Pod>();
-    let node_events = crate::settled_objects(
+    let node_events = portal_client::settled_objects(
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .reflect(node_writer),

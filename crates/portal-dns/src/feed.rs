@@ -2,7 +2,6 @@
 //! server runs against Portal or any Kubernetes API server. A re-list
 //! (after a broken watch) removes what disappeared meanwhile.
 
-use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -16,8 +15,10 @@ use parking_lot::RwLock;
 use crate::metrics::Metrics;
 use crate::records::{EndpointInfo, Port, Records, ServiceInfo, SliceInfo};
 
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+use portal_client::labels::{
+    SERVICE_NAME as SERVICE_NAME_LABEL, TRIGGER_TIME as TRIGGER_TIME_ANNOTATION,
+};
+use portal_client::Change;
 
 fn port(name: Option<&String>, protocol: Option<&String>, number: Option<i32>) -> Option<Port> {
     Some(Port {
@@ -96,55 +97,39 @@ pub(crate) async fn run(client: Client, records: Arc<RwLock<Records>>, metrics: 
     )
     .default_backoff();
     let service_records = records.clone();
-    let (mut relisted_services, mut relisted_slices) = (None, None);
     tokio::join!(
-        follow(services, move |event| {
-            apply_service(&service_records, &mut relisted_services, event);
+        follow(services, "dns services", move |change| {
+            apply_service(&service_records, change);
         }),
-        follow(slices, move |event| {
-            apply_slice(&records, &metrics, &mut relisted_slices, event);
+        follow(slices, "dns endpointslices", move |change| {
+            apply_slice(&records, &metrics, change);
         }),
     );
 }
 
-async fn follow<K>(
-    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    mut apply: impl FnMut(watcher::Event<K>),
+async fn follow<K: kube::Resource + Send + 'static>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    what: &'static str,
+    mut apply: impl FnMut(Change<K>),
 ) {
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(event) => apply(event),
-            Err(error) => tracing::warn!(%error, "DNS watch failed; retrying"),
-        }
+    let mut changes = std::pin::pin!(portal_client::changes(events, what));
+    while let Some(change) = changes.next().await {
+        apply(change);
     }
 }
-
-/// Keys seen during a re-list, to drop the rest when it ends.
-type Relisted = Option<HashSet<(String, String)>>;
 
 fn key_of<K: kube::Resource>(object: &K) -> (String, String) {
     (object.namespace().unwrap_or_default(), object.name_any())
 }
 
-fn apply_service(
-    records: &RwLock<Records>,
-    relisted: &mut Relisted,
-    event: watcher::Event<Service>,
-) {
-    match event {
-        watcher::Event::Init => *relisted = Some(HashSet::new()),
-        watcher::Event::InitApply(service) => {
-            let key = key_of(&service);
-            if let Some(seen) = relisted.as_mut() {
-                seen.insert(key.clone());
-            }
+fn apply_service(records: &RwLock<Records>, change: Change<Service>) {
+    match change {
+        Change::Put(service) | Change::Listed(service) => {
             records
                 .write()
-                .set_service(&key, Some(service_info(&service)));
+                .set_service(&key_of(&service), Some(service_info(&service)));
         }
-        watcher::Event::InitDone => {
-            let seen = relisted.take().unwrap_or_default();
+        Change::Relisted(seen) => {
             let mut records = records.write();
             for key in records.service_keys() {
                 if !seen.contains(&key) {
@@ -152,34 +137,20 @@ fn apply_service(
                 }
             }
         }
-        watcher::Event::Apply(service) => {
-            records
-                .write()
-                .set_service(&key_of(&service), Some(service_info(&service)));
-        }
-        watcher::Event::Delete(service) => records.write().set_service(&key_of(&service), None),
+        Change::Gone(service) => records.write().set_service(&key_of(&service), None),
     }
 }
 
-fn apply_slice(
-    records: &RwLock<Records>,
-    metrics: &Metrics,
-    relisted: &mut Relisted,
-    event: watcher::Event<EndpointSlice>,
-) {
-    match event {
-        watcher::Event::Init => *relisted = Some(HashSet::new()),
-        watcher::Event::InitApply(slice) => {
+fn apply_slice(records: &RwLock<Records>, metrics: &Metrics, change: Change<EndpointSlice>) {
+    match change {
+        // Listed again: the state, not a change to measure.
+        Change::Listed(slice) => {
             let (namespace, name) = key_of(&slice);
-            if let Some(seen) = relisted.as_mut() {
-                seen.insert((namespace.clone(), name.clone()));
-            }
             records
                 .write()
                 .set_slice(&namespace, &name, slice_info(&slice));
         }
-        watcher::Event::InitDone => {
-            let seen = relisted.take().unwrap_or_default();
+        Change::Relisted(seen) => {
             let mut records = records.write();
             for (namespace, name) in records.slice_keys() {
                 if !seen.contains(&(namespace.clone(), name.clone())) {
@@ -187,7 +158,7 @@ fn apply_slice(
                 }
             }
         }
-        watcher::Event::Apply(slice) => {
+        Change::Put(slice) => {
             let (namespace, name) = key_of(&slice);
             records
                 .write()
@@ -204,7 +175,7 @@ fn apply_slice(
                 }
             }
         }
-        watcher::Event::Delete(slice) => {
+        Change::Gone(slice) => {
             let (namespace, name) = key_of(&slice);
             records.write().set_slice(&namespace, &name, None);
         }

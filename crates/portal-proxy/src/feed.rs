@@ -2,7 +2,6 @@
 //! (so the proxy also runs against a real Kubernetes API server) and wakes
 //! the runner. A re-list drops what disappeared meanwhile.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
@@ -11,6 +10,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+use portal_client::Change;
 use tokio::sync::{watch, Notify};
 
 use crate::metrics::Metrics;
@@ -63,12 +63,12 @@ pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>)
             &feed,
             &services_listed.0,
             |tracker, event| match event {
-                Item::Put(s) => {
+                Change::Put(s) | Change::Listed(s) => {
                     let key = key_of(&s);
                     tracker.set_service(key, Some(s));
                 }
-                Item::Gone(s) => tracker.set_service(key_of(&s), None),
-                Item::Forget(seen) => tracker.forget_services_except(&seen),
+                Change::Gone(s) => tracker.set_service(key_of(&s), None),
+                Change::Relisted(seen) => tracker.forget_services_except(&seen),
             }
         ),
         follow(
@@ -76,13 +76,13 @@ pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>)
             &feed,
             &slices_listed.0,
             |tracker, event| match event {
-                Item::Put(s) => {
+                Change::Put(s) | Change::Listed(s) => {
                     let (namespace, name) = (s.namespace().unwrap_or_default(), s.name_any());
                     tracker.set_slice(&namespace, &name, Some(s));
                 }
-                Item::Gone(s) =>
+                Change::Gone(s) =>
                     tracker.set_slice(&s.namespace().unwrap_or_default(), &s.name_any(), None),
-                Item::Forget(seen) => tracker.forget_slices_except(&seen),
+                Change::Relisted(seen) => tracker.forget_slices_except(&seen),
             }
         ),
     );
@@ -95,46 +95,19 @@ fn key_of(service: &Service) -> ServiceKey {
     )
 }
 
-enum Item<K> {
-    Put(K),
-    Gone(K),
-    /// A re-list ended: everything not in it is gone.
-    Forget(HashSet<(String, String)>),
-}
-
-async fn follow<K: kube::Resource>(
-    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+async fn follow<K: kube::Resource + Send + 'static>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     feed: &Feed,
     listed: &watch::Sender<bool>,
-    apply: impl Fn(&mut Tracker, Item<K>),
+    apply: impl Fn(&mut Tracker, Change<K>),
 ) {
-    let mut events = std::pin::pin!(events);
-    let mut relisted: Option<HashSet<(String, String)>> = None;
-    while let Some(event) = events.next().await {
-        let item = match event {
-            Ok(watcher::Event::Init) => {
-                relisted = Some(HashSet::new());
-                continue;
-            }
-            Ok(watcher::Event::InitApply(object)) => {
-                if let Some(seen) = relisted.as_mut() {
-                    seen.insert((object.namespace().unwrap_or_default(), object.name_any()));
-                }
-                Item::Put(object)
-            }
-            Ok(watcher::Event::InitDone) => Item::Forget(relisted.take().unwrap_or_default()),
-            Ok(watcher::Event::Apply(object)) => Item::Put(object),
-            Ok(watcher::Event::Delete(object)) => Item::Gone(object),
-            Err(error) => {
-                tracing::warn!(%error, "proxy watch failed; retrying");
-                continue;
-            }
-        };
-        let done = matches!(item, Item::Forget(_));
+    let mut changes = std::pin::pin!(portal_client::changes(events, "proxy"));
+    while let Some(change) = changes.next().await {
+        let done = matches!(change, Change::Relisted(_));
         {
             let mut tracker = feed.tracker.lock();
             let (services, endpoints) = tracker.pending();
-            apply(&mut tracker, item);
+            apply(&mut tracker, change);
             let (services_now, endpoints_now) = tracker.pending();
             feed.metrics
                 .service_changes

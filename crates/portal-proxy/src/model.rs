@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub(crate) use portal_client::labels::SERVICE_NAME as SERVICE_NAME_LABEL;
 
 /// Default `sessionAffinityConfig.clientIP.timeoutSeconds` (S12).
 const DEFAULT_AFFINITY_SECONDS: u32 = 10_800;

@@ -11,7 +11,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::model::{self, ServiceKey, ServicePort};
 
-const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+use portal_client::labels::TRIGGER_TIME as TRIGGER_TIME_ANNOTATION;
 
 /// The Services that changed since the last sync, with their ports now.
 #[derive(Debug, Default)]

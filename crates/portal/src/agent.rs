@@ -91,7 +91,7 @@ pub(crate) struct AgentArgs {
 }
 
 pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
-    let client = portal_controllers::client_from_kubeconfig(&args.kubeconfig).await?;
+    let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
     let addr = args.metrics_bind;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

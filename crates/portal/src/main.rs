@@ -280,7 +280,7 @@ enum Error {
     #[error(transparent)]
     Api(#[from] portal_apiserver::Error),
     #[error(transparent)]
-    Controllers(#[from] portal_controllers::Error),
+    Client(#[from] portal_client::Error),
     #[error(transparent)]
     Dns(#[from] portal_dns::Error),
     #[error(transparent)]
@@ -330,7 +330,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     if !disabled.contains(&Component::Controllers) {
         // The controllers are API clients like any other, through the
         // kubeconfig the server just wrote.
-        let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
+        let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
         tokio::spawn(portal_controllers::run(client, ipam));
     }
     // With pods on this node, the DNS answers on the node address by
@@ -343,7 +343,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         .or(default_dns)
         .filter(|_| !disabled.contains(&Component::Dns))
     {
-        let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
+        let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
         match portal_dns::start(client.clone(), args.dns.config(bind)).await {
             Ok(dns) => {
                 let metrics = dns.metrics.clone();
@@ -370,7 +370,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         }
     }
     if !disabled.contains(&Component::Proxy) {
-        let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
+        let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
         let node_ip = match node_ip {
             Some(IpAddr::V4(ip)) => Some(ip),
             _ => None,
@@ -384,7 +384,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     }
     if !disabled.contains(&Component::Agent) {
         if agent_wanted {
-            let client = portal_controllers::client_from_kubeconfig(&api.kubeconfig).await?;
+            let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
             let node_ip = match node_ip {
                 Some(IpAddr::V4(ip)) => Some(ip),
                 _ => None,
@@ -442,7 +442,7 @@ pub(crate) async fn wait_for_signal(what_stays: &str) -> Result<(), Error> {
 
 async fn controllers(args: ControllersArgs) -> Result<(), Error> {
     let ipam = args.ipam.config()?;
-    let client = portal_controllers::client_from_kubeconfig(&args.kubeconfig).await?;
+    let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
     tokio::select! {
         () = portal_controllers::run(client, ipam) => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
@@ -451,7 +451,7 @@ async fn controllers(args: ControllersArgs) -> Result<(), Error> {
 }
 
 async fn dns(args: DnsArgs) -> Result<(), Error> {
-    let client = portal_controllers::client_from_kubeconfig(&args.kubeconfig).await?;
+    let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
     let dns = portal_dns::start(client, args.dns.config(args.bind)).await?;
     if let Some(addr) = args.metrics_bind {
         let metrics = dns.metrics.clone();
@@ -479,7 +479,7 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     let Some(kubeconfig) = &args.kubeconfig else {
         return Ok(());
     };
-    let client = portal_controllers::client_from_kubeconfig(kubeconfig).await?;
+    let client = portal_client::client_from_kubeconfig(kubeconfig).await?;
     let node_ip = match (args.node_ip, &args.node_name) {
         (Some(ip), _) => Some(ip),
         (None, Some(name)) => Some(node_internal_ip(&client, name).await?),

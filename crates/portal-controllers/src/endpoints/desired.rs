@@ -10,16 +10,12 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort as SlicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-/// Label naming a slice's Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// Label naming the controller that manages a slice.
-pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+pub use portal_client::labels::{
+    MANAGED_BY as MANAGED_BY_LABEL, SERVICE_NAME as SERVICE_NAME_LABEL,
+    SKIP_MIRROR as SKIP_MIRROR_LABEL, TRIGGER_TIME as TRIGGER_TIME_ANNOTATION,
+};
 pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
 /// When the change these endpoints reflect happened (E2).
-/// Set on the Endpoints the endpoints controller writes, so the mirroring
-/// controller leaves them alone (as Kubernetes does).
-pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
-pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 /// Most endpoints in one EndpointSlice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
 

@@ -145,7 +145,7 @@ pub async fn run(client: Client) {
     // The managed slices trigger their Service: a write's event releases a
     // Service waiting on it, and a slice changed or deleted by someone else
     // is put back.
-    let endpoints_events = crate::settled_objects(
+    let endpoints_events = portal_client::settled_objects(
         watcher(
             Api::<Endpoints>::all(client.clone()),
             watcher::Config::default(),
@@ -154,7 +154,7 @@ pub async fn run(client: Client) {
         .reflect(endpoints_writer),
     );
     let ctx = context.clone();
-    let slice_events = crate::settled_objects(
+    let slice_events = portal_client::settled_objects(
         watcher(
             Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),

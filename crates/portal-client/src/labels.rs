@@ -1,0 +1,12 @@
+//! Labels and annotations with a meaning in Kubernetes that Portal's
+//! components share.
+
+/// On an EndpointSlice: the Service it belongs to.
+pub const SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// On an EndpointSlice: the controller that manages it.
+pub const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+/// On Endpoints: not to be mirrored into EndpointSlices.
+pub const SKIP_MIRROR: &str = "endpointslice.kubernetes.io/skip-mirror";
+/// On Endpoints and EndpointSlices: when the change they show was caused
+/// (network programming latency is measured from it).
+pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";

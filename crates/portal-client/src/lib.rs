@@ -1,0 +1,37 @@
+//! The client side every Portal component shares (the controllers, the
+//! proxy, the DNS, the agent): a client from a kubeconfig, the watch
+//! streams they follow — [`changes`] for components that keep their own
+//! index (a re-list says what is gone), [`settled_objects`] for
+//! controllers that read a reflector — and the well-known labels and
+//! annotations of Kubernetes they read and write ([`labels`]).
+
+pub mod labels;
+mod stream;
+
+use std::path::Path;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+pub use stream::{changes, settled_objects, Change};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: String, message: String },
+    #[error("API client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// A client for the cluster a kubeconfig file describes.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
+    let invalid = |message: String| Error::Kubeconfig {
+        path: path.display().to_string(),
+        message,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| invalid(e.to_string()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(Client::try_from(config)?)
+}

@@ -142,7 +142,16 @@ impl Formatter {
         }
         let start = out.len();
         if self.timestamps && self.at_line_start {
-            out.extend_from_slice(record.time);
+            // The kubelet's RFC3339NanoFixed (nine digits), whatever the
+            // runtime wrote.
+            let fixed = std::str::from_utf8(record.time)
+                .ok()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .map(|t| t.strftime("%Y-%m-%dT%H:%M:%S.%9fZ").to_string());
+            match fixed {
+                Some(fixed) => out.extend_from_slice(fixed.as_bytes()),
+                None => out.extend_from_slice(record.time),
+            }
             out.push(b' ');
         }
         out.extend_from_slice(record.content);
@@ -372,7 +381,7 @@ mod tests {
         };
         assert_eq!(
             read(path.clone(), since).await,
-            "2026-01-01T00:00:03Z three\n2026-01-01T00:00:04Z four\n"
+            "2026-01-01T00:00:03.000000000Z three\n2026-01-01T00:00:04.000000000Z four\n"
         );
         let limit = LogOptions {
             limit_bytes: Some(6),

@@ -51,7 +51,7 @@ impl LogWriter {
     /// Writes one record; `full` is false for a part of a longer line.
     /// Errors (a full disk) drop the record: the container must not stall.
     pub fn line(&mut self, stream: &str, content: &[u8], full: bool) {
-        let timestamp = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%fZ");
+        let timestamp = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%9fZ");
         let tag = if full { 'F' } else { 'P' };
         let mut record = format!("{timestamp} {stream} {tag} ").into_bytes();
         record.extend_from_slice(content);

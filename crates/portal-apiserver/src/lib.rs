@@ -84,7 +84,8 @@ pub struct Config {
 /// exhaust the server.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {
-    /// Connections served at once; past it new ones are closed at once.
+    /// Connections served at once; past it new ones are closed at once
+    /// (`portal server` derives it from the open-file limit).
     pub max: usize,
     /// Time to finish the TLS handshake.
     pub handshake: std::time::Duration,

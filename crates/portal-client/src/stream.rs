@@ -64,9 +64,14 @@ where
 /// until the re-list ends, so re-listed objects are held until then (a
 /// reconcile triggered earlier would read the old state and never run
 /// again). Use after `.reflect(writer)` instead of `.touched_objects()`.
-pub fn settled_objects<K: Send + 'static>(
+/// Held objects keep only their metadata (what triggers map on): a re-list
+/// of every object must not hold a second copy of the reflector.
+pub fn settled_objects<K>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-) -> impl Stream<Item = Result<K, watcher::Error>> + Send {
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send
+where
+    K: kube::Resource + Default + Send + 'static,
+{
     let mut relisted = Vec::new();
     events
         .map_ok(move |event| {
@@ -77,7 +82,9 @@ pub fn settled_objects<K: Send + 'static>(
                     Vec::new()
                 }
                 watcher::Event::InitApply(object) => {
-                    relisted.push(object);
+                    let mut held = K::default();
+                    *held.meta_mut() = object.meta().clone();
+                    relisted.push(held);
                     Vec::new()
                 }
                 watcher::Event::InitDone => std::mem::take(&mut relisted),

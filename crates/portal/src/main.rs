@@ -226,9 +226,11 @@ struct ServerArgs {
     /// Revisions of history kept so watches can resume after a disconnect.
     #[arg(long, default_value_t = 100_000)]
     history_revisions: u64,
-    /// API connections served at once; more are closed at once.
-    #[arg(long, default_value_t = 10_000)]
-    max_connections: usize,
+    /// API connections served at once; more are closed at once. Default:
+    /// nine tenths of the open-file limit (the rest for the store, files
+    /// and outgoing connections).
+    #[arg(long)]
+    max_connections: Option<usize>,
     /// Seconds a client may take to finish the TLS handshake.
     #[arg(long, default_value_t = 10)]
     tls_handshake_timeout: u64,
@@ -321,7 +323,10 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         advertise_address: node_ip,
         load_balancer_pool: args.load_balancer_pool,
         connections: portal_apiserver::ConnectionLimits {
-            max: args.max_connections.max(1),
+            max: args
+                .max_connections
+                .unwrap_or_else(connections_by_file_limit)
+                .max(1),
             handshake: std::time::Duration::from_secs(args.tls_handshake_timeout.max(1)),
             ..portal_apiserver::ConnectionLimits::default()
         },
@@ -521,6 +526,16 @@ async fn node_internal_ip(client: &kube::Client, name: &str) -> Result<std::net:
         .filter(|a| a.type_ == "InternalIP")
         .find_map(|a| a.address.parse().ok())
         .ok_or_else(|| error("has no IPv4 InternalIP; pass --node-ip".into()))
+}
+
+/// The default connection cap: nine tenths of the soft open-file limit,
+/// so a flood of connections is refused before the files run out.
+fn connections_by_file_limit() -> usize {
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .unwrap_or((10_000, 10_000));
+    usize::try_from(soft / 10 * 9)
+        .unwrap_or(usize::MAX)
+        .max(1_000)
 }
 
 /// Answers every HTTP request on `listener` with the metrics `encode` gives.

@@ -52,6 +52,9 @@ pub enum Error {
         path: String,
         source: std::io::Error,
     },
+    /// The agent's own API could not start.
+    #[error("agent API: {0}")]
+    Server(#[from] server::Error),
     /// The configuration cannot work.
     #[error("{0}")]
     Config(String),
@@ -181,14 +184,11 @@ pub async fn start(client: Client, config: Config) -> Result<Agent, Error> {
     });
     match &config.client_ca {
         Some(ca) => {
-            let tls = server::tls_config(ca, std::net::IpAddr::V4(ip))
-                .map_err(|e| Error::Config(format!("agent API: {e}")))?;
+            let tls = server::tls_config(ca, std::net::IpAddr::V4(ip))?;
             let port = u16::try_from(config.port)
                 .map_err(|_| Error::Config(format!("agent API: bad port {}", config.port)))?;
             let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
-            server::serve(context.clone(), addr, tls)
-                .await
-                .map_err(|e| Error::Config(format!("agent API: {e}")))?;
+            server::serve(context.clone(), addr, tls).await?;
         }
         None => tracing::warn!(
             "no --client-ca-file: the agent API (logs, exec, attach, port-forward) is off"

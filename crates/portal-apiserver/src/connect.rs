@@ -11,22 +11,16 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::{header, HeaderName, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, BodyStream, Empty, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
 use portal_api::{Kind, Resource, Status};
 use serde_json::Value;
 
-use crate::http::{full, Body, Query};
-use crate::{read, ApiState};
+use crate::http::{full, relay_body, splice, upstream_connection, Body, Query};
+use crate::{read, ApiState, Scope};
 
 /// How long reaching an agent may take.
-/// Each direction of a spliced connection moves this much at a time
-/// (tokio's default of 8 KiB makes small TLS records).
-pub(crate) const SPLICE_BUFFER: usize = 64 * 1024;
-
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most of an agent's error body passed on.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -87,7 +81,7 @@ pub(crate) async fn serve(
     let pods = Resource::of(Kind::Pod);
     let pod = read::stored(state, &pods.key(Some(namespace), name))
         .await?
-        .ok_or_else(|| Status::not_found(target(pods), name))?
+        .ok_or_else(|| Status::not_found(Scope::cluster(pods).target(), name))?
         .value
         .clone();
     let container = match what {
@@ -155,38 +149,16 @@ pub(crate) async fn serve(
                 answer.headers_mut().append(name.clone(), value.clone());
             }
         }
-        tokio::spawn(async move {
-            let (Ok(client), Ok(node)) = (client_upgrade.await, node_upgrade.await) else {
-                return;
-            };
-            let (mut client, mut node) = (TokioIo::new(client), TokioIo::new(node));
-            let _ = tokio::io::copy_bidirectional_with_sizes(
-                &mut client,
-                &mut node,
-                SPLICE_BUFFER,
-                SPLICE_BUFFER,
-            )
-            .await;
-        });
+        splice(client_upgrade, node_upgrade);
         return Ok(answer);
     }
     if !status.is_success() {
-        let body = Limited::read(response.into_body()).await;
+        let body = read_error_body(response.into_body()).await;
         return Err(agent_error(status, body));
     }
     // A log: streamed as the agent writes it; an error ends it.
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-    let stream = BodyStream::new(response.into_body())
-        .take_while(|frame| std::future::ready(frame.is_ok()))
-        .filter_map(|frame| {
-            std::future::ready(
-                frame
-                    .ok()
-                    .and_then(|f| f.into_data().ok())
-                    .map(|d| Ok::<_, std::convert::Infallible>(Frame::data(d))),
-            )
-        });
-    let mut answer = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    let mut answer = Response::new(relay_body(response.into_body()));
     if let Some(content_type) = content_type {
         answer
             .headers_mut()
@@ -234,7 +206,7 @@ async fn agent_address(state: &ApiState, node: &str) -> Result<SocketAddr, Statu
     let nodes = Resource::of(Kind::Node);
     let object = read::stored(state, &nodes.key(None, node))
         .await?
-        .ok_or_else(|| Status::not_found(target(nodes), node))?;
+        .ok_or_else(|| Status::not_found(Scope::cluster(nodes).target(), node))?;
     let status = &object.value["status"];
     let ip = status["addresses"]
         .as_array()
@@ -273,29 +245,21 @@ async fn dial(
         .await
         .map_err(|_| unreachable_node(node, "timed out"))?
         .map_err(|e| unreachable_node(node, e))?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+    upstream_connection(tls)
         .await
-        .map_err(|e| unreachable_node(node, e))?;
-    tokio::spawn(async move {
-        let _ = connection.with_upgrades().await;
-    });
-    Ok(sender)
+        .map_err(|e| unreachable_node(node, e))
 }
 
-/// Reads at most [`MAX_ERROR_BODY`] of a body.
-struct Limited;
-
-impl Limited {
-    async fn read(body: Incoming) -> String {
-        match http_body_util::Limited::new(body, MAX_ERROR_BODY)
-            .collect()
-            .await
-        {
-            Ok(collected) => String::from_utf8_lossy(&collected.to_bytes())
-                .trim()
-                .to_owned(),
-            Err(_) => String::new(),
-        }
+/// Reads at most [`MAX_ERROR_BODY`] of an error answer.
+async fn read_error_body(body: Incoming) -> String {
+    match http_body_util::Limited::new(body, MAX_ERROR_BODY)
+        .collect()
+        .await
+    {
+        Ok(collected) => String::from_utf8_lossy(&collected.to_bytes())
+            .trim()
+            .to_owned(),
+        Err(_) => String::new(),
     }
 }
 
@@ -313,13 +277,5 @@ fn agent_error(status: StatusCode, body: String) -> Status {
         // As kube-apiserver: the agent's own words are not passed on.
         StatusCode::NOT_FOUND => Status::no_route(),
         _ => Status::internal(message),
-    }
-}
-
-fn target(resource: &'static Resource) -> portal_api::Target<'static> {
-    portal_api::Target {
-        group: resource.group,
-        resource: resource.plural,
-        kind: resource.kind_name,
     }
 }

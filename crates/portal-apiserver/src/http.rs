@@ -1,5 +1,7 @@
 //! HTTP plumbing shared by the handlers: the response body type, JSON and
-//! Status responses, bounded body reading, query parameters.
+//! Status responses, bounded body reading, query parameters, and what the
+//! handlers that pass requests on (`connect`, `proxy`) need of an upstream:
+//! an HTTP/1 connection that keeps upgrades, a relayed body, a splice.
 
 use std::convert::Infallible;
 
@@ -151,4 +153,62 @@ impl Output {
 /// Seconds since the epoch, for ages in tables.
 pub(crate) fn now_seconds() -> i64 {
     jiff::Timestamp::now().as_second()
+}
+
+/// Each direction of a spliced connection moves this much at a time
+/// (tokio's default of 8 KiB makes small TLS records).
+const SPLICE_BUFFER: usize = 64 * 1024;
+
+/// An HTTP/1 client connection over `io`, upgrades kept, driven in the
+/// background.
+pub(crate) async fn upstream_connection<I, B>(
+    io: I,
+) -> hyper::Result<hyper::client::conn::http1::SendRequest<B>>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        let _ = connection.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
+/// An upstream body passed on as it arrives; an error ends it.
+pub(crate) fn relay_body(body: Incoming) -> Body {
+    use futures_util::StreamExt;
+    let frames = http_body_util::BodyStream::new(body)
+        .take_while(|frame| std::future::ready(frame.is_ok()))
+        .filter_map(|frame| {
+            std::future::ready(
+                frame
+                    .ok()
+                    .and_then(|f| f.into_data().ok())
+                    .map(|d| Ok(hyper::body::Frame::data(d))),
+            )
+        });
+    BodyExt::boxed(http_body_util::StreamBody::new(frames))
+}
+
+/// Joins two upgraded connections once both upgrades complete, until both
+/// directions end.
+pub(crate) fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    use hyper_util::rt::TokioIo;
+    tokio::spawn(async move {
+        let (Ok(client), Ok(upstream)) = (client.await, upstream.await) else {
+            return;
+        };
+        let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+        let _ = tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut upstream,
+            SPLICE_BUFFER,
+            SPLICE_BUFFER,
+        )
+        .await;
+    });
 }

@@ -9,17 +9,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::{header, HeaderName, Request, Response, StatusCode};
-use http_body_util::{BodyExt, BodyStream, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
+use hyper::body::Incoming;
 use portal_api::{Kind, Resource, Status};
 use serde_json::Value;
 
-use crate::connect::SPLICE_BUFFER;
-use crate::http::{full, Body};
-use crate::{read, ApiState};
+use crate::http::{full, relay_body, splice, upstream_connection, Body};
+use crate::{read, ApiState, Scope};
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -85,16 +81,9 @@ async fn object(
 ) -> Result<Value, Status> {
     let resource = Resource::of(kind);
     let found = read::stored(state, &resource.key(Some(namespace), name)).await?;
-    found.map(|o| o.value.clone()).ok_or_else(|| {
-        Status::not_found(
-            portal_api::Target {
-                group: resource.group,
-                resource: resource.plural,
-                kind: resource.kind_name,
-            },
-            name,
-        )
-    })
+    found
+        .map(|o| o.value.clone())
+        .ok_or_else(|| Status::not_found(Scope::cluster(resource).target(), name))
 }
 
 /// Where a pod's proxy goes: its address and the named, numbered or first
@@ -223,12 +212,9 @@ pub(crate) async fn serve(
         .await
         .map_err(|_| unreachable(&"timed out"))?
         .map_err(|e| unreachable(&e))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+    let mut sender = upstream_connection(tcp)
         .await
         .map_err(|e| unreachable(&e))?;
-    tokio::spawn(async move {
-        let _ = connection.with_upgrades().await;
-    });
     let mut response = sender
         .send_request(upstream)
         .await
@@ -241,33 +227,11 @@ pub(crate) async fn serve(
         let mut answer = Response::new(full(Bytes::new()));
         *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         *answer.headers_mut() = response.headers().clone();
-        tokio::spawn(async move {
-            let (Ok(client), Ok(backend)) = (client_upgrade.await, backend_upgrade.await) else {
-                return;
-            };
-            let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
-            let _ = tokio::io::copy_bidirectional_with_sizes(
-                &mut client,
-                &mut backend,
-                SPLICE_BUFFER,
-                SPLICE_BUFFER,
-            )
-            .await;
-        });
+        splice(client_upgrade, backend_upgrade);
         return Ok(answer);
     }
     let (parts, body) = response.into_parts();
-    let stream = BodyStream::new(body)
-        .take_while(|frame| std::future::ready(frame.is_ok()))
-        .filter_map(|frame| {
-            std::future::ready(
-                frame
-                    .ok()
-                    .and_then(|f| f.into_data().ok())
-                    .map(|d| Ok::<_, std::convert::Infallible>(Frame::data(d))),
-            )
-        });
-    let mut answer = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    let mut answer = Response::new(relay_body(body));
     *answer.status_mut() = parts.status;
     for (name, value) in &parts.headers {
         if !NOT_FORWARDED.contains(&name.as_str())

@@ -472,8 +472,7 @@ async fn dns(args: DnsArgs) -> Result<(), Error> {
 
 async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     if args.cleanup {
-        let removed = portal_proxy::nftables::cleanup()
-            .map_err(|e| Error::Proxy(portal_proxy::Error::Nftables(e)))?;
+        let removed = portal_proxy::nftables::cleanup().map_err(portal_proxy::Error::from)?;
         if removed {
             tracing::info!("removed the nftables table ip portal");
         } else {

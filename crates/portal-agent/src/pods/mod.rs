@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, Service};
 use kube::runtime::reflector::Store;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -130,6 +130,15 @@ impl<R: Runtime> std::fmt::Debug for Context<R> {
             .field("node", &self.me.name)
             .finish_non_exhaustive()
     }
+}
+
+/// The pod's containers, app then init (sidecars included).
+pub(crate) fn containers_of(pod: &Pod) -> impl Iterator<Item = &Container> {
+    pod.spec.iter().flat_map(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+    })
 }
 
 /// `namespace/name`, for logs and messages.

@@ -214,12 +214,7 @@ fn instances<R: Runtime>(ctx: &Context<R>, pod: &Pod, container: &str) -> Vec<Co
 }
 
 fn in_spec(pod: &Pod, container: &str) -> bool {
-    pod.spec.as_ref().is_some_and(|spec| {
-        spec.containers
-            .iter()
-            .chain(spec.init_containers.iter().flatten())
-            .any(|c| c.name == container)
-    })
+    crate::pods::containers_of(pod).any(|c| c.name == container)
 }
 
 /// Why a container has no log yet, in the kubelet's words.

@@ -459,15 +459,8 @@ impl<R: Runtime> Worker<R> {
         pod: &Pod,
         containers: &[ContainerStatus],
     ) -> HashMap<String, crate::prober::Verdict> {
-        let specs: Vec<&k8s_openapi::api::core::v1::Container> = pod
-            .spec
-            .iter()
-            .flat_map(|s| {
-                s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-            })
-            .collect();
+        let specs: Vec<&k8s_openapi::api::core::v1::Container> =
+            crate::pods::containers_of(pod).collect();
         containers
             .iter()
             .filter_map(|c| {

@@ -64,15 +64,7 @@ impl<R: Runtime> Worker<R> {
             )
             .await;
         let began = Instant::now();
-        let spec = pod
-            .spec
-            .iter()
-            .flat_map(|s| {
-                s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-            })
-            .find(|c| &c.name == name);
+        let spec = crate::pods::containers_of(pod).find(|c| &c.name == name);
         if let Some((spec, hook)) =
             spec.and_then(|c| c.lifecycle.as_ref()?.pre_stop.as_ref().map(|h| (c, h)))
         {

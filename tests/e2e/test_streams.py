@@ -344,3 +344,22 @@ def test_pod_and_service_proxy_for_kubectl_proxy_users(node, web):
     finally:
         proxy.kill()
         proxy.wait()
+
+
+def test_bad_requests_get_a_status_with_the_right_code(node, web):
+    """Bad input to the pod subresources and proxies: a Kubernetes Status
+    with the right reason (kubectl prints it), never a 500."""
+    base = f"/api/v1/namespaces/{NS}"
+    cases = [
+        (f"{base}/pods/shell/log?container=nope", "BadRequest", "container nope is not valid for pod shell"),
+        (f"{base}/pods/shell/log?tailLines=x", "BadRequest", "tailLines"),
+        (f"{base}/pods/shell/log?sinceSeconds=1&sinceTime=2026-01-01T00:00:00Z", "BadRequest", "at most one of sinceTime or sinceSeconds"),
+        (f"{base}/pods/missing/log", "NotFound", 'pods "missing" not found'),
+        (f"{base}/services/https:web:443/proxy/", "BadRequest", "HTTP only"),
+        (f"{base}/services/web:nope/proxy/", "ServiceUnavailable", "no such port"),
+        (f"{base}/pods/web:notaport/proxy/", "BadRequest", "has no port"),
+    ]
+    for path, reason, words in cases:
+        result = kubectl(node, KUBECTLS[0], "get", "--raw", path)
+        stderr = result.stderr.decode()
+        assert result.returncode != 0 and f"({reason})" in stderr and words in stderr, (path, stderr)

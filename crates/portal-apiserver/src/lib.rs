@@ -84,8 +84,10 @@ pub struct Config {
 /// exhaust the server.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {
-    /// Connections served at once; past it new ones are closed at once
-    /// (`portal server` derives it from the open-file limit).
+    /// Connections served at once; past it new ones are closed at once.
+    /// Default: nine tenths of the open-file limit (the rest for the store,
+    /// files and outgoing connections), so a flood is refused before the
+    /// files run out.
     pub max: usize,
     /// Time to finish the TLS handshake.
     pub handshake: std::time::Duration,
@@ -95,8 +97,12 @@ pub struct ConnectionLimits {
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
+        let (files, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .unwrap_or((10_000, 10_000));
         ConnectionLimits {
-            max: 10_000,
+            max: usize::try_from(files / 10 * 9)
+                .unwrap_or(usize::MAX)
+                .max(1_000),
             handshake: std::time::Duration::from_secs(10),
             headers: std::time::Duration::from_secs(32),
         }

@@ -322,13 +322,13 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         node_ports: args.service_node_port_range,
         advertise_address: node_ip,
         load_balancer_pool: args.load_balancer_pool,
-        connections: portal_apiserver::ConnectionLimits {
-            max: args
-                .max_connections
-                .unwrap_or_else(connections_by_file_limit)
-                .max(1),
-            handshake: std::time::Duration::from_secs(args.tls_handshake_timeout.max(1)),
-            ..portal_apiserver::ConnectionLimits::default()
+        connections: {
+            let defaults = portal_apiserver::ConnectionLimits::default();
+            portal_apiserver::ConnectionLimits {
+                max: args.max_connections.unwrap_or(defaults.max).max(1),
+                handshake: std::time::Duration::from_secs(args.tls_handshake_timeout.max(1)),
+                ..defaults
+            }
         },
     };
     let api = portal_apiserver::ApiServer::start(config).await?;
@@ -525,16 +525,6 @@ async fn node_internal_ip(client: &kube::Client, name: &str) -> Result<std::net:
         .filter(|a| a.type_ == "InternalIP")
         .find_map(|a| a.address.parse().ok())
         .ok_or_else(|| error("has no IPv4 InternalIP; pass --node-ip".into()))
-}
-
-/// The default connection cap: nine tenths of the soft open-file limit,
-/// so a flood of connections is refused before the files run out.
-fn connections_by_file_limit() -> usize {
-    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .unwrap_or((10_000, 10_000));
-    usize::try_from(soft / 10 * 9)
-        .unwrap_or(usize::MAX)
-        .max(1_000)
 }
 
 /// Answers every HTTP request on `listener` with the metrics `encode` gives.

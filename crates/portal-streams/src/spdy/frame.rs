@@ -23,7 +23,6 @@ pub const MAX_LENGTH: usize = (1 << 24) - 1;
 
 /// `RST_STREAM` status codes used here.
 pub const PROTOCOL_ERROR: u32 = 1;
-pub const REFUSED_STREAM: u32 = 3;
 pub const CANCEL: u32 = 5;
 
 #[derive(Clone, Debug, PartialEq, Eq)]

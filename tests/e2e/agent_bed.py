@@ -91,7 +91,8 @@ class AgentNode:
             if error.status == 404:
                 return None  # the agent has not registered it yet
             raise
-        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        conditions = (node.status and node.status.conditions) or []
+        ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
         return node.spec.pod_cidr if ready else None
 
     @property

@@ -48,7 +48,9 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec::default()),
-        status: None,
+        // Created with its status, as the kubelet does: no reader ever sees
+        // a registered Node without conditions.
+        status: Some(status(me, None)),
     };
     match api.create(&PostParams::default(), &node).await {
         Ok(_) => tracing::info!(node = %me.name, "node registered"),

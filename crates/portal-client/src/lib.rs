@@ -2,10 +2,12 @@
 //! proxy, the DNS, the agent): a client from a kubeconfig, the watch
 //! streams they follow — [`changes`] for components that keep their own
 //! index (a re-list says what is gone), [`settled_objects`] for
-//! controllers that read a reflector — and the well-known labels and
+//! controllers that read a reflector, [`SharedReflector`] for one cache of
+//! a kind shared by a process's controllers — and the well-known labels and
 //! annotations of Kubernetes they read and write ([`labels`]).
 
 pub mod labels;
+pub mod shared;
 mod stream;
 
 use std::path::Path;
@@ -13,6 +15,7 @@ use std::path::Path;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
+pub use shared::{Settled, SharedReflector};
 pub use stream::{changes, settled_objects, Change};
 
 #[derive(Debug, thiserror::Error)]

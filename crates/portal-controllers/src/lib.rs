@@ -8,6 +8,7 @@ pub mod endpoints;
 pub mod events;
 pub mod mirroring;
 pub mod node_ipam;
+pub mod pods;
 pub mod replication;
 pub mod scheduler;
 
@@ -22,6 +23,18 @@ pub enum ReconcileError {
     /// A reflector's initial list has not finished.
     #[error("reflector not ready: {0}")]
     NotReady(#[from] kube::runtime::reflector::store::WriterDropped),
+}
+
+/// How many reconciles one controller runs at once. Each may hold an API
+/// connection (HTTP/1.1: one request per connection), so an unbounded
+/// controller facing 10,000 Services opens thousands of connections and
+/// overflows the API server's accept queue; Kubernetes' controllers run 5
+/// workers each.
+const CONCURRENCY: u16 = 32;
+
+/// The runtime configuration every controller uses.
+pub(crate) fn config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(CONCURRENCY)
 }
 
 /// Drives a controller's result stream to its end. Failed reconciles were
@@ -94,14 +107,21 @@ impl Retries {
     }
 }
 
-/// Runs every controller until the process ends.
+/// Runs every controller until the process ends. The endpoints,
+/// ReplicationController and scheduling controllers share one pod watch and
+/// one pod cache.
 pub async fn run(client: Client, ipam: node_ipam::Config) {
+    let mut pods = pods::reflector(client.clone());
+    let endpoints = endpoints::run(client.clone(), pods.store(), pods.subscribe());
+    let replication = replication::run(client.clone(), pods.store(), pods.subscribe());
+    let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
     tokio::join!(
-        endpoints::run(client.clone()),
+        pods.run(),
+        endpoints,
         mirroring::run(client.clone()),
-        replication::run(client.clone()),
-        node_ipam::run(client.clone(), ipam),
-        scheduler::run(client)
+        replication,
+        node_ipam::run(client, ipam),
+        scheduler
     );
 }
 

@@ -70,6 +70,7 @@ pub async fn run(client: Client) {
     });
     crate::drive(
         Controller::new(Api::<Endpoints>::all(client), watcher::Config::default())
+            .with_config(crate::config())
             .watches_stream(service_events, |svc: Service| {
                 Some(
                     ObjectRef::<Endpoints>::new(&svc.name_any())

@@ -42,7 +42,8 @@ struct Context {
 const ASSUMED_FOR: Duration = Duration::from_secs(60);
 
 pub async fn run(client: Client, config: Config) {
-    let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .with_config(crate::config());
     let context = Arc::new(Context {
         retries: crate::Retries::new(Duration::from_secs(2)),
         nodes: controller.store(),

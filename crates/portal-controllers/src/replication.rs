@@ -13,16 +13,18 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::Stream;
 use k8s_openapi::api::core::v1::{
     ObjectReference, Pod, ReplicationController, ReplicationControllerStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+use portal_client::Settled;
 
 use crate::events;
 
@@ -51,13 +53,13 @@ struct Context {
     expectations: Mutex<HashMap<String, Expectations>>,
 }
 
-pub async fn run(client: Client) {
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let pod_events = portal_client::settled_objects(
-        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .reflect(pod_writer),
-    );
+/// Runs the controller until the process ends, reading pods from the
+/// process's shared pod reflector.
+pub async fn run(
+    client: Client,
+    pods: Store<Pod>,
+    pod_changes: impl Stream<Item = Settled<Pod>> + Send + 'static,
+) {
     let context = Arc::new(Context {
         retries: crate::Retries::new(Duration::from_millis(500)),
         client: client.clone(),
@@ -68,11 +70,12 @@ pub async fn run(client: Client) {
     let controller = Controller::new(
         Api::<ReplicationController>::all(client),
         watcher::Config::default(),
-    );
+    )
+    .with_config(crate::config());
     let controllers = controller.store();
     // A pod concerns its controller, or, when it has none, every RC whose
     // selector matches it (to be adopted).
-    let mapper = move |pod: Pod| -> Vec<ObjectRef<ReplicationController>> {
+    let mapper = move |pod: Arc<Pod>| -> Vec<ObjectRef<ReplicationController>> {
         let namespace = pod.namespace().unwrap_or_default();
         if let Some(owner) = pod
             .owner_references()
@@ -94,7 +97,7 @@ pub async fn run(client: Client) {
     };
     crate::drive(
         controller
-            .watches_stream(pod_events, mapper)
+            .watches_shared_stream(portal_client::shared::objects(pod_changes), mapper)
             .run(reconcile, error_policy, context.clone()),
         "replication reconcile",
         &context.retries,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use futures_util::Stream;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
@@ -15,6 +15,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+use portal_client::Settled;
 
 use crate::events;
 
@@ -64,30 +65,35 @@ fn node_fits(node: &Node) -> bool {
     ready && !unschedulable
 }
 
-pub async fn run(client: Client) {
+/// Runs the scheduler until the process ends, reading pods from the
+/// process's shared pod reflector.
+pub async fn run(
+    client: Client,
+    pods: Store<Pod>,
+    pod_changes: impl Stream<Item = Settled<Pod>> + Send + 'static,
+) {
     let (nodes, node_writer) = reflector::store::<Node>();
-    let (pods, pod_writer) = reflector::store::<Pod>();
     let node_events = portal_client::settled_objects(
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .reflect(node_writer),
     );
-    let all_pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer);
-    tokio::spawn(all_pods.for_each(|_| async {}));
 
-    let unscheduled = watcher::Config::default().fields("spec.nodeName=");
-    let controller = Controller::new(Api::<Pod>::all(client.clone()), unscheduled);
-    let pending = controller.store();
+    // Every pod change reaches the reconcile, which leaves bound pods alone;
+    // the store holds every pod, the pending ones among them.
+    let controller =
+        Controller::for_shared_stream(portal_client::shared::objects(pod_changes), pods.clone())
+            .with_config(crate::config());
     let backoff = Arc::new(Mutex::new(HashMap::new()));
     // A node appearing or turning ready is a reason to try every pending pod.
     let node_backoff = backoff.clone();
+    let pending = pods.clone();
     let mapper = move |_: Node| {
         node_backoff.lock().clear();
         pending
             .state()
             .iter()
+            .filter(|p| p.spec.as_ref().is_none_or(|s| s.node_name.is_none()))
             .map(|p| ObjectRef::from_obj(&**p))
             .collect::<Vec<_>>()
     };

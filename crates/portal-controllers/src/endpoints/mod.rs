@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -22,6 +22,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+use portal_client::Settled;
 
 use desired::{
     MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, SKIP_MIRROR_LABEL, TRIGGER_TIME_ANNOTATION,
@@ -97,9 +98,13 @@ fn service_of_slice(slice: &EndpointSlice) -> Option<String> {
     slice.labels().get(SERVICE_NAME_LABEL).cloned()
 }
 
-/// Runs the controller until the process ends.
-pub async fn run(client: Client) {
-    let (pods, pod_writer) = reflector::store::<Pod>();
+/// Runs the controller until the process ends, reading pods from the
+/// process's shared pod reflector.
+pub async fn run(
+    client: Client,
+    pods: Store<Pod>,
+    pod_changes: impl Stream<Item = Settled<Pod>> + Send + 'static,
+) {
     let (services, service_writer) = reflector::store::<Service>();
     let (endpoints, endpoints_writer) = reflector::store::<Endpoints>();
     let (slices, slice_writer) = reflector::store::<EndpointSlice>();
@@ -115,9 +120,6 @@ pub async fn run(client: Client) {
         written: Mutex::default(),
     });
 
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer);
     let ctx = context.clone();
     let service_events = watcher(
         Api::<Service>::all(client.clone()),
@@ -187,20 +189,12 @@ pub async fn run(client: Client) {
         }),
     );
 
-    // A pod event concerns the Services that select it now and those that
-    // selected it before (a relabelled pod must leave the old ones). During
-    // a re-list the reflector shows the new state only at its end, so the
-    // re-listed pods trigger nothing until then, and then every Service.
+    // A pod change concerns the Services that select it now and those that
+    // selected it before (a relabelled pod must leave the old ones); the
+    // end of a re-list concerns every Service.
     let ctx = context.clone();
-    let pod_triggers = pod_events
-        .filter_map(move |event| {
-            let triggers = match event {
-                Ok(event) => pod_triggers(&ctx, event),
-                Err(_) => Vec::new(),
-            };
-            std::future::ready(Some(futures_util::stream::iter(triggers)))
-        })
-        .flatten();
+    let pod_triggers =
+        pod_changes.flat_map(move |change| futures_util::stream::iter(pod_triggers(&ctx, change)));
 
     // Like Kubernetes, Endpoints written by someone else are left alone
     // until they are deleted (then recreated); events of the controller's
@@ -221,6 +215,7 @@ pub async fn run(client: Client) {
     tokio::spawn(clean_up_deleted(context.clone(), deleted_rx));
     crate::drive(
         Controller::for_stream(service_events, services)
+            .with_config(crate::config())
             .reconcile_on(pod_triggers)
             .watches_stream(endpoints_events, endpoints_mapper)
             .watches_stream(slice_events, |s: EndpointSlice| {
@@ -234,20 +229,20 @@ pub async fn run(client: Client) {
     .await;
 }
 
-/// The Services a pod event concerns (see `run`).
-fn pod_triggers(ctx: &Context, event: watcher::Event<Pod>) -> Vec<ObjectRef<Service>> {
+/// The Services a pod change concerns (see `run`).
+fn pod_triggers(ctx: &Context, change: Settled<Pod>) -> Vec<ObjectRef<Service>> {
     let refs = |namespace: &str, names: HashSet<String>| {
         names
             .into_iter()
             .map(|s| ObjectRef::new(&s).within(namespace))
             .collect::<Vec<_>>()
     };
-    match event {
-        watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => {
+    match change {
+        Settled::Changed(pod) => {
             let namespace = pod.namespace().unwrap_or_default();
-            // The reflector has already applied this event: a pod it no
-            // longer holds was deleted.
-            let gone = ctx.pods.get(&ObjectRef::from_obj(&pod)).is_none();
+            // The reflector already shows this change: a pod it no longer
+            // holds was deleted.
+            let gone = ctx.pods.get(&ObjectRef::from_obj(&*pod)).is_none();
             let labels = pod.metadata.labels.clone().unwrap_or_default();
             let mut index = ctx.index.lock();
             let before = index.set_pod(&namespace, &pod.name_any(), (!gone).then_some(&labels));
@@ -257,8 +252,7 @@ fn pod_triggers(ctx: &Context, event: watcher::Event<Pod>) -> Vec<ObjectRef<Serv
             }
             refs(&namespace, services)
         }
-        watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
-        watcher::Event::InitDone => {
+        Settled::Relisted(_) => {
             let pods = ctx.pods.state();
             let mut index = ctx.index.lock();
             index.reset_pods(pods.iter().map(|p| {

@@ -1,0 +1,90 @@
+//! The controllers' one pod cache: a shared reflector of every pod, trimmed
+//! to the fields the endpoints controller, the ReplicationController
+//! controller and the scheduler read. At 50,000 pods the full objects
+//! (images, commands, environment, volumes, container statuses) are most
+//! of the controllers' memory and none of their input.
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use portal_client::SharedReflector;
+
+/// A reflector of every pod, projected by [`project`].
+pub fn reflector(client: Client) -> SharedReflector<Pod> {
+    SharedReflector::new(Api::all(client), watcher::Config::default(), project)
+}
+
+/// Keeps what the controllers read: identity, labels, owners, deletion and
+/// creation times; the node, scheduler, hostname and subdomain; container
+/// names and ports (named target ports); phase, conditions and addresses.
+pub fn project(pod: &mut Pod) {
+    let metadata = &mut pod.metadata;
+    metadata.managed_fields = None;
+    metadata.annotations = None;
+    if let Some(spec) = pod.spec.take() {
+        pod.spec = Some(PodSpec {
+            node_name: spec.node_name,
+            scheduler_name: spec.scheduler_name,
+            hostname: spec.hostname,
+            subdomain: spec.subdomain,
+            containers: spec
+                .containers
+                .into_iter()
+                .map(|c| Container {
+                    name: c.name,
+                    ports: c.ports,
+                    ..Container::default()
+                })
+                .collect(),
+            ..PodSpec::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(PodStatus {
+            phase: status.phase,
+            conditions: status.conditions,
+            pod_ip: status.pod_ip,
+            pod_ips: status.pod_ips,
+            ..PodStatus::default()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoints::desired;
+
+    #[test]
+    fn a_projected_pod_gives_the_same_endpoints() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "default", "uid": "u1",
+                "labels": {"app": "web"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{…}"}},
+            "spec": {"nodeName": "n1", "hostname": "h", "subdomain": "web",
+                "containers": [{"name": "c", "image": "nginx", "env": [{"name": "A", "value": "b"}],
+                    "ports": [{"name": "http", "containerPort": 8080}]}],
+                "volumes": [{"name": "v", "emptyDir": {}}]},
+            "status": {"phase": "Running", "podIP": "10.244.0.5", "podIPs": [{"ip": "10.244.0.5"}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "c", "image": "nginx", "imageID": "sha256:x",
+                    "ready": true, "restartCount": 0}]}
+        }))
+        .unwrap();
+        let service: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": "http"}]}
+            }))
+            .unwrap();
+        let mut projected = pod.clone();
+        project(&mut projected);
+        let endpoint = desired::pod_endpoint(&service, &pod);
+        assert!(endpoint.as_ref().is_some_and(|e| e.hostname.is_some()));
+        assert_eq!(desired::pod_endpoint(&service, &projected), endpoint);
+        let spec = projected.spec.as_ref().unwrap();
+        assert!(spec.volumes.is_none() && spec.containers[0].env.is_none());
+        assert!(projected.metadata.annotations.is_none());
+        assert!(projected.status.unwrap().container_statuses.is_none());
+    }
+}

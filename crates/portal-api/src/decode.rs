@@ -5,13 +5,11 @@
 //! dropped otherwise), and what comes out is the canonical JSON form with
 //! the kind's defaults filled in.
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::resource::{Kind, Resource};
+use crate::resource::Resource;
 
 /// How the body is encoded, from `Content-Type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,22 +104,12 @@ pub fn decode_object(resource: &Resource, mut value: Value) -> Result<Decoded, D
             )))
         }
     }
-    let mut decoded = match resource.kind {
-        Kind::Namespace => typed::<core::Namespace>(value),
-        Kind::Pod => typed::<core::Pod>(value),
-        Kind::Service => typed::<core::Service>(value),
-        Kind::Endpoints => typed::<core::Endpoints>(value),
-        Kind::ReplicationController => typed::<core::ReplicationController>(value),
-        Kind::Node => typed::<core::Node>(value),
-        Kind::Event => typed::<core::Event>(value),
-        Kind::EndpointSlice => typed::<discovery::EndpointSlice>(value),
-        Kind::Lease => typed::<k8s_openapi::api::coordination::v1::Lease>(value),
-    }?;
+    let mut decoded = (resource.definition().decode)(value)?;
     crate::defaults::apply(resource.kind, &mut decoded.object);
     Ok(decoded)
 }
 
-fn typed<T: DeserializeOwned + Serialize>(value: Value) -> Result<Decoded, DecodeError> {
+pub(crate) fn typed<T: DeserializeOwned + Serialize>(value: Value) -> Result<Decoded, DecodeError> {
     let mut unknown_fields = Vec::new();
     let object: T =
         serde_ignored::deserialize(value, |path| unknown_fields.push(field_path(&path)))
@@ -156,6 +144,7 @@ fn field_path(path: &serde_ignored::Path<'_>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Kind;
     use serde_json::json;
 
     fn svc() -> &'static Resource {

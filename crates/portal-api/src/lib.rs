@@ -6,6 +6,7 @@
 pub mod cidr;
 pub mod decode;
 pub mod defaults;
+pub mod kinds;
 pub mod meta;
 pub mod name;
 pub mod patch;
@@ -18,5 +19,5 @@ pub mod status;
 pub mod table;
 
 pub use k8s_openapi;
-pub use resource::{Kind, Resource, RESOURCES};
+pub use resource::{resources, Kind, Resource};
 pub use status::{Cause, Status, Target};

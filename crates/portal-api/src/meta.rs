@@ -110,36 +110,7 @@ pub fn validate(resource: &Resource, object: &Value) -> Vec<Cause> {
 /// The field-selector fields a kind supports beyond `metadata.name` and
 /// `metadata.namespace`, as in Kubernetes.
 pub fn selectable_fields(kind: Kind) -> &'static [&'static str] {
-    match kind {
-        Kind::Pod => &[
-            "spec.nodeName",
-            "spec.restartPolicy",
-            "spec.schedulerName",
-            "spec.serviceAccountName",
-            "spec.hostNetwork",
-            "status.phase",
-            "status.podIP",
-            "status.nominatedNodeName",
-        ],
-        Kind::Event => &[
-            "involvedObject.kind",
-            "involvedObject.namespace",
-            "involvedObject.name",
-            "involvedObject.uid",
-            "involvedObject.apiVersion",
-            "involvedObject.resourceVersion",
-            "involvedObject.fieldPath",
-            "reason",
-            "reportingComponent",
-            "source",
-            "type",
-        ],
-        Kind::Namespace => &["status.phase"],
-        Kind::Node => &["spec.unschedulable"],
-        Kind::ReplicationController => &["status.replicas"],
-        Kind::Service => &["spec.clusterIP", "spec.type"],
-        Kind::Endpoints | Kind::EndpointSlice | Kind::Lease => &[],
-    }
+    crate::kinds::of(kind).selectable_fields
 }
 
 /// Whether `field` may be used in a field selector on `kind`.
@@ -151,21 +122,19 @@ pub fn is_selectable(kind: Kind, field: &str) -> bool {
 /// The value of a selectable field as a string ("" when absent), the way
 /// Kubernetes' field sets present it.
 pub fn field_value(kind: Kind, object: &Value, field: &str) -> String {
-    let path = match (kind, field) {
-        (Kind::Event, "source") => "source.component",
-        _ => field,
+    let definition = crate::kinds::of(kind);
+    let lookup = |pairs: &[(&'static str, &'static str)]| {
+        pairs.iter().find(|(name, _)| *name == field).map(|p| p.1)
     };
+    let path = lookup(definition.field_paths).unwrap_or(field);
     let mut current = object;
     for part in path.split('.') {
         match current.get(part) {
             Some(next) => current = next,
             None => {
-                return match (kind, field) {
-                    (Kind::Node, "spec.unschedulable") | (Kind::Pod, "spec.hostNetwork") => {
-                        "false".into()
-                    }
-                    _ => String::new(),
-                }
+                return lookup(definition.field_defaults)
+                    .unwrap_or_default()
+                    .to_owned()
             }
         }
     }

@@ -15,7 +15,7 @@ use prost::Message;
 use serde_json::{json, Map, Value};
 
 use crate::decode::DecodeError;
-use crate::resource::{Kind, Resource};
+use crate::resource::Resource;
 
 const MAGIC: &[u8] = b"k8s\0";
 
@@ -44,19 +44,14 @@ pub fn decode(resource: &Resource, body: &[u8]) -> Result<Value, DecodeError> {
         )));
     }
     let raw = unknown.raw.unwrap_or_default();
-    let malformed = |e: prost::DecodeError| {
-        DecodeError::Malformed(format!("protobuf {}: {e}", resource.kind_name))
+    let Some(decode_raw) = resource.definition().protobuf else {
+        return Err(DecodeError::Unsupported(format!(
+            "protobuf bodies for {} are not supported; send JSON",
+            resource.kind_name
+        )));
     };
-    let mut object = match resource.kind {
-        Kind::Service => service(pb::Service::decode(raw.as_slice()).map_err(malformed)?),
-        Kind::Namespace => namespace(pb::Namespace::decode(raw.as_slice()).map_err(malformed)?),
-        _ => {
-            return Err(DecodeError::Unsupported(format!(
-                "protobuf bodies for {} are not supported; send JSON",
-                resource.kind_name
-            )))
-        }
-    };
+    let mut object = decode_raw(&raw)
+        .map_err(|e| DecodeError::Malformed(format!("protobuf {}: {e}", resource.kind_name)))?;
     object["apiVersion"] = json!(resource.api_version());
     object["kind"] = json!(resource.kind_name);
     Ok(object)
@@ -106,7 +101,9 @@ fn int_or_string(value: IntOrString) -> Value {
     }
 }
 
-fn service(service: pb::Service) -> Value {
+/// A Service's protobuf bytes as its JSON object.
+pub(crate) fn service(raw: &[u8]) -> Result<Value, String> {
+    let service = pb::Service::decode(raw).map_err(|e| e.to_string())?;
     let spec = service.spec.unwrap_or_default();
     let mut s = Map::new();
     let ports: Vec<Value> = spec
@@ -177,17 +174,20 @@ fn service(service: pb::Service) -> Value {
         spec.internal_traffic_policy,
     );
     put(&mut s, "trafficDistribution", spec.traffic_distribution);
-    json!({"metadata": metadata(service.metadata), "spec": s})
+    Ok(json!({"metadata": metadata(service.metadata), "spec": s}))
 }
 
-fn namespace(namespace: pb::Namespace) -> Value {
+/// A Namespace's protobuf bytes as its JSON object.
+pub(crate) fn namespace(raw: &[u8]) -> Result<Value, String> {
+    let namespace = pb::Namespace::decode(raw).map_err(|e| e.to_string())?;
     let finalizers = namespace.spec.map(|s| s.finalizers).unwrap_or_default();
-    json!({"metadata": metadata(namespace.metadata), "spec": {"finalizers": finalizers}})
+    Ok(json!({"metadata": metadata(namespace.metadata), "spec": {"finalizers": finalizers}}))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Kind;
     use k8s_pb::apimachinery::pkg::runtime::TypeMeta;
 
     fn envelope(kind: &str, raw: Vec<u8>) -> Vec<u8> {

@@ -1,5 +1,6 @@
-//! The resources Portal serves: one static row each, from which routing,
-//! discovery and decoding are derived.
+//! The resources Portal serves: the identity and names of each (its row
+//! lives with the rest of its kind in [`crate::kinds`]), from which
+//! routing, discovery and store keys are derived.
 
 /// A kind Portal stores and serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,130 +46,25 @@ pub enum NameRule {
     Label1035,
 }
 
-macro_rules! resource {
-    ($kind:ident, $group:expr, $version:expr, $plural:expr, $singular:expr, $namespaced:expr, $short:expr, $status:expr, $rule:ident) => {
-        Resource {
-            kind: Kind::$kind,
-            group: $group,
-            version: $version,
-            plural: $plural,
-            singular: $singular,
-            kind_name: stringify!($kind),
-            namespaced: $namespaced,
-            short_names: $short,
-            has_status: $status,
-            name_rule: NameRule::$rule,
-        }
-    };
+/// Every resource served, in discovery order (one per kind in
+/// [`crate::kinds`]).
+pub fn resources() -> impl Iterator<Item = &'static Resource> {
+    crate::kinds::ALL.iter().map(|d| &d.resource)
 }
-
-/// Every resource served, in discovery order.
-pub const RESOURCES: &[Resource] = &[
-    resource!(
-        Namespace,
-        "",
-        "v1",
-        "namespaces",
-        "namespace",
-        false,
-        &["ns"],
-        true,
-        Label1123
-    ),
-    resource!(Pod, "", "v1", "pods", "pod", true, &["po"], true, Subdomain),
-    resource!(
-        Service,
-        "",
-        "v1",
-        "services",
-        "service",
-        true,
-        &["svc"],
-        true,
-        Label1035
-    ),
-    resource!(
-        Endpoints,
-        "",
-        "v1",
-        "endpoints",
-        "endpoints",
-        true,
-        &["ep"],
-        false,
-        Subdomain
-    ),
-    resource!(
-        ReplicationController,
-        "",
-        "v1",
-        "replicationcontrollers",
-        "replicationcontroller",
-        true,
-        &["rc"],
-        true,
-        Subdomain
-    ),
-    resource!(
-        Node,
-        "",
-        "v1",
-        "nodes",
-        "node",
-        false,
-        &["no"],
-        true,
-        Subdomain
-    ),
-    resource!(
-        Event,
-        "",
-        "v1",
-        "events",
-        "event",
-        true,
-        &["ev"],
-        false,
-        Subdomain
-    ),
-    resource!(
-        EndpointSlice,
-        "discovery.k8s.io",
-        "v1",
-        "endpointslices",
-        "endpointslice",
-        true,
-        &[],
-        false,
-        Subdomain
-    ),
-    resource!(
-        Lease,
-        "coordination.k8s.io",
-        "v1",
-        "leases",
-        "lease",
-        true,
-        &[],
-        false,
-        Subdomain
-    ),
-];
 
 impl Resource {
     /// Finds a served resource by group, version and plural name.
     pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
-        RESOURCES
-            .iter()
-            .find(|r| r.group == group && r.version == version && r.plural == plural)
+        resources().find(|r| r.group == group && r.version == version && r.plural == plural)
     }
 
     pub fn of(kind: Kind) -> &'static Resource {
-        // Every Kind has exactly one row; the fallback is never taken.
-        RESOURCES
-            .iter()
-            .find(|r| r.kind == kind)
-            .unwrap_or(&RESOURCES[0])
+        &crate::kinds::of(kind).resource
+    }
+
+    /// Everything else Portal knows about this resource's kind.
+    pub fn definition(&self) -> &'static crate::kinds::Definition {
+        crate::kinds::of(self.kind)
     }
 
     /// `v1` or `group/version`, as in `apiVersion`.

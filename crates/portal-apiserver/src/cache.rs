@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use parking_lot::RwLock;
-use portal_api::{Kind, Resource, Status, RESOURCES};
+use portal_api::{resources, Kind, Resource, Status};
 use portal_store::{EventKind, KeyValue, Revision, Store};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -96,8 +96,7 @@ pub(crate) struct WatchCache {
 }
 
 fn kind_of_key(key: &str) -> Option<Kind> {
-    RESOURCES
-        .iter()
+    resources()
         .find(|r| key.starts_with(&r.key_prefix()))
         .map(|r| r.kind)
 }
@@ -164,8 +163,7 @@ impl WatchCache {
     }
 
     fn reset(&self, items: &[KeyValue], revision: Revision) {
-        let mut resources: HashMap<Kind, ResourceState> = RESOURCES
-            .iter()
+        let mut resources: HashMap<Kind, ResourceState> = resources()
             .map(|r| {
                 (
                     r.kind,

@@ -1,7 +1,7 @@
 //! Discovery documents (`/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`)
 //! and `/version`, derived from the resource table.
 
-use portal_api::RESOURCES;
+use portal_api::resources;
 use serde_json::{json, Value};
 
 const VERBS: [&str; 8] = [
@@ -25,8 +25,7 @@ pub(crate) fn core_versions(server_address: &str) -> Value {
 }
 
 fn groups() -> Vec<&'static str> {
-    let mut groups: Vec<&str> = RESOURCES
-        .iter()
+    let mut groups: Vec<&str> = resources()
         .map(|r| r.group)
         .filter(|g| !g.is_empty())
         .collect();
@@ -47,14 +46,9 @@ pub(crate) fn group_list() -> Value {
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`; `None` for an unknown one.
-const PROXY_VERBS: &[&str] = &["create", "delete", "get", "patch", "update"];
-
 pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
     let mut resources = Vec::new();
-    for r in RESOURCES
-        .iter()
-        .filter(|r| r.group == group && r.version == version)
-    {
+    for r in portal_api::resources().filter(|r| r.group == group && r.version == version) {
         resources.push(json!({
             "name": r.plural,
             "singularName": r.singular,
@@ -72,47 +66,19 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
                 "verbs": ["get", "patch", "update"],
             }));
         }
-        if r.kind == portal_api::Kind::Pod {
-            resources.push(json!({
-                "name": "pods/binding",
+        for sub in r.definition().subresources {
+            let mut entry = json!({
+                "name": format!("{}/{}", r.plural, sub.name),
                 "singularName": "",
-                "namespaced": true,
-                "kind": "Binding",
-                "verbs": ["create"],
-            }));
-            // Served by the pod's node (`connect`) and by `proxy`.
-            for (name, kind, verbs) in [
-                ("pods/attach", "PodAttachOptions", &["create", "get"][..]),
-                ("pods/exec", "PodExecOptions", &["create", "get"][..]),
-                ("pods/log", "Pod", &["get"][..]),
-                (
-                    "pods/portforward",
-                    "PodPortForwardOptions",
-                    &["create", "get"][..],
-                ),
-                ("pods/proxy", "PodProxyOptions", PROXY_VERBS),
-            ] {
-                resources.push(json!({
-                    "name": name, "singularName": "", "namespaced": true, "kind": kind, "verbs": verbs,
-                }));
+                "namespaced": r.namespaced,
+                "kind": sub.kind,
+                "verbs": sub.verbs,
+            });
+            if let Some((group, version)) = sub.group_version {
+                entry["group"] = json!(group);
+                entry["version"] = json!(version);
             }
-        }
-        if r.kind == portal_api::Kind::Service {
-            resources.push(json!({
-                "name": "services/proxy", "singularName": "", "namespaced": true,
-                "kind": "ServiceProxyOptions", "verbs": PROXY_VERBS,
-            }));
-        }
-        if r.kind == portal_api::Kind::ReplicationController {
-            resources.push(json!({
-                "name": format!("{}/scale", r.plural),
-                "singularName": "",
-                "namespaced": true,
-                "group": "autoscaling",
-                "version": "v1",
-                "kind": "Scale",
-                "verbs": ["get", "patch", "update"],
-            }));
+            resources.push(entry);
         }
     }
     if resources.is_empty() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use portal_api::{meta, RESOURCES};
+use portal_api::{meta, resources};
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::Value;
 
@@ -70,7 +70,7 @@ impl Collector {
             let current = this.store.current_revision().await?;
             // Dependents written just before the owner's deletion count too.
             let _ = this.cache.wait_for(current).await;
-            for resource in RESOURCES.iter().filter(|r| r.namespaced) {
+            for resource in resources().filter(|r| r.namespaced) {
                 let prefix = resource.list_prefix(Some(&namespace));
                 let (dependents, _, _) = this
                     .cache

@@ -1,6 +1,6 @@
 //! The Portal API server: the Kubernetes v1 REST API over HTTPS, with
 //! bearer-token authentication, generic handlers for every resource in
-//! [`portal_api::RESOURCES`], a watch cache in front of the store, and
+//! [`portal_api::resources`], a watch cache in front of the store, and
 //! Prometheus metrics.
 
 mod allocator;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use portal_api::{meta, Kind, Resource, Status, RESOURCES};
+use portal_api::{meta, resources, Kind, Resource, Status};
 use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
@@ -132,7 +132,7 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 async fn finish_termination(store: Arc<dyn Store>, allocators: Arc<Allocators>, namespace: String) {
     loop {
         let mut left = 0usize;
-        for resource in RESOURCES.iter().filter(|r| r.namespaced) {
+        for resource in resources().filter(|r| r.namespaced) {
             let prefix = resource.list_prefix(Some(&namespace));
             let items = match store.list(&prefix).await {
                 Ok((items, _)) => items,

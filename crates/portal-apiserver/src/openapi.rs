@@ -7,13 +7,13 @@
 //! `Document`, and skips client-side validation of kinds the document does
 //! not define: [`v2_document`] is that document, with no definitions.
 
-use portal_api::RESOURCES;
+use portal_api::resources;
 use serde_json::{json, Map, Value};
 
 /// `api/v1`, `apis/discovery.k8s.io/v1`, …
 fn group_versions() -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
-    for r in RESOURCES {
+    for r in resources() {
         if !out.contains(&(r.group, r.version)) {
             out.push((r.group, r.version));
         }
@@ -35,10 +35,7 @@ pub(crate) fn document(path: &str) -> Option<Value> {
         .into_iter()
         .find(|(g, v)| path_of(g, v) == path)?;
     let mut paths = Map::new();
-    for r in RESOURCES
-        .iter()
-        .filter(|r| r.group == group && r.version == version)
-    {
+    for r in resources().filter(|r| r.group == group && r.version == version) {
         let scope = if r.namespaced {
             "namespaces/{namespace}/"
         } else {

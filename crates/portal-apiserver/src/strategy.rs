@@ -1,13 +1,8 @@
 //! What the server itself sets on objects, per kind: system metadata on
 //! create, the spec/status split on update, generation tracking.
 
-use portal_api::{meta, Kind, Resource};
-use serde_json::{json, Map, Value};
-
-/// Kinds whose `metadata.generation` counts spec changes.
-fn tracks_generation(kind: Kind) -> bool {
-    matches!(kind, Kind::Pod | Kind::ReplicationController)
-}
+use portal_api::{meta, Resource};
+use serde_json::{json, Value};
 
 /// RFC 3339 at second precision, as Kubernetes writes timestamps.
 pub(crate) fn now() -> String {
@@ -18,9 +13,6 @@ pub(crate) fn now() -> String {
 
 /// Fills in system metadata and the initial status of a new object.
 pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace: Option<&str>) {
-    let name = meta::meta_str(object, "name")
-        .unwrap_or_default()
-        .to_owned();
     let metadata = meta::metadata_mut(object);
     for field in [
         "resourceVersion",
@@ -41,25 +33,12 @@ pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace:
         }
         _ => metadata.remove("namespace"),
     };
-    if tracks_generation(resource.kind) {
+    if resource.definition().tracks_generation {
         metadata.insert("generation".into(), json!(1));
     } else {
         metadata.remove("generation");
     }
-    match resource.kind {
-        Kind::Namespace => {
-            let labels = metadata
-                .entry("labels")
-                .or_insert_with(|| Value::Object(Map::new()));
-            labels["kubernetes.io/metadata.name"] = Value::String(name);
-            object["spec"] = json!({"finalizers": ["kubernetes"]});
-            object["status"] = json!({"phase": "Active"});
-        }
-        Kind::Pod => object["status"] = json!({"phase": "Pending"}),
-        Kind::Service => object["status"] = json!({"loadBalancer": {}}),
-        Kind::ReplicationController => object["status"] = json!({"replicas": 0}),
-        Kind::Node | Kind::Endpoints | Kind::Event | Kind::EndpointSlice | Kind::Lease => {}
-    }
+    (resource.definition().prepare_create)(object);
 }
 
 /// Carries over from `old` what an update may not change. A write to the
@@ -103,7 +82,7 @@ pub(crate) fn prepare_update(
         };
     }
     metadata.remove("resourceVersion");
-    if tracks_generation(resource.kind) && new.get("spec") != old.get("spec") {
+    if resource.definition().tracks_generation && new.get("spec") != old.get("spec") {
         let generation = old_meta
             .get("generation")
             .and_then(Value::as_i64)
@@ -111,10 +90,10 @@ pub(crate) fn prepare_update(
             + 1;
         meta::metadata_mut(new).insert("generation".into(), json!(generation));
     }
-    if resource.kind == Kind::Namespace {
-        // The finalizers live on the spec but belong to the server.
-        if let Some(spec) = old.get("spec") {
-            new["spec"] = spec.clone();
+    // Server-owned fields (a Namespace's finalizers live on its spec).
+    for field in resource.definition().kept_on_update {
+        if let Some(kept) = old.get(*field) {
+            new[*field] = kept.clone();
         }
     }
 }
@@ -133,6 +112,7 @@ pub(crate) fn unchanged(new: &Value, old: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use portal_api::Kind;
 
     #[test]
     fn status_and_spec_are_written_separately() {

@@ -3,6 +3,7 @@
 //! the kinds Portal serves.
 
 mod schema;
+pub use schema::ListStrategy;
 mod strategic;
 
 use serde_json::Value;

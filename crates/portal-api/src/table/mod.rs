@@ -2,7 +2,7 @@
 //! asks for, with the upstream columns of each kind (`kubectl get` shows
 //! what the server prints). Pure functions of the object and the time.
 
-mod cells;
+pub(crate) mod cells;
 mod duration;
 
 use serde_json::{json, Value};
@@ -21,7 +21,7 @@ pub struct Column {
     pub priority: u8,
 }
 
-const fn col(name: &'static str, description: &'static str, priority: u8) -> Column {
+pub(crate) const fn col(name: &'static str, description: &'static str, priority: u8) -> Column {
     Column {
         name,
         kind: "string",
@@ -31,143 +31,28 @@ const fn col(name: &'static str, description: &'static str, priority: u8) -> Col
     }
 }
 
-const NAME: Column = Column {
+pub(crate) const NAME: Column = Column {
     name: "Name",
     kind: "string",
     format: "name",
     description: "Name must be unique within a namespace.",
     priority: 0,
 };
-const AGE: Column = col(
+pub(crate) const AGE: Column = col(
     "Age",
     "CreationTimestamp is a timestamp representing the server time when this object was created.",
     0,
 );
 
-/// The columns of a kind, in order.
+/// The columns of a kind, in order (each kind's are in its module of
+/// [`crate::kinds`]).
 pub fn columns(kind: Kind) -> Vec<Column> {
-    match kind {
-        Kind::Namespace => vec![NAME, col("Status", "The status of the namespace", 0), AGE],
-        Kind::Pod => vec![
-            NAME,
-            col(
-                "Ready",
-                "The aggregate readiness state of this pod for accepting traffic.",
-                0,
-            ),
-            col(
-                "Status",
-                "The aggregate status of the containers in this pod.",
-                0,
-            ),
-            Column {
-                kind: "string",
-                ..col(
-                    "Restarts",
-                    "The number of times the containers in this pod have been restarted.",
-                    0,
-                )
-            },
-            AGE,
-            col("IP", "IP address allocated to the pod.", 1),
-            col("Node", "Name of the node the pod is assigned to.", 1),
-            col(
-                "Nominated Node",
-                "Name of the node where the pod is nominated.",
-                1,
-            ),
-            col("Readiness Gates", "Pod readiness gates.", 1),
-        ],
-        Kind::Service => vec![
-            NAME,
-            col("Type", "The type of the service.", 0),
-            col("Cluster-IP", "The cluster IP of the service.", 0),
-            col("External-IP", "The external IPs of the service.", 0),
-            col("Port(s)", "The ports the service exposes.", 0),
-            AGE,
-            col(
-                "Selector",
-                "Route service traffic to pods with label keys and values matching this selector.",
-                1,
-            ),
-        ],
-        Kind::Endpoints => vec![NAME, col("Endpoints", "Endpoints of the service.", 0), AGE],
-        Kind::ReplicationController => vec![
-            NAME,
-            Column {
-                kind: "integer",
-                ..col("Desired", "Number of desired pods.", 0)
-            },
-            Column {
-                kind: "integer",
-                ..col("Current", "Number of actually running pods.", 0)
-            },
-            Column {
-                kind: "integer",
-                ..col("Ready", "Number of pods ready.", 0)
-            },
-            AGE,
-            col("Containers", "Names of each container in the template.", 1),
-            col(
-                "Images",
-                "Images referenced by each container in the template.",
-                1,
-            ),
-            col("Selector", "Label selector for pods.", 1),
-        ],
-        Kind::Node => vec![
-            NAME,
-            col("Status", "The status of the node", 0),
-            col("Roles", "The roles of the node", 0),
-            AGE,
-            col("Version", "Kubelet Version reported by the node.", 0),
-            col("Internal-IP", "List of internal IPs.", 1),
-            col("External-IP", "List of external IPs.", 1),
-            col("OS-Image", "OS image reported by the node.", 1),
-            col("Kernel-Version", "Kernel version reported by the node.", 1),
-            col(
-                "Container-Runtime",
-                "Container runtime reported by the node.",
-                1,
-            ),
-        ],
-        Kind::Event => vec![
-            col("Last Seen", "Time when last this event was observed.", 0),
-            col("Type", "Type of this event (Normal, Warning).", 0),
-            col("Reason", "Why the action was taken.", 0),
-            col("Object", "The object that this event is about.", 0),
-            col("Subobject", "The subobject that this event is about.", 1),
-            col("Source", "The component reporting this event.", 1),
-            col(
-                "Message",
-                "A human-readable description of the status of this operation.",
-                0,
-            ),
-            col(
-                "First Seen",
-                "The time at which the event was first recorded.",
-                1,
-            ),
-            col("Count", "The number of times this event has occurred.", 1),
-            Column {
-                priority: 1,
-                ..NAME
-            },
-        ],
-        Kind::EndpointSlice => vec![
-            NAME,
-            col("AddressType", "The IP protocol for this slice.", 0),
-            col("Ports", "Enumerated ports on this slice.", 0),
-            col("Endpoints", "Addresses of the endpoints in this slice.", 0),
-            AGE,
-        ],
-        Kind::Lease => vec![NAME, col("Holder", "The holder of the lease.", 0), AGE],
-    }
+    (crate::kinds::of(kind).columns)()
 }
 
 /// The cells of one object's row, matching [`columns`].
 pub fn cells(kind: Kind, object: &Value, now: i64) -> Vec<Value> {
-    cells::row(kind, object, now)
+    (crate::kinds::of(kind).cells)(object, now)
 }
 
 fn column_json(column: &Column) -> Value {
@@ -248,7 +133,7 @@ mod tests {
     #[test]
     fn every_row_fits_its_columns() {
         let empty = json!({"metadata": {"name": "x", "creationTimestamp": "2026-01-01T00:00:00Z"}});
-        for resource in crate::RESOURCES {
+        for resource in crate::resources() {
             assert_eq!(
                 cells(resource.kind, &empty, 0).len(),
                 columns(resource.kind).len(),

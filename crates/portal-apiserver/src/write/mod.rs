@@ -100,11 +100,7 @@ fn dry_run(query: &Query) -> bool {
 /// Metadata and kind-specific problems of an object about to be stored.
 fn problems(resource: &Resource, object: &Value, old: Option<&Value>) -> Vec<portal_api::Cause> {
     let mut causes = meta::validate(resource, object);
-    match resource.kind {
-        Kind::Service => causes.extend(portal_api::service::validate(object, old)),
-        Kind::Endpoints => causes.extend(portal_api::service::validate_endpoints(object)),
-        _ => {}
-    }
+    causes.extend((resource.definition().validate)(object, old));
     causes
 }
 
@@ -142,11 +138,6 @@ async fn check_namespace(state: &ApiState, namespace: &str) -> Result<(), Status
 fn decode_stored(kv: &KeyValue) -> Result<Value, Status> {
     serde_json::from_slice(&kv.value)
         .map_err(|e| Status::internal(format!("stored object {} is corrupt: {e}", kv.key)))
-}
-
-/// Kubernetes lets PUT create these (controllers write them blindly).
-fn create_on_update(kind: Kind) -> bool {
-    matches!(kind, Kind::Endpoints | Kind::Event)
 }
 
 /// What a write to an existing object is aimed at.

@@ -126,7 +126,7 @@ pub(crate) async fn update(
     check_body_namespace(scope, &object)?;
     let expected = parse_revision(meta::meta_str(&object, "resourceVersion"))?;
     let key = scope.resource.key(scope.namespace, name);
-    if create_on_update(scope.resource.kind)
+    if scope.resource.definition().create_on_update
         && part == Part::Main
         && state.store.get(&key).await.map_err(store_error)?.is_none()
     {

@@ -1,0 +1,51 @@
+//! Leases (`coordination.k8s.io/v1`): node heartbeats and leader election.
+
+use serde_json::{json, Value};
+
+use super::{no_validation, nothing, replace_lists, Definition};
+use crate::decode::typed;
+use crate::resource::{Kind, NameRule, Resource};
+use crate::table::cells::*;
+use crate::table::{col, Column, AGE, NAME};
+
+pub(super) const DEFINITION: Definition = Definition {
+    resource: Resource {
+        kind: Kind::Lease,
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        singular: "lease",
+        kind_name: "Lease",
+        namespaced: true,
+        short_names: &[],
+        has_status: false,
+        name_rule: NameRule::Subdomain,
+    },
+    decode: typed::<k8s_openapi::api::coordination::v1::Lease>,
+    defaults: nothing,
+    validate: no_validation,
+    prepare_create: nothing,
+    kept_on_update: &[],
+    tracks_generation: false,
+    create_on_update: false,
+    selectable_fields: &[],
+    field_paths: &[],
+    field_defaults: &[],
+    list_strategy: replace_lists,
+    columns,
+    cells,
+    protobuf: None,
+    subresources: &[],
+};
+
+fn columns() -> Vec<Column> {
+    vec![NAME, col("Holder", "The holder of the lease.", 0), AGE]
+}
+
+fn cells(object: &Value, now: i64) -> Vec<Value> {
+    vec![
+        name(object),
+        json!(s(object, &["spec", "holderIdentity"]).unwrap_or("")),
+        age(object, now),
+    ]
+}

@@ -1,0 +1,73 @@
+//! Namespaces: cluster-scoped; the server labels each with its own name,
+//! keeps its finalizers in `spec` (server-owned) and starts it Active.
+
+use serde_json::{json, Value};
+
+use super::{no_validation, nothing, Definition};
+use crate::decode::typed;
+use crate::meta;
+use crate::patch::ListStrategy;
+use crate::resource::{Kind, NameRule, Resource};
+use crate::table::cells::*;
+use crate::table::{col, Column, AGE, NAME};
+
+pub(super) const DEFINITION: Definition = Definition {
+    resource: Resource {
+        kind: Kind::Namespace,
+        group: "",
+        version: "v1",
+        plural: "namespaces",
+        singular: "namespace",
+        kind_name: "Namespace",
+        namespaced: false,
+        short_names: &["ns"],
+        has_status: true,
+        name_rule: NameRule::Label1123,
+    },
+    decode: typed::<k8s_openapi::api::core::v1::Namespace>,
+    defaults: nothing,
+    validate: no_validation,
+    prepare_create,
+    kept_on_update: &["spec"],
+    tracks_generation: false,
+    create_on_update: false,
+    selectable_fields: &["status.phase"],
+    field_paths: &[],
+    field_defaults: &[],
+    list_strategy,
+    columns,
+    cells,
+    protobuf: Some(crate::protobuf::namespace),
+    subresources: &[],
+};
+
+fn prepare_create(object: &mut Value) {
+    let name = meta::meta_str(object, "name")
+        .unwrap_or_default()
+        .to_owned();
+    let labels = meta::metadata_mut(object)
+        .entry("labels")
+        .or_insert_with(|| json!({}));
+    labels["kubernetes.io/metadata.name"] = Value::String(name);
+    object["spec"] = json!({"finalizers": ["kubernetes"]});
+    object["status"] = json!({"phase": "Active"});
+}
+
+fn list_strategy(path: &[&str]) -> ListStrategy {
+    match path {
+        ["status", "conditions"] => ListStrategy::MergeKey("type"),
+        _ => ListStrategy::Replace,
+    }
+}
+
+fn columns() -> Vec<Column> {
+    vec![NAME, col("Status", "The status of the namespace", 0), AGE]
+}
+
+fn cells(object: &Value, now: i64) -> Vec<Value> {
+    vec![
+        name(object),
+        json!(s(object, &["status", "phase"]).unwrap_or("")),
+        age(object, now),
+    ]
+}

@@ -1,0 +1,122 @@
+//! Nodes: cluster-scoped, registered by their agents; `kubectl get
+//! nodes`' columns.
+
+use serde_json::{json, Value};
+
+use super::{no_validation, nothing, Definition};
+use crate::decode::typed;
+use crate::patch::ListStrategy;
+use crate::resource::{Kind, NameRule, Resource};
+use crate::table::cells::*;
+use crate::table::{col, Column, AGE, NAME};
+
+pub(super) const DEFINITION: Definition = Definition {
+    resource: Resource {
+        kind: Kind::Node,
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        singular: "node",
+        kind_name: "Node",
+        namespaced: false,
+        short_names: &["no"],
+        has_status: true,
+        name_rule: NameRule::Subdomain,
+    },
+    decode: typed::<k8s_openapi::api::core::v1::Node>,
+    defaults: nothing,
+    validate: no_validation,
+    prepare_create: nothing,
+    kept_on_update: &[],
+    tracks_generation: false,
+    create_on_update: false,
+    selectable_fields: &["spec.unschedulable"],
+    field_paths: &[],
+    field_defaults: &[("spec.unschedulable", "false")],
+    list_strategy,
+    columns,
+    cells,
+    protobuf: None,
+    subresources: &[],
+};
+
+fn list_strategy(path: &[&str]) -> ListStrategy {
+    match path {
+        ["spec", "taints"] => ListStrategy::MergeKey("key"),
+        ["status", "conditions" | "addresses"] => ListStrategy::MergeKey("type"),
+        _ => ListStrategy::Replace,
+    }
+}
+
+fn columns() -> Vec<Column> {
+    vec![
+        NAME,
+        col("Status", "The status of the node", 0),
+        col("Roles", "The roles of the node", 0),
+        AGE,
+        col("Version", "Kubelet Version reported by the node.", 0),
+        col("Internal-IP", "List of internal IPs.", 1),
+        col("External-IP", "List of external IPs.", 1),
+        col("OS-Image", "OS image reported by the node.", 1),
+        col("Kernel-Version", "Kernel version reported by the node.", 1),
+        col(
+            "Container-Runtime",
+            "Container runtime reported by the node.",
+            1,
+        ),
+    ]
+}
+
+fn cells(object: &Value, now: i64) -> Vec<Value> {
+    let conditions = arr(object, &["status", "conditions"]);
+    let ready = conditions.iter().find(|c| s(c, &["type"]) == Some("Ready"));
+    let mut status = match ready.and_then(|c| s(c, &["status"])) {
+        Some("True") => "Ready".to_owned(),
+        Some("False") => "NotReady".to_owned(),
+        _ => "Unknown".to_owned(),
+    };
+    if object
+        .pointer("/spec/unschedulable")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        status.push_str(",SchedulingDisabled");
+    }
+    let mut roles: Vec<&str> = object
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .keys()
+                .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/"))
+                .filter(|r| !r.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    roles.sort_unstable();
+    let address = |kind: &str| {
+        arr(object, &["status", "addresses"])
+            .iter()
+            .filter(|a| s(a, &["type"]) == Some(kind))
+            .filter_map(|a| s(a, &["address"]))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let info = |field: &str| {
+        s(object, &["status", "nodeInfo", field])
+            .unwrap_or("")
+            .to_owned()
+    };
+    vec![
+        name(object),
+        json!(status),
+        json!(or_none(roles.join(","))),
+        age(object, now),
+        json!(info("kubeletVersion")),
+        json!(or_none(address("InternalIP"))),
+        json!(or_none(address("ExternalIP"))),
+        json!(or_none(info("osImage"))),
+        json!(or_none(info("kernelVersion"))),
+        json!(or_none(info("containerRuntimeVersion"))),
+    ]
+}

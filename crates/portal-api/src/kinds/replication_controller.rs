@@ -1,0 +1,138 @@
+//! ReplicationControllers: selector and labels defaulted from the
+//! template, the template's pod spec defaulted and merged like a pod's, a
+//! `scale` subresource (`autoscaling/v1` Scale).
+
+use serde_json::{json, Value};
+
+use super::{no_validation, Definition, Subresource};
+use crate::decode::typed;
+use crate::defaults::default;
+use crate::patch::ListStrategy;
+use crate::resource::{Kind, NameRule, Resource};
+use crate::table::cells::*;
+use crate::table::{col, Column, AGE, NAME};
+
+pub(super) const DEFINITION: Definition = Definition {
+    resource: Resource {
+        kind: Kind::ReplicationController,
+        group: "",
+        version: "v1",
+        plural: "replicationcontrollers",
+        singular: "replicationcontroller",
+        kind_name: "ReplicationController",
+        namespaced: true,
+        short_names: &["rc"],
+        has_status: true,
+        name_rule: NameRule::Subdomain,
+    },
+    decode: typed::<k8s_openapi::api::core::v1::ReplicationController>,
+    defaults,
+    validate: no_validation,
+    prepare_create,
+    kept_on_update: &[],
+    tracks_generation: true,
+    create_on_update: false,
+    selectable_fields: &["status.replicas"],
+    field_paths: &[],
+    field_defaults: &[],
+    list_strategy,
+    columns,
+    cells,
+    protobuf: None,
+    subresources: &[Subresource {
+        name: "scale",
+        kind: "Scale",
+        verbs: &["get", "patch", "update"],
+        group_version: Some(("autoscaling", "v1")),
+    }],
+};
+
+fn prepare_create(object: &mut Value) {
+    object["status"] = json!({"replicas": 0});
+}
+
+fn list_strategy(path: &[&str]) -> ListStrategy {
+    match path {
+        ["spec", "template", "metadata", "finalizers"] => ListStrategy::MergePrimitives,
+        ["spec", "template", "spec", rest @ ..] => super::pod::spec_list_strategy(rest),
+        ["status", "conditions"] => ListStrategy::MergeKey("type"),
+        _ => ListStrategy::Replace,
+    }
+}
+
+fn defaults(object: &mut Value) {
+    let Some(spec) = object.get_mut("spec").filter(|s| s.is_object()) else {
+        return;
+    };
+    default(spec, "replicas", json!(1));
+    let template_labels = spec.pointer("/template/metadata/labels").cloned();
+    if let Some(labels) = template_labels.filter(|l| l.as_object().is_some_and(|m| !m.is_empty())) {
+        let selector_empty = spec
+            .get("selector")
+            .and_then(Value::as_object)
+            .is_none_or(|m| m.is_empty());
+        if selector_empty {
+            spec["selector"] = labels.clone();
+        }
+        let metadata = object
+            .as_object_mut()
+            .map(|o| o.entry("metadata").or_insert(json!({})));
+        if let Some(metadata) = metadata {
+            let labels_empty = metadata
+                .get("labels")
+                .and_then(Value::as_object)
+                .is_none_or(|m| m.is_empty());
+            if labels_empty {
+                metadata["labels"] = labels;
+            }
+        }
+    }
+    if let Some(pod) = object.pointer_mut("/spec/template/spec") {
+        super::pod::spec_defaults(pod);
+    }
+}
+
+fn columns() -> Vec<Column> {
+    vec![
+        NAME,
+        Column {
+            kind: "integer",
+            ..col("Desired", "Number of desired pods.", 0)
+        },
+        Column {
+            kind: "integer",
+            ..col("Current", "Number of actually running pods.", 0)
+        },
+        Column {
+            kind: "integer",
+            ..col("Ready", "Number of pods ready.", 0)
+        },
+        AGE,
+        col("Containers", "Names of each container in the template.", 1),
+        col(
+            "Images",
+            "Images referenced by each container in the template.",
+            1,
+        ),
+        col("Selector", "Label selector for pods.", 1),
+    ]
+}
+
+fn cells(object: &Value, now: i64) -> Vec<Value> {
+    let containers = arr(object, &["spec", "template", "spec", "containers"]);
+    let names: Vec<&str> = containers.iter().filter_map(|c| s(c, &["name"])).collect();
+    let images: Vec<&str> = containers.iter().filter_map(|c| s(c, &["image"])).collect();
+    vec![
+        name(object),
+        json!(object
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(1)),
+        json!(int(object, &["status", "replicas"])),
+        json!(int(object, &["status", "readyReplicas"])),
+        age(object, now),
+        json!(names.join(",")),
+        json!(images.join(",")),
+        json!(or_none(format_labels(object.pointer("/spec/selector")))),
+    ]
+}

@@ -1,10 +1,16 @@
-//! Portal's node agent, shaped like the kubelet: pod sources merged into one
-//! desired set → one serialized worker per pod that diffs desired against
-//! actual → a runtime behind a CRI-shaped trait → a status manager that
-//! writes pod status. It registers its Node, heartbeats with a Lease, gives
-//! each pod a network namespace with an address from the node's pod range,
-//! and runs containers from OCI images under a per-container shim, so they
-//! outlive the agent.
+//! Portal's node agent, shaped like the kubelet: pod sources (the API
+//! server, manifest files, a manifest URL, manifests pushed to its API)
+//! merged into one desired set → one serialized worker per pod that diffs
+//! desired against actual → a runtime behind a CRI-shaped trait → a status
+//! manager that writes pod status (a static pod's to its mirror pod). It
+//! registers its Node, heartbeats with a Lease, gives each pod a network
+//! namespace with an address from the node's pod range, and runs
+//! containers from OCI images under a per-container shim, so they outlive
+//! the agent.
+//!
+//! With no API server (none configured, or not reachable yet) it runs its
+//! static pods alone; once the API server answers, the Node is registered
+//! and the mirror pods appear, without restarting anything.
 
 mod actions;
 mod backoff;
@@ -12,6 +18,7 @@ pub mod env;
 pub mod files;
 pub mod images;
 pub mod metrics;
+mod mirror;
 pub mod network;
 pub mod node;
 mod pods;
@@ -20,15 +27,18 @@ mod quantity;
 pub mod runtime;
 pub mod server;
 pub mod shim;
+pub mod sources;
 pub mod status;
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
+use portal_api::cidr::Ipv4Cidr;
 
 pub use images::Mirror;
 pub use metrics::Metrics;
@@ -79,6 +89,35 @@ pub struct Config {
     /// The CA whose client certificates may use the agent's API (the API
     /// server's); without one the API is off (no anonymous access).
     pub client_ca: Option<PathBuf>,
+    /// The node's pod range when it is not (or not yet) the API's to give:
+    /// needed with no API server. Default: the API's node IPAM, else the
+    /// range of the last run.
+    pub pod_cidr: Option<Ipv4Cidr>,
+    pub static_pods: StaticPods,
+}
+
+/// Where static pods come from besides the API.
+#[derive(Clone, Debug)]
+pub struct StaticPods {
+    /// A directory of manifests (or one manifest file).
+    pub manifest_path: Option<PathBuf>,
+    pub file_check_frequency: Duration,
+    pub manifest_url: Option<sources::url::ManifestUrl>,
+    pub http_check_frequency: Duration,
+    /// Accept manifests pushed to the agent's API (`PUT /manifests`).
+    pub manifest_endpoint: bool,
+}
+
+impl Default for StaticPods {
+    fn default() -> Self {
+        StaticPods {
+            manifest_path: None,
+            file_check_frequency: Duration::from_secs(20),
+            manifest_url: None,
+            http_check_frequency: Duration::from_secs(20),
+            manifest_endpoint: false,
+        }
+    }
 }
 
 /// A running agent.
@@ -94,9 +133,9 @@ pub(crate) fn short_hash(text: &str) -> u32 {
     })
 }
 
-/// Registers the node, waits for its pod range, and starts running the
-/// pods bound to it.
-pub async fn start(client: Client, config: Config) -> Result<Agent, Error> {
+/// Starts running this node's pods: its static pods at once, and with an
+/// API server (`client`) the pods bound to it, once it is reachable.
+pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Error> {
     if !nix::unistd::Uid::effective().is_root() {
         return Err(Error::Config(
             "the node agent needs root (namespaces, mounts, cgroups)".into(),
@@ -122,20 +161,14 @@ pub async fn start(client: Client, config: Config) -> Result<Agent, Error> {
         name: config.node_name.clone(),
         ip,
         port: config.port,
+        pod_cidr: None,
+    };
+    let range = pod_range(client.as_ref(), &config, &me, &data).await?;
+    let me = node::Identity {
+        pod_cidr: Some(range),
+        ..me
     };
     let metrics = Metrics::new();
-    let registered = node::register(&client, &me).await?;
-    let node_uid = registered.uid().unwrap_or_default();
-    tokio::spawn(node::heartbeat(
-        client.clone(),
-        me.clone(),
-        node_uid,
-        metrics.clone(),
-    ));
-    let range = node::wait_for_pod_cidr(&client, &me.name).await?;
-    let range = range
-        .parse()
-        .map_err(|e: String| Error::Config(format!("the node's pod range: {e}")))?;
     let network = network::Network::new(&tag, range, data.join("leases"));
     network.prepare_node().await?;
     let runtime = runtime::runc::Runc::new(data.join("runtime"), &tag)?;
@@ -146,56 +179,180 @@ pub async fn start(client: Client, config: Config) -> Result<Agent, Error> {
         metrics.clone(),
     )?;
     let (services, writer) = reflector::store::<Service>();
-    let watch = watcher(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer);
-    tokio::spawn(futures_util::StreamExt::for_each(watch, |_| async {}));
-    let cluster_dns = match config.cluster_dns {
-        Some(ip) => vec![ip.to_string()],
-        None => kube_dns_address(&client).await.into_iter().collect(),
-    };
     let dns = files::DnsSettings {
-        cluster_dns,
+        cluster_dns: config.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
         cluster_domain: config.cluster_domain.clone(),
         host_resolv_conf: std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
     };
-    tracing::info!(node = %me.name, ip = %me.ip, pod_cidr = %range, dns = ?dns.cluster_dns, "node agent running");
+    let statics = &config.static_pods;
+    let mut sources = Vec::new();
+    if client.is_some() {
+        sources.push(sources::Source::Api);
+    }
+    if statics.manifest_path.is_some() {
+        sources.push(sources::Source::File);
+    }
+    if statics.manifest_url.is_some() {
+        sources.push(sources::Source::Url);
+    }
+    tracing::info!(node = %me.name, ip = %me.ip, pod_cidr = %range, sources = ?sources.iter().map(|s| s.name()).collect::<Vec<_>>(), api = client.is_some(), "node agent running");
     let context = Arc::new(pods::Context {
-        events: portal_controllers::events::Recorder::new(client.clone(), "kubelet")
-            .on_host(&me.name),
+        events: client.as_ref().map(|client| {
+            portal_controllers::events::Recorder::new(client.clone(), "kubelet").on_host(&me.name)
+        }),
         status: status::StatusManager::new(client.clone()),
-        client,
+        client: client.clone(),
         me,
         runtime,
         images,
         network,
-        dns,
+        dns: parking_lot::RwLock::new(dns),
         services,
         metrics: metrics.clone(),
         probes: prober::Probes::default(),
-        desired: pods::Desired::default(),
+        desired: sources::Desired::expecting(&sources),
+        mirrors: mirror::Mirrors::default(),
         workers: parking_lot::Mutex::new(std::collections::HashMap::new()),
         confirmed: parking_lot::Mutex::default(),
         pods_dir: data.join("pods"),
         logs_dir: data.join("logs"),
     });
+    let (updates, received) = tokio::sync::mpsc::channel(8);
+    tokio::spawn(pods::merge_static(context.clone(), received));
     match &config.client_ca {
         Some(ca) => {
             let tls = server::tls_config(ca, std::net::IpAddr::V4(ip))?;
             let port = u16::try_from(config.port)
                 .map_err(|_| Error::Config(format!("agent API: bad port {}", config.port)))?;
             let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
-            server::serve(context.clone(), addr, tls).await?;
+            let endpoint = statics.manifest_endpoint.then(|| {
+                server::manifests::Endpoint::new(context.me.name.clone(), updates.clone())
+            });
+            server::serve(context.clone(), addr, tls, endpoint).await?;
+        }
+        None if statics.manifest_endpoint => {
+            return Err(Error::Config(
+                "the manifest endpoint is on the agent API, which needs --client-ca-file".into(),
+            ))
         }
         None => tracing::warn!(
             "no --client-ca-file: the agent API (logs, exec, attach, port-forward) is off"
         ),
     }
+    if let Some(path) = &statics.manifest_path {
+        let (path, node) = (path.clone(), context.me.name.clone());
+        let every = statics.file_check_frequency;
+        tokio::spawn(sources::file::run(path, node, every, updates.clone()));
+    }
+    if let Some(url) = &statics.manifest_url {
+        let (url, node) = (url.clone(), context.me.name.clone());
+        let every = statics.http_check_frequency;
+        tokio::spawn(sources::url::run(url, node, every, updates.clone()));
+    }
+    drop(updates);
+    if let Some(client) = client {
+        let watch = watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(writer);
+        tokio::spawn(futures_util::StreamExt::for_each(watch, |_| async {}));
+        tokio::spawn(connect(
+            context.clone(),
+            client.clone(),
+            config.cluster_dns.is_none(),
+            metrics.clone(),
+        ));
+        tokio::spawn(sources::api::run(context.clone(), client.clone()));
+        tokio::spawn(mirror::run(context.clone(), client));
+    } else {
+        drop(writer);
+    }
     tokio::spawn(pods::run(context));
     Ok(Agent { metrics })
+}
+
+/// Registers the Node once the API server answers (retrying until then),
+/// then keeps its Lease and status, and learns the cluster DNS address.
+async fn connect<R: runtime::Runtime>(
+    ctx: Arc<pods::Context<R>>,
+    client: Client,
+    learn_dns: bool,
+    metrics: Metrics,
+) {
+    let mut delay = Duration::from_millis(500);
+    let registered = loop {
+        match node::register(&client, &ctx.me).await {
+            Ok(node) => break node,
+            Err(error) => {
+                tracing::warn!(%error, node = %ctx.me.name, "registering the node; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    };
+    let node_uid = registered.uid().unwrap_or_default();
+    let _ = ctx.mirrors.node_uid.set(node_uid.clone());
+    ctx.mirrors.poke();
+    tokio::spawn(node::heartbeat(
+        client.clone(),
+        ctx.me.clone(),
+        node_uid,
+        metrics,
+    ));
+    if learn_dns {
+        // A pod started before this has the node's resolver (no cluster DNS
+        // is known yet), as the kubelet gives pods without one.
+        let found: Vec<String> = kube_dns_address(&client).await.into_iter().collect();
+        ctx.dns.write().cluster_dns = found;
+    }
+}
+
+/// The node's pod range: `--pod-cidr`, else the range of the last run
+/// (kept in the data dir: an agent restarted while the API server is down
+/// still runs its pods), else the one node IPAM gives in the API.
+async fn pod_range(
+    client: Option<&Client>,
+    config: &Config,
+    me: &node::Identity,
+    data: &Path,
+) -> Result<Ipv4Cidr, Error> {
+    let saved_at = data.join("pod-cidr");
+    let saved = std::fs::read_to_string(&saved_at)
+        .ok()
+        .and_then(|text| text.trim().parse::<Ipv4Cidr>().ok());
+    let range = match (config.pod_cidr, saved, client) {
+        (Some(range), _, _) => range,
+        (None, Some(range), _) => {
+            tracing::info!(pod_cidr = %range, "the pod range of the last run");
+            range
+        }
+        (None, None, Some(client)) => {
+            let mut delay = Duration::from_millis(500);
+            while let Err(error) = node::register(client, me).await {
+                tracing::warn!(%error, node = %me.name, "registering the node; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            node::wait_for_pod_cidr(client, &me.name)
+                .await?
+                .parse()
+                .map_err(|e: String| Error::Config(format!("the node's pod range: {e}")))?
+        }
+        (None, None, None) => {
+            return Err(Error::Config(
+                "with no API server (no --kubeconfig) the node needs --pod-cidr".into(),
+            ))
+        }
+    };
+    if saved != Some(range) {
+        std::fs::write(&saved_at, format!("{range}\n")).map_err(|source| Error::Io {
+            path: saved_at.display().to_string(),
+            source,
+        })?;
+    }
+    Ok(range)
 }
 
 /// The cluster DNS address: the `kube-system/kube-dns` Service's cluster IP.

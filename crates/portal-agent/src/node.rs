@@ -36,6 +36,9 @@ pub struct Identity {
     pub ip: Ipv4Addr,
     /// The port of the agent's own server (`daemonEndpoints`).
     pub port: i32,
+    /// The pod range the agent uses when it is its own to say (given, or
+    /// kept from the last run); otherwise node IPAM gives it.
+    pub pod_cidr: Option<portal_api::cidr::Ipv4Cidr>,
 }
 
 /// Creates the Node or brings an existing one up to date, and returns it.
@@ -47,7 +50,11 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
             labels: Some(labels(&me.name)),
             ..ObjectMeta::default()
         },
-        spec: Some(NodeSpec::default()),
+        spec: Some(NodeSpec {
+            pod_cidr: me.pod_cidr.map(|r| r.to_string()),
+            pod_cidrs: me.pod_cidr.map(|r| vec![r.to_string()]),
+            ..NodeSpec::default()
+        }),
         // Created with its status, as the kubelet does: no reader ever sees
         // a registered Node without conditions.
         status: Some(status(me, None)),
@@ -55,7 +62,19 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
     match api.create(&PostParams::default(), &node).await {
         Ok(_) => tracing::info!(node = %me.name, "node registered"),
         Err(kube::Error::Api(status)) if status.code == 409 => {
-            let patch = serde_json::json!({"metadata": {"labels": labels(&me.name)}});
+            let existing = api.get(&me.name).await?;
+            let assigned = existing.spec.as_ref().and_then(|s| s.pod_cidr.clone());
+            let mut patch = serde_json::json!({"metadata": {"labels": labels(&me.name)}});
+            match (me.pod_cidr.map(|r| r.to_string()), assigned) {
+                (Some(mine), None) => {
+                    patch["spec"] = serde_json::json!({"podCIDR": mine, "podCIDRs": [mine]});
+                }
+                (Some(mine), Some(assigned)) if mine != assigned => tracing::error!(
+                    node = %me.name, pods_use = %mine, api_says = %assigned,
+                    "the node's pod range in the API differs from the one its pods use"
+                ),
+                _ => {}
+            }
             api.patch(&me.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
         }

@@ -28,6 +28,42 @@ pub(crate) struct AgentOptions {
     /// The port of the agent's API (logs, exec, attach, port-forward).
     #[arg(long, default_value_t = 10250)]
     pub agent_port: u16,
+    /// Static pods: a directory of Pod manifests (YAML or JSON, hidden
+    /// files skipped), or one manifest file.
+    #[arg(long, value_name = "DIR")]
+    pub pod_manifest_path: Option<PathBuf>,
+    /// How often the manifest directory is read again (besides at once on
+    /// a change).
+    #[arg(long, default_value = "20s", value_parser = crate::parse_period)]
+    pub file_check_frequency: std::time::Duration,
+    /// Static pods: a URL serving Pod manifests.
+    #[arg(long, value_name = "URL")]
+    pub manifest_url: Option<String>,
+    /// A header sent with the manifest URL's requests (repeatable).
+    #[arg(long = "manifest-url-header", value_name = "NAME:VALUE", value_parser = parse_header)]
+    pub manifest_url_headers: Vec<(String, String)>,
+    /// How often the manifest URL is fetched.
+    #[arg(long, default_value = "20s", value_parser = crate::parse_period)]
+    pub http_check_frequency: std::time::Duration,
+    /// Accept static pods pushed to the agent API (`PUT /manifests`;
+    /// client certificates of the agent's client CA only).
+    #[arg(long)]
+    pub manifest_endpoint: bool,
+    /// The node's pod range when the API does not give it: required with
+    /// no API server (default: node IPAM's, kept across restarts).
+    #[arg(long, value_name = "CIDR")]
+    pub pod_cidr: Option<portal_apiserver::Ipv4Cidr>,
+}
+
+/// `NAME:VALUE`, as kubelet's `--manifest-url-header`.
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: not NAME:VALUE"))?;
+    let name = name.trim();
+    http::HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("{name:?}: {e}"))?;
+    http::HeaderValue::from_str(value.trim()).map_err(|e| format!("{name}: {e}"))?;
+    Ok((name.to_owned(), value.trim().to_owned()))
 }
 
 impl AgentOptions {
@@ -52,6 +88,19 @@ impl AgentOptions {
             insecure_registries: self.insecure_registries.clone(),
             port: i32::from(self.agent_port),
             client_ca,
+            pod_cidr: self.pod_cidr,
+            static_pods: portal_agent::StaticPods {
+                manifest_path: self.pod_manifest_path.clone(),
+                file_check_frequency: self.file_check_frequency,
+                manifest_url: self.manifest_url.clone().map(|url| {
+                    portal_agent::sources::url::ManifestUrl {
+                        url,
+                        headers: self.manifest_url_headers.clone(),
+                    }
+                }),
+                http_check_frequency: self.http_check_frequency,
+                manifest_endpoint: self.manifest_endpoint,
+            },
         }
     }
 }
@@ -67,9 +116,10 @@ pub(crate) fn hostname() -> String {
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct AgentArgs {
-    /// Credentials and address of the API server.
+    /// Credentials and address of the API server. Without one the agent
+    /// runs standalone: static pods only (needs --pod-cidr).
     #[arg(long)]
-    kubeconfig: PathBuf,
+    kubeconfig: Option<PathBuf>,
     /// Keeps images, containers, pod files, logs and address leases.
     #[arg(long, default_value = "/var/lib/portal/agent")]
     data_dir: PathBuf,
@@ -91,7 +141,10 @@ pub(crate) struct AgentArgs {
 }
 
 pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
-    let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
+    let client = match &args.kubeconfig {
+        Some(path) => Some(portal_client::client_from_kubeconfig(path).await?),
+        None => None,
+    };
     let addr = args.metrics_bind;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

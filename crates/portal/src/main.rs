@@ -109,7 +109,7 @@ impl ProxyMode {
 }
 
 /// A duration that is not zero.
-fn parse_period(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_period(text: &str) -> Result<Duration, String> {
     match parse_duration(text)? {
         Duration::ZERO => Err("must be more than 0".into()),
         period => Ok(period),
@@ -401,7 +401,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             // In its own task: it waits for a pod range (node IPAM), and a
             // node that cannot run pods must not take the API down.
             tokio::spawn(async move {
-                match portal_agent::start(client, config).await {
+                match portal_agent::start(Some(client), config).await {
                     Ok(agent) => {
                         let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
                         registry.add_source(move |out| metrics.encode_into(out));

@@ -1,7 +1,8 @@
-//! The agent's pods: the desired set (fed by sources: today the API's pods
-//! bound to this node), one worker per pod (`worker`), and the pod
-//! lifecycle event generator — a relist of the runtime every second that
-//! wakes the workers of pods whose containers changed (the kubelet's PLEG).
+//! The agent's pods: the desired set (fed by the sources: the API's pods
+//! bound to this node and the static pods), one worker per pod (`worker`),
+//! and the pod lifecycle event generator — a relist of the runtime every
+//! second that wakes the workers of pods whose containers changed (the
+//! kubelet's PLEG).
 
 mod start;
 mod worker;
@@ -11,20 +12,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, Service};
 use kube::runtime::reflector::Store;
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
-use parking_lot::Mutex;
+use kube::{Client, ResourceExt};
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::files::DnsSettings;
 use crate::images::ImageService;
 use crate::metrics::Metrics;
+use crate::mirror::Mirrors;
 use crate::network::Network;
 use crate::node::Identity;
 use crate::runtime::{Runtime, State};
+use crate::sources::{Desired, Source};
 use crate::status::StatusManager;
 
 /// How often the runtime is relisted for container changes.
@@ -43,54 +44,6 @@ pub(crate) enum SyncError {
     Files(String),
 }
 
-/// The pods this node should run, by UID.
-#[derive(Debug, Default)]
-pub(crate) struct Desired {
-    pods: Mutex<HashMap<String, Arc<Pod>>>,
-}
-
-impl Desired {
-    pub(crate) fn get(&self, uid: &str) -> Option<Arc<Pod>> {
-        self.pods.lock().get(uid).cloned()
-    }
-
-    /// The pod by namespace and name.
-    pub(crate) fn find(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
-        self.pods
-            .lock()
-            .values()
-            .find(|p| {
-                p.metadata.namespace.as_deref() == Some(namespace)
-                    && p.metadata.name.as_deref() == Some(name)
-            })
-            .cloned()
-    }
-
-    /// Records the pod; returns its UID when more than its status changed
-    /// (the agent's own status writes come back through the watch and
-    /// must not wake its worker: the kubelet's sources filter them too).
-    fn set(&self, pod: Pod) -> Option<String> {
-        let uid = pod.metadata.uid.clone()?;
-        let mut pods = self.pods.lock();
-        let changed = pods.get(&uid).is_none_or(|old| {
-            old.spec != pod.spec
-                || old.metadata.labels != pod.metadata.labels
-                || old.metadata.annotations != pod.metadata.annotations
-                || old.metadata.deletion_timestamp != pod.metadata.deletion_timestamp
-        });
-        pods.insert(uid.clone(), Arc::new(pod));
-        changed.then_some(uid)
-    }
-
-    fn remove(&self, uid: &str) {
-        self.pods.lock().remove(uid);
-    }
-
-    fn uids(&self) -> Vec<String> {
-        self.pods.lock().keys().cloned().collect()
-    }
-}
-
 /// The paths of a pod's managed files (bound into its containers).
 #[derive(Clone, Debug)]
 pub(crate) struct PodFiles {
@@ -101,14 +54,17 @@ pub(crate) struct PodFiles {
 
 /// What every worker shares.
 pub(crate) struct Context<R: Runtime> {
-    pub client: Client,
+    /// The API server; `None` in standalone mode (static pods only).
+    pub client: Option<Client>,
     pub me: Identity,
     pub runtime: R,
     pub images: ImageService,
     pub network: Network,
-    pub dns: DnsSettings,
+    /// The cluster DNS address is learnt from the API once it is reachable.
+    pub dns: RwLock<DnsSettings>,
     pub status: StatusManager,
-    pub events: portal_controllers::events::Recorder,
+    pub events: Option<portal_controllers::events::Recorder>,
+    pub mirrors: Mirrors,
     pub services: Store<Service>,
     pub metrics: Metrics,
     pub probes: crate::prober::Probes,
@@ -160,6 +116,21 @@ impl<R: Runtime> Context<R> {
         tokio::spawn(worker.run(wake));
     }
 
+    /// Records an Event about this node (its Node object).
+    pub(crate) async fn node_event(&self, kind: &str, reason: &str, message: &str) {
+        let Some(events) = &self.events else {
+            return;
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.me.name.clone()),
+            uid: self.mirrors.node_uid.get().cloned(),
+            ..ObjectReference::default()
+        };
+        events.record(&reference, kind, reason, message).await;
+    }
+
     /// Records an Event about the pod (and one of its containers).
     pub(crate) async fn event(
         &self,
@@ -178,7 +149,10 @@ impl<R: Runtime> Context<R> {
             field_path: container.map(|c| format!("spec.containers{{{c}}}")),
             ..ObjectReference::default()
         };
-        self.events.record(&reference, kind, reason, message).await;
+        match &self.events {
+            Some(events) => events.record(&reference, kind, reason, message).await,
+            None => tracing::info!(pod = %describe(pod), kind, reason, message, "event"),
+        }
     }
 
     /// The Services whose variables a new container gets: its namespace's
@@ -221,11 +195,11 @@ impl<R: Runtime> Context<R> {
         let dir = self.pod_dir(&pod.metadata.uid.clone().unwrap_or_default());
         let failed = |e: std::io::Error| SyncError::Files(format!("{}: {e}", dir.display()));
         std::fs::create_dir_all(&dir).map_err(failed)?;
-        let resolv = crate::files::resolv_conf(pod, &self.dns)
-            .map_err(|e| SyncError::Files(e.to_string()))?;
+        let dns = self.dns.read().clone();
+        let resolv =
+            crate::files::resolv_conf(pod, &dns).map_err(|e| SyncError::Files(e.to_string()))?;
         let files = PodFiles {
-            hosts: crate::files::hosts(pod, pod_ip, &self.dns.cluster_domain)
-                .map(|_| dir.join("hosts")),
+            hosts: crate::files::hosts(pod, pod_ip, &dns.cluster_domain).map(|_| dir.join("hosts")),
             resolv_conf: dir.join("resolv.conf"),
             hostname: dir.join("hostname"),
         };
@@ -236,7 +210,7 @@ impl<R: Runtime> Context<R> {
         ];
         if let (Some(path), Some(text)) = (
             &files.hosts,
-            crate::files::hosts(pod, pod_ip, &self.dns.cluster_domain),
+            crate::files::hosts(pod, pod_ip, &dns.cluster_domain),
         ) {
             writes.push((path.clone(), text));
         }
@@ -272,63 +246,73 @@ impl<R: Runtime> Context<R> {
     }
 }
 
-/// Runs the pod sources, the workers and the relist until the process ends.
-pub(crate) async fn run<R: Runtime>(ctx: Arc<Context<R>>) {
-    let relist = tokio::spawn(relist(ctx.clone()));
-    api_source(ctx).await;
-    relist.abort();
+/// Gives every desired pod a worker, and, once every source has sent its
+/// first set, every pod left on the node (containers, sandboxes) too: a
+/// leftover one finds itself undesired and cleans up.
+pub(crate) fn sweep<R: Runtime>(ctx: &Arc<Context<R>>) {
+    let mut uids: Vec<String> = ctx.desired.uids();
+    if ctx.desired.all_ready() {
+        uids.extend(ctx.runtime.containers().into_iter().map(|c| c.meta.pod_uid));
+        uids.extend(ctx.network.sandboxes_on_disk());
+    }
+    uids.sort();
+    uids.dedup();
+    for uid in uids {
+        ctx.dispatch(&uid);
+    }
 }
 
-/// Pods bound to this node, from the API. A re-list (the first one, or
-/// after the watch fell behind) also ends the pods that vanished meanwhile,
-/// and the containers of pods this agent no longer knows (deleted while it
-/// was down).
-async fn api_source<R: Runtime>(ctx: Arc<Context<R>>) {
-    let api = Api::<Pod>::all(ctx.client.clone());
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.me.name));
-    let mut relisted: Vec<String> = Vec::new();
-    let mut events = watcher(api, config).default_backoff().boxed();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(pod)) => {
-                if let Some(uid) = ctx.desired.set(pod) {
-                    ctx.dispatch(&uid);
-                }
+/// Applies what the static sources read: their sets replace the ones
+/// before, the workers of pods that came or went are woken, and each new
+/// problem is logged and recorded as an Event on the Node.
+pub(crate) async fn merge_static<R: Runtime>(
+    ctx: Arc<Context<R>>,
+    mut updates: tokio::sync::mpsc::Receiver<crate::sources::Update>,
+) {
+    // What was last reported, by source and origin: a problem is reported
+    // once, and again only when it changes or after it was mended.
+    let mut reported: HashMap<(Source, String), String> = HashMap::new();
+    while let Some(update) = updates.recv().await {
+        let mut now = HashMap::new();
+        for problem in &update.problems {
+            let key = (update.source, problem.origin.clone());
+            if reported.get(&key) != Some(&problem.message) {
+                tracing::warn!(
+                    source = update.source.name(),
+                    "static pod manifest: {problem}"
+                );
+                ctx.node_event("Warning", "FailedStaticPodManifest", &problem.to_string())
+                    .await;
             }
-            Ok(watcher::Event::Delete(pod)) => {
-                if let Some(uid) = pod.metadata.uid.as_deref() {
-                    ctx.confirmed.lock().remove(uid);
-                    ctx.desired.remove(uid);
-                    ctx.dispatch(uid);
-                }
-            }
-            Ok(watcher::Event::Init) => relisted.clear(),
-            Ok(watcher::Event::InitApply(pod)) => {
-                if let Some(uid) = pod.metadata.uid.clone() {
-                    ctx.desired.set(pod);
-                    relisted.push(uid);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                for uid in ctx.desired.uids() {
-                    if !relisted.contains(&uid) {
-                        ctx.desired.remove(&uid);
-                    }
-                }
-                // Every pod known now or leftover on disk gets a worker:
-                // a leftover one finds itself undesired and cleans up.
-                let mut uids: Vec<String> = ctx.desired.uids();
-                uids.extend(ctx.runtime.containers().into_iter().map(|c| c.meta.pod_uid));
-                uids.extend(ctx.network.sandboxes_on_disk());
-                uids.sort();
-                uids.dedup();
-                for uid in uids {
-                    ctx.dispatch(&uid);
-                }
-            }
-            Err(error) => tracing::warn!(%error, "watching this node's pods"),
+            now.insert(key, problem.message.clone());
+        }
+        reported.retain(|(source, _), _| *source != update.source);
+        reported.extend(now);
+        let Some(pods) = update.pods else {
+            continue;
+        };
+        let first = !ctx.desired.all_ready();
+        let changed = ctx.desired.replace(update.source, pods);
+        for uid in &changed {
+            ctx.dispatch(uid);
+        }
+        if !changed.is_empty() {
+            ctx.mirrors.poke();
+        }
+        if first && ctx.desired.source_ready(update.source) {
+            sweep(&ctx);
         }
     }
+}
+
+/// Runs the relist until the process ends (the sources wake the workers).
+pub(crate) async fn run<R: Runtime>(ctx: Arc<Context<R>>) {
+    // With no source to wait for (no API, no manifests), what is left on
+    // the node from an earlier run is cleaned up now.
+    if ctx.desired.all_ready() {
+        sweep(&ctx);
+    }
+    relist(ctx).await;
 }
 
 /// Every second: wakes the workers of pods whose containers changed state.

@@ -5,13 +5,15 @@
 //! - `GET /containerLogs/NS/POD/CTR`: the container's log ([`logs`]);
 //! - `GET|POST /exec/NS/POD/CTR?command=..`, `/attach/NS/POD/CTR`,
 //!   `/portForward/NS/POD`: HTTP upgrades to the streaming protocols of
-//!   `portal-streams` (WebSocket or SPDY/3.1), then [`session`].
+//!   `portal-streams` (WebSocket or SPDY/3.1), then [`session`];
+//! - `GET|PUT /manifests`: pushed static pods, when on ([`manifests`]).
 //!
 //! Exec is remote code execution, so there is no anonymous access: TLS
 //! with a client certificate signed by the CA the agent is given
 //! (`--client-ca-file`), which only the API server's own certificate is.
 
 pub mod logs;
+pub mod manifests;
 mod session;
 
 use std::net::SocketAddr;
@@ -104,7 +106,9 @@ pub(crate) async fn serve<R: Runtime>(
     ctx: Arc<Context<R>>,
     addr: SocketAddr,
     tls: Arc<rustls::ServerConfig>,
+    manifests: Option<manifests::Endpoint>,
 ) -> Result<(), Error> {
+    let manifests = manifests.map(Arc::new);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Bind { addr, source })?;
@@ -117,7 +121,7 @@ pub(crate) async fn serve<R: Runtime>(
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            let (acceptor, ctx) = (acceptor.clone(), ctx.clone());
+            let (acceptor, ctx, manifests) = (acceptor.clone(), ctx.clone(), manifests.clone());
             tokio::spawn(async move {
                 let handshake =
                     tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
@@ -130,8 +134,11 @@ pub(crate) async fn serve<R: Runtime>(
                     Err(_) => return,
                 };
                 let service = hyper::service::service_fn(move |request| {
-                    let ctx = ctx.clone();
-                    async move { Ok::<_, std::convert::Infallible>(route(&ctx, request).await) }
+                    let (ctx, manifests) = (ctx.clone(), manifests.clone());
+                    async move {
+                        let response = route(&ctx, manifests.as_deref(), request).await;
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), service)
@@ -161,7 +168,11 @@ fn query_pairs(request: &Request<Incoming>) -> Vec<(String, String)> {
         .collect()
 }
 
-async fn route<R: Runtime>(ctx: &Arc<Context<R>>, request: Request<Incoming>) -> Response<Body> {
+async fn route<R: Runtime>(
+    ctx: &Arc<Context<R>>,
+    manifests: Option<&manifests::Endpoint>,
+    request: Request<Incoming>,
+) -> Response<Body> {
     let path = request.uri().path().to_owned();
     let parts: Vec<String> = path
         .trim_matches('/')
@@ -176,6 +187,12 @@ async fn route<R: Runtime>(ctx: &Arc<Context<R>>, request: Request<Incoming>) ->
     let upgrade_method = matches!(*request.method(), Method::GET | Method::POST);
     match parts.as_slice() {
         ["healthz"] => text(StatusCode::OK, "ok"),
+        ["manifests"] => match (manifests, request.method().clone()) {
+            (Some(endpoint), Method::GET) => endpoint.get(),
+            (Some(endpoint), Method::PUT) => endpoint.put(request.into_body()).await,
+            (Some(_), _) => text(StatusCode::METHOD_NOT_ALLOWED, "GET or PUT"),
+            (None, _) => text(StatusCode::NOT_FOUND, "the manifest endpoint is off"),
+        },
         ["containerLogs", ns, pod, container] if request.method() == Method::GET => {
             container_logs(ctx, ns, pod, container, &query_pairs(&request)).await
         }

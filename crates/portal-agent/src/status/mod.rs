@@ -407,12 +407,19 @@ fn qos_class(pod: &Pod) -> &'static str {
     }
 }
 
-/// Writes pods' statuses, skipping writes that would change nothing.
+/// Keeps each pod's latest status and writes it to the API, skipping
+/// writes that would change nothing. A static pod's status goes to its
+/// mirror pod once there is one (until then, and with no API server at
+/// all, it is only kept here: the worker reads it back).
 pub struct StatusManager {
-    client: Client,
-    /// The last status written per pod UID (timestamps included: a status
-    /// whose only change is a time is still the same status).
+    client: Option<Client>,
+    /// The latest status computed per pod UID.
+    latest: Mutex<HashMap<String, PodStatus>>,
+    /// The last status written per API object UID (timestamps included: a
+    /// status whose only change is a time is still the same status).
     written: Mutex<HashMap<String, serde_json::Value>>,
+    /// Static pod UID → its mirror pod's UID.
+    mirrors: Mutex<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for StatusManager {
@@ -421,31 +428,76 @@ impl std::fmt::Debug for StatusManager {
     }
 }
 
+/// Whether the pod is a static one (from a file, a URL or the endpoint),
+/// as the kubelet tells: by its `kubernetes.io/config.source`.
+pub(crate) fn is_static(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::sources::CONFIG_SOURCE))
+        .is_some_and(|source| source != crate::sources::Source::Api.name())
+}
+
 impl StatusManager {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Option<Client>) -> Self {
         StatusManager {
             client,
+            latest: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
+            mirrors: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Writes `status` for `pod` unless it is what was written last.
+    /// The pod with the status the agent knows: a static pod has none in
+    /// its manifest, so it gets the latest one computed.
+    pub(crate) fn known(&self, pod: std::sync::Arc<Pod>) -> std::sync::Arc<Pod> {
+        if pod.status.is_some() {
+            return pod;
+        }
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        match self.latest.lock().get(uid) {
+            Some(status) => std::sync::Arc::new(Pod {
+                status: Some(status.clone()),
+                ..(*pod).clone()
+            }),
+            None => pod,
+        }
+    }
+
+    /// Records `status` for `pod` and writes it unless that was written
+    /// last.
     pub async fn set(&self, pod: &Pod, status: PodStatus) -> Result<(), kube::Error> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let value = serde_json::to_value(&status).unwrap_or_default();
-        let current = pod
-            .status
-            .as_ref()
-            .and_then(|s| serde_json::to_value(s).ok());
-        if self.written.lock().get(&uid) == Some(&value) || current.as_ref() == Some(&value) {
+        self.latest.lock().insert(uid.clone(), status);
+        let target = if is_static(pod) {
+            match self.mirrors.lock().get(&uid) {
+                Some(mirror) => mirror.clone(),
+                None => return Ok(()),
+            }
+        } else {
+            // The API's copy already says so (after an agent restart).
+            let current = pod
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            if current.as_ref() == Some(&value) {
+                return Ok(());
+            }
+            uid
+        };
+        let Some(client) = &self.client else {
+            return Ok(());
+        };
+        if self.written.lock().get(&target) == Some(&value) {
             return Ok(());
         }
         let api = Api::<Pod>::namespaced(
-            self.client.clone(),
+            client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or("default"),
         );
         let patch = serde_json::json!({
-            "metadata": {"uid": uid},
+            "metadata": {"uid": target},
             "status": value,
         });
         api.patch_status(
@@ -454,12 +506,31 @@ impl StatusManager {
             &Patch::Merge(&patch),
         )
         .await?;
-        self.written.lock().insert(uid, value);
+        self.written.lock().insert(target, value);
         Ok(())
     }
 
+    /// The static pod's status goes to this mirror pod from now on;
+    /// whether that is new (then it must be written).
+    pub(crate) fn link_mirror(&self, static_uid: &str, mirror_uid: &str) -> bool {
+        let mut mirrors = self.mirrors.lock();
+        if mirrors.get(static_uid).map(String::as_str) == Some(mirror_uid) {
+            return false;
+        }
+        mirrors.insert(static_uid.to_owned(), mirror_uid.to_owned());
+        true
+    }
+
+    pub(crate) fn unlink_mirror(&self, static_uid: &str) {
+        if let Some(mirror) = self.mirrors.lock().remove(static_uid) {
+            self.written.lock().remove(&mirror);
+        }
+    }
+
     pub fn forget(&self, uid: &str) {
+        self.latest.lock().remove(uid);
         self.written.lock().remove(uid);
+        self.unlink_mirror(uid);
     }
 }
 #[cfg(test)]

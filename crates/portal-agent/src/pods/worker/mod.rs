@@ -76,6 +76,7 @@ impl<R: Runtime> Worker<R> {
                     }
                 }
                 Some(pod) => {
+                    let pod = self.ctx.status.known(pod);
                     self.last = Some(pod.clone());
                     if let Err(error) = self.sync(&pod).await {
                         tracing::warn!(%error, pod = %crate::pods::describe(&pod), "pod sync failed");

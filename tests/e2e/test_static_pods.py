@@ -137,6 +137,9 @@ def test_a_manifest_file_runs_changes_and_stops(node):
     assert pod.spec.node_name == NODE
     assert f"pod/web-{NODE}" in node.kubectl("get", "pods", "-o", "name")
     assert fetch(f"http://{pod.status.pod_ip}:8080/name.txt") == f"web-{NODE}\n"
+    # Its Events are recorded under its name (those after the mirror came
+    # carry the mirror's UID, so kubectl describe shows them).
+    wait_for(lambda: any(reason == "Started" for _, reason, _ in node.events(f"web-{NODE}")), "the static pod's Started Event")
     # kubectl exec and logs reach the static pod through its mirror's name.
     assert node.kubectl("exec", f"web-{NODE}", "--", "cat", "/var/www/name.txt") == f"web-{NODE}\n"
     node.kubectl("logs", f"web-{NODE}")

@@ -145,7 +145,12 @@ impl<R: Runtime> Context<R> {
             kind: Some("Pod".into()),
             name: pod.metadata.name.clone(),
             namespace: pod.metadata.namespace.clone(),
-            uid: pod.metadata.uid.clone(),
+            // A static pod's Events name its mirror pod, when it has one,
+            // so `kubectl describe` of the mirror shows them.
+            uid: self
+                .status
+                .mirror_of(pod.metadata.uid.as_deref().unwrap_or_default())
+                .or_else(|| pod.metadata.uid.clone()),
             field_path: container.map(|c| format!("spec.containers{{{c}}}")),
             ..ObjectReference::default()
         };

@@ -521,6 +521,11 @@ impl StatusManager {
         true
     }
 
+    /// The UID of the static pod's mirror pod, if it has one.
+    pub(crate) fn mirror_of(&self, static_uid: &str) -> Option<String> {
+        self.mirrors.lock().get(static_uid).cloned()
+    }
+
     pub(crate) fn unlink_mirror(&self, static_uid: &str) {
         if let Some(mirror) = self.mirrors.lock().remove(static_uid) {
             self.written.lock().remove(&mirror);

@@ -207,6 +207,10 @@ def test_a_mirror_pod_is_selected_by_a_service_and_comes_back_when_deleted(node)
         agent_bed.wait_programmed(cluster_ip)
         wait_for(lambda: fetch(f"http://{cluster_ip}/name.txt") == f"{name}\n", "traffic through the Service to the static pod")
 
+        # The API keeps a mirror a mirror.
+        refused = subprocess.run(["kubectl", "--kubeconfig", node.portal.kubeconfig, "annotate", "pod", name, "kubernetes.io/config.mirror-"], capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "may not remove or update mirror pod annotation" in refused.stderr, refused.stderr
+
         # Deleted through the API: the mirror comes back (a new object), the
         # static pod itself never stopped.
         node.kubectl("delete", "pod", name, "--wait=false")

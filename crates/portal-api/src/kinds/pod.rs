@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{no_validation, Definition, Subresource, PROXY_VERBS};
+use super::{Definition, Subresource, PROXY_VERBS};
 use crate::decode::typed;
 use crate::defaults::{array_mut, default};
 use crate::patch::ListStrategy;
@@ -27,7 +27,7 @@ pub(super) const DEFINITION: Definition = Definition {
     },
     decode: typed::<k8s_openapi::api::core::v1::Pod>,
     defaults,
-    validate: no_validation,
+    validate,
     prepare_create,
     kept_on_update: &[],
     tracks_generation: true,
@@ -92,6 +92,31 @@ pub(super) const DEFINITION: Definition = Definition {
 fn defaults(object: &mut Value) {
     if let Some(spec) = object.get_mut("spec") {
         spec_defaults(spec);
+    }
+}
+
+/// On a mirror pod (the API's copy of a node's static pod): the annotation
+/// naming its static pod.
+const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// An update may neither add, change nor remove the mirror annotation: a
+/// pod does not become, or stop being, a node's mirror pod.
+fn validate(object: &Value, old: Option<&Value>) -> Vec<crate::Cause> {
+    let Some(old) = old else {
+        return Vec::new();
+    };
+    let mirror = |pod: &Value| pod["metadata"]["annotations"][MIRROR_ANNOTATION].clone();
+    let field = format!("metadata.annotations[{MIRROR_ANNOTATION}]");
+    match (mirror(old), mirror(object)) {
+        (before, after) if before == after => Vec::new(),
+        (Value::Null, _) => vec![crate::Cause::forbidden(
+            &field,
+            "may not add mirror pod annotation",
+        )],
+        _ => vec![crate::Cause::forbidden(
+            &field,
+            "may not remove or update mirror pod annotation",
+        )],
     }
 }
 
@@ -379,5 +404,38 @@ mod tests {
         assert_eq!(image_pull_policy("registry:5000/busybox"), "Always");
         assert_eq!(image_pull_policy("registry:5000/busybox:1"), "IfNotPresent");
         assert_eq!(image_pull_policy("busybox@sha256:abc"), "IfNotPresent");
+    }
+
+    #[test]
+    fn a_mirror_annotation_cannot_change_on_update() {
+        let pod = |mirror: Option<&str>| {
+            let annotations = match mirror {
+                Some(hash) => json!({MIRROR_ANNOTATION: hash, "other": "x"}),
+                None => json!({"other": "x"}),
+            };
+            json!({"metadata": {"name": "web-n1", "annotations": annotations}})
+        };
+        assert!(
+            validate(&pod(Some("h")), None).is_empty(),
+            "a create may carry it"
+        );
+        assert!(validate(&pod(Some("h")), Some(&pod(Some("h")))).is_empty());
+        assert!(validate(&pod(None), Some(&pod(None))).is_empty());
+        let added = validate(&pod(Some("h")), Some(&pod(None)));
+        assert_eq!(
+            added[0].message,
+            "Forbidden: may not add mirror pod annotation"
+        );
+        assert_eq!(
+            added[0].field,
+            "metadata.annotations[kubernetes.io/config.mirror]"
+        );
+        for changed in [pod(Some("other")), pod(None)] {
+            let causes = validate(&changed, Some(&pod(Some("h"))));
+            assert_eq!(
+                causes[0].message,
+                "Forbidden: may not remove or update mirror pod annotation"
+            );
+        }
     }
 }

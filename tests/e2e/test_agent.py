@@ -161,10 +161,18 @@ def test_containers_outlive_a_killed_server(node):
     failures, done = [], threading.Event()
 
     began = time.monotonic()
+    # The pods' resolv.conf keeps the cluster DNS throughout (the restarted
+    # agent knows it before it syncs a pod, even with the API still away).
+    resolv_files = [node.data_dir / "agent" / "pods" / p.metadata.uid / "resolv.conf" for p in pods]
+    lost_dns = []
 
     def load():
         count = 0
         while not done.is_set() and count < 2000:
+            for path in resolv_files:
+                text = path.read_text() if path.exists() else ""
+                if text and "nameserver 10.96.0.10" not in text:
+                    lost_dns.append(text)
             result = subprocess.run(["wget", "-qO-", "--tries=1", "-T", "2", f"http://{cluster_ip}/name.txt"], capture_output=True, text=True, timeout=10)
             if result.returncode != 0:
                 failures.append((round(time.monotonic() - began, 2), result.stderr.strip()))
@@ -180,6 +188,7 @@ def test_containers_outlive_a_killed_server(node):
         done.set()
         client.join()
     assert not failures, f"{len(failures)} requests failed while the server restarted (seconds in, error): {failures}"
+    assert not lost_dns, f"a running pod's resolv.conf lost the cluster DNS: {lost_dns[:1]}"
     after = container_pids(node.data_dir / "agent")
     assert after == before, "containers were replaced"
     time.sleep(2)

@@ -165,6 +165,34 @@ def test_a_manifest_file_runs_changes_and_stops(node):
     wait_for(lambda: not running_containers_of(node.data_dir / "agent", new_uid), "the static pod's containers to stop")
 
 
+def test_an_edited_host_network_pod_starts_after_the_old_one_stopped(node):
+    """One static pod per name at a time: the edited pod's new version waits
+    for the old one, which holds the node's port 8080 while it stops."""
+    path = node.manifests / "hostweb.yaml"
+    slow_stop = ["sh", "-c", "hostname > /var/www/name.txt; trap 'sleep 2; exit 0' TERM; httpd -f -p 8080 -h /var/www & while true; do sleep 1; done"]
+    first = static_pod("hostweb", node.web, hostNetwork=True)
+    first["spec"]["containers"][0]["command"] = slow_stop
+    first["spec"]["terminationGracePeriodSeconds"] = 10
+    path.write_text(yaml.safe_dump(first))
+    name = f"hostweb-{NODE}"
+    try:
+        pod = wait_for(lambda: mirror(node, name), "the host-network static pod Running", timeout=60)
+        uid = pod.metadata.annotations["kubernetes.io/config.hash"]
+        wait_for(lambda: fetch(f"http://{nodes.NODE_IP}:8080/name.txt"), "the pod serving on the node's port")
+        # The new version serves on the same port and exits if it cannot bind.
+        path.write_text(yaml.safe_dump(static_pod("hostweb", node.web2, hostNetwork=True)))
+        changed = wait_for(
+            lambda: (lambda p: p if p and p.metadata.annotations["kubernetes.io/config.hash"] != uid else None)(mirror(node, name)),
+            "the edited host-network pod Running",
+            timeout=60,
+        )
+        assert changed.status.container_statuses[0].restart_count == 0, "the new pod started while the old one held the port"
+        assert not running_containers_of(node.data_dir / "agent", uid)
+    finally:
+        path.unlink()
+    wait_for(lambda: gone(node, name), "the mirror pod to go")
+
+
 def test_a_bad_manifest_is_reported_and_the_others_still_run(node):
     (node.manifests / "broken.yaml").write_text("metadata: {name: broken\nspec: [")
     (node.manifests / "nocontainers.json").write_text(json.dumps({"metadata": {"name": "empty"}, "spec": {"containers": []}}))

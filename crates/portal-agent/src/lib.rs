@@ -179,8 +179,22 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         metrics.clone(),
     )?;
     let (services, writer) = reflector::store::<Service>();
+    // The cluster DNS: given, else learnt from the API (now if it answers
+    // at once, else once it does), else what the last run learnt.
+    let mut cluster_dns = match config.cluster_dns {
+        Some(ip) => Some(vec![ip.to_string()]),
+        None => saved_cluster_dns(&data),
+    };
+    if let (None, None, Some(client)) = (config.cluster_dns, &cluster_dns, &client) {
+        let lookup = tokio::time::timeout(Duration::from_secs(2), kube_dns_address(client));
+        if let Ok(Ok(found)) = lookup.await {
+            let found: Vec<String> = found.into_iter().collect();
+            save_cluster_dns(&data, &found);
+            cluster_dns = Some(found);
+        }
+    }
     let dns = files::DnsSettings {
-        cluster_dns: config.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
+        cluster_dns: cluster_dns.clone().unwrap_or_default(),
         cluster_domain: config.cluster_domain.clone(),
         host_resolv_conf: std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
     };
@@ -207,12 +221,14 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         images,
         network,
         dns: parking_lot::RwLock::new(dns),
+        dns_known: std::sync::atomic::AtomicBool::new(cluster_dns.is_some() || client.is_none()),
         services,
         metrics: metrics.clone(),
         probes: prober::Probes::default(),
         desired: sources::Desired::expecting(&sources),
         mirrors: mirror::Mirrors::default(),
         workers: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        terminating: parking_lot::Mutex::default(),
         confirmed: parking_lot::Mutex::default(),
         pods_dir: data.join("pods"),
         logs_dir: data.join("logs"),
@@ -258,10 +274,11 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         .default_backoff()
         .reflect(writer);
         tokio::spawn(futures_util::StreamExt::for_each(watch, |_| async {}));
+        let learn_dns = config.cluster_dns.is_none().then(|| data.clone());
         tokio::spawn(connect(
             context.clone(),
             client.clone(),
-            config.cluster_dns.is_none(),
+            learn_dns,
             metrics.clone(),
         ));
         tokio::spawn(sources::api::run(context.clone(), client.clone()));
@@ -278,7 +295,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
 async fn connect<R: runtime::Runtime>(
     ctx: Arc<pods::Context<R>>,
     client: Client,
-    learn_dns: bool,
+    learn_dns: Option<PathBuf>,
     metrics: Metrics,
 ) {
     let mut delay = Duration::from_millis(500);
@@ -301,11 +318,26 @@ async fn connect<R: runtime::Runtime>(
         node_uid,
         metrics,
     ));
-    if learn_dns {
-        // A pod started before this has the node's resolver (no cluster DNS
-        // is known yet), as the kubelet gives pods without one.
-        let found: Vec<String> = kube_dns_address(&client).await.into_iter().collect();
-        ctx.dns.write().cluster_dns = found;
+    let Some(data) = learn_dns else {
+        return;
+    };
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match kube_dns_address(&client).await {
+            Ok(found) => {
+                let found: Vec<String> = found.into_iter().collect();
+                save_cluster_dns(&data, &found);
+                ctx.dns.write().cluster_dns = found;
+                ctx.dns_known
+                    .store(true, std::sync::atomic::Ordering::Release);
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "looking up the kube-dns Service; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
     }
 }
 
@@ -355,19 +387,36 @@ async fn pod_range(
     Ok(range)
 }
 
-/// The cluster DNS address: the `kube-system/kube-dns` Service's cluster IP.
-async fn kube_dns_address(client: &Client) -> Option<String> {
+/// The cluster DNS address: the `kube-system/kube-dns` Service's cluster
+/// IP (`None`: there is no such Service).
+async fn kube_dns_address(client: &Client) -> Result<Option<String>, kube::Error> {
     let api = Api::<Service>::namespaced(client.clone(), "kube-system");
-    match api.get_opt("kube-dns").await {
-        Ok(Some(service)) => service
+    Ok(api.get_opt("kube-dns").await?.and_then(|service| {
+        service
             .spec
             .and_then(|s| s.cluster_ip)
-            .filter(|ip| !ip.is_empty() && ip != "None"),
-        Ok(None) => None,
-        Err(error) => {
-            tracing::warn!(%error, "looking up the kube-dns Service");
-            None
-        }
+            .filter(|ip| !ip.is_empty() && ip != "None")
+    }))
+}
+
+/// The cluster DNS as learnt from the API, kept in `DIR/cluster-dns` (one
+/// address per line; an empty file: there is none), so pods made while
+/// the API server is away get what the last run learnt.
+fn saved_cluster_dns(data: &Path) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(data.join("cluster-dns")).ok()?;
+    Some(
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+fn save_cluster_dns(data: &Path, servers: &[String]) {
+    let text: String = servers.iter().map(|s| format!("{s}\n")).collect();
+    if let Err(error) = std::fs::write(data.join("cluster-dns"), text) {
+        tracing::warn!(%error, "keeping the cluster DNS address");
     }
 }
 

@@ -135,9 +135,13 @@ async fn sync<R: Runtime>(ctx: &Arc<Context<R>>, client: &Client, node_uid: &str
             }
         }
     }
-    // Mirrors of static pods this node does not run (any more).
-    for orphan in mirrors.values() {
-        delete(client, orphan).await;
+    // Mirrors of static pods this node does not run (any more): only once
+    // every source has been read (a pod not yet read from its file or URL
+    // is no orphan), as the kubelet's housekeeping waits.
+    if ctx.desired.all_ready() {
+        for orphan in mirrors.values() {
+            delete(client, orphan).await;
+        }
     }
 }
 

@@ -62,6 +62,9 @@ pub(crate) struct Context<R: Runtime> {
     pub network: Network,
     /// The cluster DNS address is learnt from the API once it is reachable.
     pub dns: RwLock<DnsSettings>,
+    /// Whether the cluster DNS address is known (until it is, a pod's
+    /// existing `resolv.conf` is left as it is, not rewritten without it).
+    pub dns_known: std::sync::atomic::AtomicBool,
     pub status: StatusManager,
     pub events: Option<portal_controllers::events::Recorder>,
     pub mirrors: Mirrors,
@@ -72,6 +75,9 @@ pub(crate) struct Context<R: Runtime> {
     /// Pods whose deletion this agent confirmed, until the API shows them
     /// gone (a finalizer may hold one).
     pub confirmed: Mutex<std::collections::HashSet<String>>,
+    /// Static pods still stopping after their source dropped them, by
+    /// namespace/name → UID: a new static pod of that name waits for them.
+    pub terminating: Mutex<HashMap<(String, String), String>>,
     /// Running workers: pod UID → how to wake it.
     pub workers: Mutex<HashMap<String, Arc<Notify>>>,
     /// `DIR/pods/<uid>/`: the pod's managed files.
@@ -116,9 +122,17 @@ impl<R: Runtime> Context<R> {
         tokio::spawn(worker.run(wake));
     }
 
+    /// Where Events go: nowhere before the Node is registered (with no API
+    /// server, or none answering yet, waiting on one would hold the pod
+    /// up; the agent's log has them).
+    fn events(&self) -> Option<&portal_controllers::events::Recorder> {
+        self.mirrors.node_uid.get()?;
+        self.events.as_ref()
+    }
+
     /// Records an Event about this node (its Node object).
     pub(crate) async fn node_event(&self, kind: &str, reason: &str, message: &str) {
-        let Some(events) = &self.events else {
+        let Some(events) = self.events() else {
             return;
         };
         let reference = ObjectReference {
@@ -154,7 +168,7 @@ impl<R: Runtime> Context<R> {
             field_path: container.map(|c| format!("spec.containers{{{c}}}")),
             ..ObjectReference::default()
         };
-        match &self.events {
+        match self.events() {
             Some(events) => events.record(&reference, kind, reason, message).await,
             None => tracing::info!(pod = %describe(pod), kind, reason, message, "event"),
         }
@@ -209,10 +223,11 @@ impl<R: Runtime> Context<R> {
             hostname: dir.join("hostname"),
         };
         let hostname = format!("{}\n", crate::files::hostname(pod));
-        let mut writes = vec![
-            (files.resolv_conf.clone(), resolv),
-            (files.hostname.clone(), hostname),
-        ];
+        let mut writes = vec![(files.hostname.clone(), hostname)];
+        let dns_known = self.dns_known.load(std::sync::atomic::Ordering::Acquire);
+        if dns_known || !files.resolv_conf.exists() {
+            writes.push((files.resolv_conf.clone(), resolv));
+        }
         if let (Some(path), Some(text)) = (
             &files.hosts,
             crate::files::hosts(pod, pod_ip, &dns.cluster_domain),
@@ -277,7 +292,22 @@ pub(crate) async fn merge_static<R: Runtime>(
     // What was last reported, by source and origin: a problem is reported
     // once, and again only when it changes or after it was mended.
     let mut reported: HashMap<(Source, String), String> = HashMap::new();
-    while let Some(update) = updates.recv().await {
+    while let Some(mut update) = updates.recv().await {
+        let first = !ctx.desired.all_ready();
+        let replaced = match update.pods.take() {
+            Some(pods) => ctx.desired.replace(update.source, pods),
+            None => crate::sources::Replaced::default(),
+        };
+        for pod in &replaced.refused {
+            update.problems.push(crate::sources::Problem {
+                origin: update.source.name().to_owned(),
+                message: format!(
+                    "a static pod named {:?} in namespace {:?} comes from another source already; this one is ignored",
+                    pod.metadata.name.as_deref().unwrap_or_default(),
+                    pod.metadata.namespace.as_deref().unwrap_or_default()
+                ),
+            });
+        }
         let mut now = HashMap::new();
         for problem in &update.problems {
             let key = (update.source, problem.origin.clone());
@@ -286,28 +316,48 @@ pub(crate) async fn merge_static<R: Runtime>(
                     source = update.source.name(),
                     "static pod manifest: {problem}"
                 );
-                ctx.node_event("Warning", "FailedStaticPodManifest", &problem.to_string())
-                    .await;
+                // Recorded aside: a slow API server never holds the sources up.
+                let ctx = ctx.clone();
+                let message = problem.to_string();
+                tokio::spawn(async move {
+                    ctx.node_event("Warning", "FailedStaticPodManifest", &message)
+                        .await;
+                });
             }
             now.insert(key, problem.message.clone());
         }
         reported.retain(|(source, _), _| *source != update.source);
         reported.extend(now);
-        let Some(pods) = update.pods else {
-            continue;
-        };
-        let first = !ctx.desired.all_ready();
-        let changed = ctx.desired.replace(update.source, pods);
-        for uid in &changed {
+        // A pod that went keeps its name until it has stopped: an edited
+        // manifest's new pod waits for the old one (one static pod per name
+        // runs at a time, as the kubelet's `allowStaticPodStart`).
+        for (uid, pod) in &replaced.gone {
+            // The oldest holder keeps the name (a pod that never ran, edited
+            // again, does not take it from one still stopping).
+            ctx.terminating
+                .lock()
+                .entry(full_name(pod))
+                .or_insert_with(|| uid.clone());
             ctx.dispatch(uid);
         }
-        if !changed.is_empty() {
+        for uid in &replaced.came {
+            ctx.dispatch(uid);
+        }
+        if !replaced.is_empty() {
             ctx.mirrors.poke();
         }
         if first && ctx.desired.source_ready(update.source) {
             sweep(&ctx);
         }
     }
+}
+
+/// A pod's namespace and name.
+pub(crate) fn full_name(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// Runs the relist until the process ends (the sources wake the workers).

@@ -14,7 +14,6 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use k8s_openapi::api::core::v1::Pod;
-use parking_lot::Mutex;
 
 use super::{text, Body};
 use crate::sources::manifest::{self, Origin};
@@ -25,7 +24,8 @@ use crate::sources::{Source, Update, Updates};
 pub struct Endpoint {
     node: String,
     updates: Updates,
-    pushed: Mutex<Vec<Pod>>,
+    /// Held across a push, so the set shown is the set sent last.
+    pushed: tokio::sync::Mutex<Vec<Pod>>,
 }
 
 impl Endpoint {
@@ -33,7 +33,7 @@ impl Endpoint {
         Endpoint {
             node,
             updates,
-            pushed: Mutex::new(Vec::new()),
+            pushed: tokio::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -71,24 +71,25 @@ impl Endpoint {
             .iter()
             .map(|p| p.metadata.name.clone().unwrap_or_default())
             .collect();
-        *self.pushed.lock() = pods.clone();
+        let mut pushed = self.pushed.lock().await;
         let update = Update {
             source: Source::Endpoint,
-            pods: Some(pods),
+            pods: Some(pods.clone()),
             problems: Vec::new(),
         };
         if self.updates.send(update).await.is_err() {
             return text(StatusCode::SERVICE_UNAVAILABLE, "the agent is stopping");
         }
+        *pushed = pods;
         text(StatusCode::OK, format!("{}\n", names.join("\n")))
     }
 
-    pub(super) fn get(&self) -> Response<Body> {
+    pub(super) async fn get(&self) -> Response<Body> {
         let list = serde_json::json!({
             "apiVersion": "v1",
             "kind": "PodList",
             "metadata": {},
-            "items": *self.pushed.lock(),
+            "items": *self.pushed.lock().await,
         });
         let mut response = Response::new(Full::new(Bytes::from(list.to_string())).boxed());
         response.headers_mut().insert(

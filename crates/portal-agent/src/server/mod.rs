@@ -188,7 +188,7 @@ async fn route<R: Runtime>(
     match parts.as_slice() {
         ["healthz"] => text(StatusCode::OK, "ok"),
         ["manifests"] => match (manifests, request.method().clone()) {
-            (Some(endpoint), Method::GET) => endpoint.get(),
+            (Some(endpoint), Method::GET) => endpoint.get().await,
             (Some(endpoint), Method::PUT) => endpoint.put(request.into_body()).await,
             (Some(_), _) => text(StatusCode::METHOD_NOT_ALLOWED, "GET or PUT"),
             (None, _) => text(StatusCode::NOT_FOUND, "the manifest endpoint is off"),

@@ -53,6 +53,7 @@ pub(crate) async fn run<R: Runtime>(ctx: Arc<Context<R>>, client: Client) {
                 for uid in ctx.desired.uids_of(Source::Api) {
                     if !relisted.contains(&uid) {
                         ctx.desired.remove(&uid);
+                        ctx.dispatch(&uid);
                     }
                 }
                 ctx.mirrors.relisted(std::mem::take(&mut mirrors));

@@ -83,7 +83,13 @@ fn manifest_files(path: &Path, problems: &mut Vec<Problem>) -> Vec<PathBuf> {
         .map(|e| e.path())
         .collect();
     files.sort();
-    files.truncate(MAX_FILES);
+    if files.len() > MAX_FILES {
+        problems.push(Problem {
+            origin: path.display().to_string(),
+            message: format!("more than {MAX_FILES} files; the rest are not read"),
+        });
+        files.truncate(MAX_FILES);
+    }
     files
 }
 
@@ -114,7 +120,11 @@ pub async fn run(path: PathBuf, node: String, every: Duration, updates: Updates)
         if watch.is_none() {
             watch = watch_path(&path);
         }
-        let update = read(&path, &node);
+        // Blocking reads and parsing, off the async workers.
+        let (at, name) = (path.clone(), node.clone());
+        let Ok(update) = tokio::task::spawn_blocking(move || read(&at, &name)).await else {
+            return;
+        };
         if updates.send(update).await.is_err() {
             return;
         }

@@ -59,6 +59,23 @@ struct Entry {
     source: Source,
 }
 
+/// What a static source's new set changed.
+#[derive(Debug, Default)]
+pub(crate) struct Replaced {
+    /// UIDs of the pods that came.
+    pub came: Vec<String>,
+    /// The pods that went, by UID.
+    pub gone: Vec<(String, Arc<Pod>)>,
+    /// Pods refused: another source has a pod of that namespace/name.
+    pub refused: Vec<Pod>,
+}
+
+impl Replaced {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.came.is_empty() && self.gone.is_empty()
+    }
+}
+
 /// The pods this node should run, by UID, and which sources have sent
 /// their first set (the clean-up of what is left on the node waits for
 /// all of them: a pod not yet read from its file is not a leftover).
@@ -112,9 +129,14 @@ impl Desired {
     }
 
     /// Records a pod of the API source; its UID when more than its status
-    /// changed.
-    pub(crate) fn set(&self, pod: Pod) -> Option<String> {
+    /// changed. Its `config.source` says `api`, whatever it carried (as
+    /// the kubelet's merge does): only the agent makes static pods.
+    pub(crate) fn set(&self, mut pod: Pod) -> Option<String> {
         let uid = pod.metadata.uid.clone()?;
+        pod.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(CONFIG_SOURCE.to_owned(), Source::Api.name().to_owned());
         let mut pods = self.pods.lock();
         let changed = pods.get(&uid).is_none_or(|old| differs(&old.pod, &pod));
         let entry = Entry {
@@ -129,46 +151,53 @@ impl Desired {
         self.pods.lock().remove(uid);
     }
 
-    /// Replaces everything `source` sent before with `pods`; the UIDs of
-    /// the pods that came or went. A pod that stays keeps the version
-    /// first seen (its `config.seen` time).
-    pub(crate) fn replace(&self, source: Source, pods: Vec<Pod>) -> Vec<String> {
+    /// Replaces everything `source` sent before with `pods`: what came
+    /// (UIDs) and what went (the pods). A pod that stays keeps the version
+    /// first seen (its `config.seen` time). A pod whose namespace/name
+    /// another source's pod has is refused (the first one keeps it).
+    pub(crate) fn replace(&self, source: Source, pods: Vec<Pod>) -> Replaced {
         let mut current = self.pods.lock();
+        let taken: HashSet<(Option<String>, Option<String>)> = current
+            .values()
+            .filter(|e| e.source != source)
+            .map(|e| {
+                (
+                    e.pod.metadata.namespace.clone(),
+                    e.pod.metadata.name.clone(),
+                )
+            })
+            .collect();
+        let mut replaced = Replaced::default();
         let mut wanted: HashMap<String, Pod> = HashMap::new();
         for pod in pods {
-            if let Some(uid) = pod.metadata.uid.clone() {
+            let name = (pod.metadata.namespace.clone(), pod.metadata.name.clone());
+            if taken.contains(&name) {
+                replaced.refused.push(pod);
+            } else if let Some(uid) = pod.metadata.uid.clone() {
                 wanted.insert(uid, pod);
             }
         }
-        let mut changed = Vec::new();
         current.retain(|uid, entry| {
             let keep = entry.source != source || wanted.contains_key(uid);
             if !keep {
-                changed.push(uid.clone());
+                replaced.gone.push((uid.clone(), entry.pod.clone()));
             }
             keep
         });
         for (uid, pod) in wanted {
             // A static pod's UID is a hash of its content and origin: the
             // same UID is the same pod (only its `config.seen` is newer).
-            // The same UID from another source: the first one keeps it.
-            match current.get(&uid) {
-                Some(_) => {}
-                None => {
-                    current.insert(
-                        uid.clone(),
-                        Entry {
-                            pod: Arc::new(pod),
-                            source,
-                        },
-                    );
-                    changed.push(uid);
-                }
+            if let std::collections::hash_map::Entry::Vacant(slot) = current.entry(uid.clone()) {
+                slot.insert(Entry {
+                    pod: Arc::new(pod),
+                    source,
+                });
+                replaced.came.push(uid);
             }
         }
         drop(current);
         self.seen.lock().insert(source);
-        changed
+        replaced
     }
 
     /// The UIDs of every desired pod.
@@ -228,18 +257,23 @@ mod tests {
     fn a_static_source_replaces_only_its_own_set() {
         let desired = Desired::expecting(&[Source::Api, Source::File]);
         desired.set(pod("api-1", "a"));
-        let mut changed = desired.replace(Source::File, vec![pod("f-1", "a"), pod("f-2", "a")]);
-        changed.sort();
-        assert_eq!(changed, ["f-1", "f-2"]);
+        let mut came = desired
+            .replace(Source::File, vec![pod("f-1", "a"), pod("f-2", "a")])
+            .came;
+        came.sort();
+        assert_eq!(came, ["f-1", "f-2"]);
         assert!(!desired.all_ready(), "the API has not listed yet");
         // The same set again changes nothing; a smaller one removes.
         assert!(desired
             .replace(Source::File, vec![pod("f-1", "a"), pod("f-2", "a")])
             .is_empty());
-        assert_eq!(
-            desired.replace(Source::File, vec![pod("f-1", "a")]),
-            ["f-2"]
-        );
+        let gone = desired.replace(Source::File, vec![pod("f-1", "a")]).gone;
+        assert_eq!(gone[0].0, "f-2");
+        // Another source's pod of a name already taken is refused.
+        let mut same_name = pod("u-1", "a");
+        same_name.metadata.name = Some("f-1".into());
+        let replaced = desired.replace(Source::Url, vec![same_name]);
+        assert!(replaced.came.is_empty() && replaced.refused.len() == 1);
         assert!(desired.get("api-1").is_some(), "other sources' pods stay");
         assert!(desired.source_ready(Source::Api));
         assert_eq!(desired.uids_of(Source::File), ["f-1"]);
@@ -248,7 +282,16 @@ mod tests {
     #[test]
     fn a_status_only_change_does_not_wake_the_worker() {
         let desired = Desired::default();
-        assert!(desired.set(pod("a", "x")).is_some());
+        let mut claims_static = pod("a", "x");
+        claims_static.metadata.annotations =
+            Some([(CONFIG_SOURCE.to_owned(), "file".to_owned())].into());
+        assert!(desired.set(claims_static).is_some());
+        let stored = desired.get("a").unwrap();
+        assert_eq!(
+            stored.metadata.annotations.as_ref().unwrap()[CONFIG_SOURCE],
+            "api",
+            "only the agent makes static pods"
+        );
         let mut with_status = pod("a", "x");
         with_status.status = Some(Default::default());
         assert!(desired.set(with_status).is_none());

@@ -506,7 +506,11 @@ impl StatusManager {
             &Patch::Merge(&patch),
         )
         .await?;
-        self.written.lock().insert(target, value);
+        // Not for a mirror unlinked meanwhile (deleted: never written again).
+        let linked = !is_static(pod) || self.mirrors.lock().values().any(|m| *m == target);
+        if linked {
+            self.written.lock().insert(target, value);
+        }
         Ok(())
     }
 

@@ -75,6 +75,9 @@ impl<R: Runtime> Worker<R> {
                         return;
                     }
                 }
+                // A static pod whose name an older one still holds waits for
+                // it to stop (woken when it has).
+                Some(pod) if self.name_held(&pod) => self.last = Some(pod),
                 Some(pod) => {
                     let pod = self.ctx.status.known(pod);
                     self.last = Some(pod.clone());
@@ -84,6 +87,7 @@ impl<R: Runtime> Worker<R> {
                 }
                 None => {
                     self.terminate().await;
+                    self.release_name();
                     self.ctx.workers.lock().remove(&self.uid);
                     // A pod re-added meanwhile gets a new worker.
                     if self.ctx.desired.get(&self.uid).is_some() {
@@ -100,6 +104,39 @@ impl<R: Runtime> Worker<R> {
             tokio::select! {
                 () = wake.notified() => {}
                 () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Whether another static pod of this one's namespace/name is still
+    /// stopping.
+    fn name_held(&self, pod: &Pod) -> bool {
+        if !status::is_static(pod) {
+            return false;
+        }
+        let name = crate::pods::full_name(pod);
+        self.ctx
+            .terminating
+            .lock()
+            .get(&name)
+            .is_some_and(|uid| *uid != self.uid)
+    }
+
+    /// This pod has stopped: its name is free for the pod waiting for it.
+    fn release_name(&self) {
+        let Some(pod) = &self.last else {
+            return;
+        };
+        let name = crate::pods::full_name(pod);
+        let mut terminating = self.ctx.terminating.lock();
+        if terminating.get(&name) != Some(&self.uid) {
+            return;
+        }
+        terminating.remove(&name);
+        drop(terminating);
+        if let Some(next) = self.ctx.desired.find(&name.0, &name.1) {
+            if let Some(uid) = next.metadata.uid.as_deref() {
+                self.ctx.dispatch(uid);
             }
         }
     }
@@ -523,6 +560,10 @@ impl<R: Runtime> Drop for Unregister<R> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.ctx.workers.lock().remove(&self.uid);
+            self.ctx
+                .terminating
+                .lock()
+                .retain(|_, uid| *uid != self.uid);
         }
     }
 }

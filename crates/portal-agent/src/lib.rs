@@ -14,6 +14,7 @@
 
 mod actions;
 mod backoff;
+mod cluster;
 pub mod env;
 pub mod files;
 pub mod images;
@@ -31,13 +32,13 @@ pub mod sources;
 pub mod status;
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use portal_api::cidr::Ipv4Cidr;
 
 pub use images::Mirror;
@@ -163,7 +164,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         port: config.port,
         pod_cidr: None,
     };
-    let range = pod_range(client.as_ref(), &config, &me, &data).await?;
+    let range = cluster::pod_range(client.as_ref(), &config, &me, &data).await?;
     let me = node::Identity {
         pod_cidr: Some(range),
         ..me
@@ -183,13 +184,14 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
     // at once, else once it does), else what the last run learnt.
     let mut cluster_dns = match config.cluster_dns {
         Some(ip) => Some(vec![ip.to_string()]),
-        None => saved_cluster_dns(&data),
+        None => cluster::saved_cluster_dns(&data),
     };
     if let (None, None, Some(client)) = (config.cluster_dns, &cluster_dns, &client) {
-        let lookup = tokio::time::timeout(Duration::from_secs(2), kube_dns_address(client));
+        let lookup =
+            tokio::time::timeout(Duration::from_secs(2), cluster::kube_dns_address(client));
         if let Ok(Ok(found)) = lookup.await {
             let found: Vec<String> = found.into_iter().collect();
-            save_cluster_dns(&data, &found);
+            cluster::save_cluster_dns(&data, &found);
             cluster_dns = Some(found);
         }
     }
@@ -275,7 +277,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         .reflect(writer);
         tokio::spawn(futures_util::StreamExt::for_each(watch, |_| async {}));
         let learn_dns = config.cluster_dns.is_none().then(|| data.clone());
-        tokio::spawn(connect(
+        tokio::spawn(cluster::connect(
             context.clone(),
             client.clone(),
             learn_dns,
@@ -288,136 +290,6 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
     }
     tokio::spawn(pods::run(context));
     Ok(Agent { metrics })
-}
-
-/// Registers the Node once the API server answers (retrying until then),
-/// then keeps its Lease and status, and learns the cluster DNS address.
-async fn connect<R: runtime::Runtime>(
-    ctx: Arc<pods::Context<R>>,
-    client: Client,
-    learn_dns: Option<PathBuf>,
-    metrics: Metrics,
-) {
-    let mut delay = Duration::from_millis(500);
-    let registered = loop {
-        match node::register(&client, &ctx.me).await {
-            Ok(node) => break node,
-            Err(error) => {
-                tracing::warn!(%error, node = %ctx.me.name, "registering the node; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-        }
-    };
-    let node_uid = registered.uid().unwrap_or_default();
-    let _ = ctx.mirrors.node_uid.set(node_uid.clone());
-    ctx.mirrors.poke();
-    tokio::spawn(node::heartbeat(
-        client.clone(),
-        ctx.me.clone(),
-        node_uid,
-        metrics,
-    ));
-    let Some(data) = learn_dns else {
-        return;
-    };
-    let mut delay = Duration::from_millis(500);
-    loop {
-        match kube_dns_address(&client).await {
-            Ok(found) => {
-                let found: Vec<String> = found.into_iter().collect();
-                save_cluster_dns(&data, &found);
-                ctx.dns.write().cluster_dns = found;
-                ctx.dns_known
-                    .store(true, std::sync::atomic::Ordering::Release);
-                return;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "looking up the kube-dns Service; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-        }
-    }
-}
-
-/// The node's pod range: `--pod-cidr`, else the range of the last run
-/// (kept in the data dir: an agent restarted while the API server is down
-/// still runs its pods), else the one node IPAM gives in the API.
-async fn pod_range(
-    client: Option<&Client>,
-    config: &Config,
-    me: &node::Identity,
-    data: &Path,
-) -> Result<Ipv4Cidr, Error> {
-    let saved_at = data.join("pod-cidr");
-    let saved = std::fs::read_to_string(&saved_at)
-        .ok()
-        .and_then(|text| text.trim().parse::<Ipv4Cidr>().ok());
-    let range = match (config.pod_cidr, saved, client) {
-        (Some(range), _, _) => range,
-        (None, Some(range), _) => {
-            tracing::info!(pod_cidr = %range, "the pod range of the last run");
-            range
-        }
-        (None, None, Some(client)) => {
-            let mut delay = Duration::from_millis(500);
-            while let Err(error) = node::register(client, me).await {
-                tracing::warn!(%error, node = %me.name, "registering the node; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-            node::wait_for_pod_cidr(client, &me.name)
-                .await?
-                .parse()
-                .map_err(|e: String| Error::Config(format!("the node's pod range: {e}")))?
-        }
-        (None, None, None) => {
-            return Err(Error::Config(
-                "with no API server (no --kubeconfig) the node needs --pod-cidr".into(),
-            ))
-        }
-    };
-    if saved != Some(range) {
-        std::fs::write(&saved_at, format!("{range}\n")).map_err(|source| Error::Io {
-            path: saved_at.display().to_string(),
-            source,
-        })?;
-    }
-    Ok(range)
-}
-
-/// The cluster DNS address: the `kube-system/kube-dns` Service's cluster
-/// IP (`None`: there is no such Service).
-async fn kube_dns_address(client: &Client) -> Result<Option<String>, kube::Error> {
-    let api = Api::<Service>::namespaced(client.clone(), "kube-system");
-    Ok(api.get_opt("kube-dns").await?.and_then(|service| {
-        service
-            .spec
-            .and_then(|s| s.cluster_ip)
-            .filter(|ip| !ip.is_empty() && ip != "None")
-    }))
-}
-
-/// The cluster DNS as learnt from the API, kept in `DIR/cluster-dns` (one
-/// address per line; an empty file: there is none), so pods made while
-/// the API server is away get what the last run learnt.
-fn saved_cluster_dns(data: &Path) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(data.join("cluster-dns")).ok()?;
-    Some(
-        text.lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    )
-}
-
-fn save_cluster_dns(data: &Path, servers: &[String]) {
-    let text: String = servers.iter().map(|s| format!("{s}\n")).collect();
-    if let Err(error) = std::fs::write(data.join("cluster-dns"), text) {
-        tracing::warn!(%error, "keeping the cluster DNS address");
-    }
 }
 
 /// The node's first global IPv4 address (loopback when it has none).

@@ -323,3 +323,112 @@ def test_namespace_lifecycle(portal):
     with pytest.raises(ApiException) as exc:
         core.delete_namespace("default")
     assert exc.value.status == 403
+
+
+def test_put_racing_delete_never_answers_5xx(portal):
+    """100 concurrent PUT/DELETE pairs on the same pods: each PUT either
+    lands or finds the object gone (404) or changed (409), as Kubernetes
+    answers; never a server error (issue 19)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    core = portal.core()
+    names = [f"race-{i}" for i in range(100)]
+    pod = lambda n: {"metadata": {"name": n}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    created = {n: core.create_namespaced_pod("default", pod(n)) for n in names}
+
+    def put(name):
+        body = core.api_client.sanitize_for_serialization(created[name])
+        body["metadata"]["labels"] = {"touched": "yes"}
+        try:
+            core.replace_namespaced_pod(name, "default", body)
+            return 200
+        except ApiException as e:
+            return e.status
+
+    def delete(name):
+        try:
+            core.delete_namespaced_pod(name, "default")
+            return 200
+        except ApiException as e:
+            return e.status
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(f, n) for n in names for f in (put, delete)]
+        statuses = [f.result() for f in futures]
+    print("PUT/DELETE statuses:", {s: statuses.count(s) for s in set(statuses)})
+    assert all(s in (200, 201, 404, 409) for s in statuses), sorted(set(statuses))
+    assert not core.list_namespaced_pod("default").items, "every pod was deleted"
+
+
+def test_replace_with_resource_version_zero_is_unconditional(portal):
+    """`resourceVersion: "0"` (or none) in a PUT is an unconditional update,
+    as Kubernetes treats it for every kind Portal serves."""
+    core = portal.core()
+    core.create_namespaced_endpoints("default", {"metadata": {"name": "rv0"}})
+    for version in ("0", None):
+        body = {"metadata": {"name": "rv0", "labels": {"version": str(version)}}}
+        if version is not None:
+            body["metadata"]["resourceVersion"] = version
+        updated = core.replace_namespaced_endpoints("rv0", "default", body)
+        assert updated.metadata.labels == {"version": str(version)}
+        assert updated.metadata.resource_version not in ("", "0")
+    # A stale non-zero version still conflicts.
+    with pytest.raises(ApiException) as stale:
+        core.replace_namespaced_endpoints("rv0", "default", {"metadata": {"name": "rv0", "resourceVersion": "1"}})
+    assert stale.value.status == 409
+
+
+POD_SPEC_RULES = [
+    ({"containers": []}, "spec.containers: Required value"),
+    ({"containers": [{"name": "", "image": "x"}]}, "spec.containers[0].name: Required value"),
+    ({"containers": [{"name": None, "image": "x"}]}, "spec.containers[0].name: Required value"),
+    ({"containers": [{"name": "c"}]}, "spec.containers[0].image: Required value"),
+    ({"containers": [{"name": "c", "image": "x"}, {"name": "c", "image": "y"}]}, 'spec.containers[1].name: Duplicate value: "c"'),
+    ({"containers": [{"name": "Bad_Name", "image": "x"}]}, 'spec.containers[0].name: Invalid value: "Bad_Name": a lowercase RFC 1123 label'),
+    ({"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 70000}]}]},
+     "spec.containers[0].ports[0].containerPort: Invalid value: 70000: must be between 1 and 65535, inclusive"),
+    ({"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 80, "name": "web"}, {"containerPort": 81, "name": "web"}]}]},
+     'spec.containers[0].ports[1].name: Duplicate value: "web"'),
+    ({"containers": [{"name": "c", "image": "x", "imagePullPolicy": "Sometimes"}]},
+     'spec.containers[0].imagePullPolicy: Unsupported value: "Sometimes": supported values: "Always", "IfNotPresent", "Never"'),
+    ({"containers": [{"name": "c", "image": "x", "livenessProbe": {"periodSeconds": 5}}]},
+     "spec.containers[0].livenessProbe: Required value: must specify a handler type"),
+    ({"containers": [{"name": "c", "image": "x", "livenessProbe": {"exec": {"command": ["true"]}, "successThreshold": 3}}]},
+     "spec.containers[0].livenessProbe.successThreshold: Invalid value: 3: must be 1"),
+    ({"containers": [{"name": "c", "image": "x", "volumeMounts": [{"name": "data", "mountPath": "/d"}]}]},
+     'spec.containers[0].volumeMounts[0].name: Not found: "data"'),
+    ({"containers": [{"name": "c", "image": "x"}], "restartPolicy": "Sometimes"},
+     'spec.restartPolicy: Unsupported value: "Sometimes": supported values: "Always", "Never", "OnFailure"'),
+    ({"containers": [{"name": "c", "image": "x"}], "dnsPolicy": "None"},
+     "spec.dnsConfig: Required value: must provide `dnsConfig` when `dnsPolicy` is None"),
+    ({"containers": [{"name": "c", "image": "x"}], "activeDeadlineSeconds": 0},
+     "spec.activeDeadlineSeconds: Invalid value: 0: must be between 1 and 2147483647, inclusive"),
+]
+
+
+def test_pod_validation_says_what_kubernetes_says(portal):
+    """Each rule answers 422 Invalid with Kubernetes' field path and words
+    (issue 19); nothing is stored."""
+    core = portal.core()
+    for spec, message in POD_SPEC_RULES:
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad"}, "spec": spec}
+        # Raw: the Python client would refuse some of these itself.
+        code, status = raw(portal, "POST", "/api/v1/namespaces/default/pods", json.dumps(body).encode())
+        assert code == 422, (spec, status)
+        assert status["reason"] == "Invalid"
+        shown = [f'{c["field"]}: {c["message"]}' for c in status["details"]["causes"]]
+        assert any(s.startswith(message) for s in shown), (message, shown)
+        assert status["message"].startswith('Pod "bad" is invalid: '), status["message"]
+    assert not core.list_namespaced_pod("default").items
+
+
+def test_a_pod_update_may_change_only_what_kubernetes_allows(portal):
+    core = portal.core()
+    core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x:1"}]}})
+    # The image, the deadline, labels: fine.
+    core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"a": "b"}}, "spec": {"activeDeadlineSeconds": 30, "containers": [{"name": "c", "image": "x:2"}]}})
+    with pytest.raises(ApiException) as refused:
+        core.patch_namespaced_pod("p", "default", {"spec": {"containers": [{"name": "c", "command": ["sh"]}]}})
+    assert refused.value.status == 422
+    assert "spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`" in refused.value.body
+    assert core.read_namespaced_pod("p", "default").spec.containers[0].command is None

@@ -328,3 +328,14 @@ def test_describe_service_with_an_unnamed_port(kubectl):
     assert result.returncode == 0 and "panic" not in result.stderr, result.stderr
     lines = [" ".join(line.split()) for line in result.stdout.splitlines()]
     assert "Endpoints: 10.244.0.7:8080" in lines, result.stdout
+
+
+def test_get_all(kubectl):
+    """`kubectl get all`: pods, Services and ReplicationControllers are in
+    the `all` category of discovery (issue 19)."""
+    kubectl.apply(MANIFEST)
+    out = kubectl.out("get", "all")
+    for name in ("pod/front", "service/web", "replicationcontroller/web"):
+        assert name in out, out
+    assert "service/kubernetes" in out
+    assert "endpoints/" not in out and "event" not in out.lower()

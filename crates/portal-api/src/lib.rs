@@ -11,6 +11,7 @@ pub mod meta;
 pub mod name;
 pub mod patch;
 pub mod path;
+pub mod pod_spec;
 pub mod protobuf;
 pub mod resource;
 pub mod selector;

@@ -29,6 +29,8 @@ pub struct Resource {
     pub kind_name: &'static str,
     pub namespaced: bool,
     pub short_names: &'static [&'static str],
+    /// Groups it belongs to for `kubectl get <category>` (`all`).
+    pub categories: &'static [&'static str],
     /// Has a `status` subresource whose writes touch only `.status`.
     pub has_status: bool,
     /// How its names are validated.

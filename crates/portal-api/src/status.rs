@@ -246,7 +246,41 @@ impl Status {
         Status::new(503, "ServiceUnavailable", message)
     }
 
-    /// The wire form.
+    /// The response body: Kubernetes' field order (`kind`, `apiVersion`,
+    /// `metadata`, `status`, `message`, `reason`, `details`, `code`) and
+    /// its trailing newline, byte for byte what kube-apiserver sends.
+    pub fn to_body(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Empty {}
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Wire<'a> {
+            kind: &'static str,
+            api_version: &'static str,
+            metadata: Empty,
+            status: &'static str,
+            message: &'a str,
+            reason: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            details: Option<&'a Details>,
+            code: u16,
+        }
+        let wire = Wire {
+            kind: "Status",
+            api_version: "v1",
+            metadata: Empty {},
+            status: "Failure",
+            message: &self.message,
+            reason: self.reason,
+            details: self.details.as_deref(),
+            code: self.code,
+        };
+        let mut body = serde_json::to_vec(&wire).unwrap_or_default();
+        body.push(b'\n');
+        body
+    }
+
+    /// The wire form, as a value (a watch's ERROR event carries it).
     pub fn to_json(&self) -> serde_json::Value {
         let mut value = serde_json::json!({
             "kind": "Status",
@@ -273,6 +307,15 @@ mod tests {
         resource: "services",
         kind: "Service",
     };
+
+    #[test]
+    fn the_body_is_in_kubernetes_field_order_with_a_newline() {
+        let body = String::from_utf8(Status::not_found(SVC, "web").to_body()).unwrap();
+        assert!(body.starts_with(r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"services \"web\" not found","reason":"NotFound","details":{"#), "{body}");
+        assert!(body.ends_with("\"code\":404}\n"), "{body}");
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value, Status::not_found(SVC, "web").to_json());
+    }
 
     #[test]
     fn invalid_reads_like_kubernetes() {

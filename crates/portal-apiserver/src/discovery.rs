@@ -57,6 +57,11 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
             "verbs": VERBS,
             "shortNames": r.short_names,
         }));
+        if !r.categories.is_empty() {
+            if let Some(entry) = resources.last_mut() {
+                entry["categories"] = json!(r.categories);
+            }
+        }
         if r.has_status {
             resources.push(json!({
                 "name": format!("{}/status", r.plural),

@@ -32,10 +32,7 @@ pub(crate) fn json_response(code: StatusCode, json: impl Into<Bytes>) -> Respons
 
 pub(crate) fn status_response(status: &Status) -> Response<Body> {
     let code = StatusCode::from_u16(status.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json_response(
-        code,
-        serde_json::to_vec(&status.to_json()).unwrap_or_default(),
-    )
+    json_response(code, status.to_body())
 }
 
 pub(crate) fn text_response(code: StatusCode, text: impl Into<Bytes>) -> Response<Body> {

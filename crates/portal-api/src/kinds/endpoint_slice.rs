@@ -20,6 +20,7 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "EndpointSlice",
         namespaced: true,
         short_names: &[],
+        categories: &[],
         has_status: false,
         name_rule: NameRule::Subdomain,
     },

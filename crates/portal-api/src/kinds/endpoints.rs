@@ -20,6 +20,7 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "Endpoints",
         namespaced: true,
         short_names: &["ep"],
+        categories: &[],
         has_status: false,
         name_rule: NameRule::Subdomain,
     },

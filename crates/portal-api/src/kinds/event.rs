@@ -19,6 +19,7 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "Event",
         namespaced: true,
         short_names: &["ev"],
+        categories: &[],
         has_status: false,
         name_rule: NameRule::Subdomain,
     },

@@ -18,6 +18,7 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "Lease",
         namespaced: true,
         short_names: &[],
+        categories: &[],
         has_status: false,
         name_rule: NameRule::Subdomain,
     },

@@ -21,6 +21,7 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "Namespace",
         namespaced: false,
         short_names: &["ns"],
+        categories: &[],
         has_status: true,
         name_rule: NameRule::Label1123,
     },

@@ -20,6 +20,7 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "Node",
         namespaced: false,
         short_names: &["no"],
+        categories: &[],
         has_status: true,
         name_rule: NameRule::Subdomain,
     },

@@ -22,6 +22,7 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "Pod",
         namespaced: true,
         short_names: &["po"],
+        categories: &["all"],
         has_status: true,
         name_rule: NameRule::Subdomain,
     },
@@ -99,12 +100,29 @@ fn defaults(object: &mut Value) {
 /// naming its static pod.
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
+/// The spec as Kubernetes validates it (when it changes: a status write
+/// never fails on what was stored before), what an update may change, and
+/// the mirror annotation.
+fn validate(object: &Value, old: Option<&Value>) -> Vec<crate::Cause> {
+    let spec_changed = old.is_none_or(|old| old["spec"] != object["spec"]);
+    let mut causes = if spec_changed {
+        crate::pod_spec::validate(&object["spec"], "spec")
+    } else {
+        Vec::new()
+    };
+    let Some(old) = old else {
+        return causes;
+    };
+    if spec_changed {
+        causes.extend(crate::pod_spec::validate_update(object, old));
+    }
+    causes.extend(mirror_annotation(object, old));
+    causes
+}
+
 /// An update may neither add, change nor remove the mirror annotation: a
 /// pod does not become, or stop being, a node's mirror pod.
-fn validate(object: &Value, old: Option<&Value>) -> Vec<crate::Cause> {
-    let Some(old) = old else {
-        return Vec::new();
-    };
+fn mirror_annotation(object: &Value, old: &Value) -> Vec<crate::Cause> {
     let mirror = |pod: &Value| pod["metadata"]["annotations"][MIRROR_ANNOTATION].clone();
     let field = format!("metadata.annotations[{MIRROR_ANNOTATION}]");
     match (mirror(old), mirror(object)) {
@@ -413,7 +431,10 @@ mod tests {
                 Some(hash) => json!({MIRROR_ANNOTATION: hash, "other": "x"}),
                 None => json!({"other": "x"}),
             };
-            json!({"metadata": {"name": "web-n1", "annotations": annotations}})
+            json!({
+                "metadata": {"name": "web-n1", "annotations": annotations},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            })
         };
         assert!(
             validate(&pod(Some("h")), None).is_empty(),

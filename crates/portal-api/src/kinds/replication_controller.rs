@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{no_validation, Definition, Subresource};
+use super::{Definition, Subresource};
 use crate::decode::typed;
 use crate::defaults::default;
 use crate::patch::ListStrategy;
@@ -22,12 +22,13 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "ReplicationController",
         namespaced: true,
         short_names: &["rc"],
+        categories: &["all"],
         has_status: true,
         name_rule: NameRule::Subdomain,
     },
     decode: typed::<k8s_openapi::api::core::v1::ReplicationController>,
     defaults,
-    validate: no_validation,
+    validate,
     prepare_create,
     kept_on_update: &[],
     tracks_generation: true,
@@ -46,6 +47,17 @@ pub(super) const DEFINITION: Definition = Definition {
         group_version: Some(("autoscaling", "v1")),
     }],
 };
+
+/// The template's pod spec, as a pod's (checked when it changes: a status
+/// write never fails on what was stored before).
+fn validate(object: &Value, old: Option<&Value>) -> Vec<crate::Cause> {
+    let template = &object["spec"]["template"]["spec"];
+    let unchanged = old.is_some_and(|old| old["spec"]["template"]["spec"] == *template);
+    if template.is_null() || unchanged {
+        return Vec::new();
+    }
+    crate::pod_spec::validate(template, "spec.template.spec")
+}
 
 fn prepare_create(object: &mut Value) {
     object["status"] = json!({"replicas": 0});

@@ -23,6 +23,7 @@ pub(super) const DEFINITION: Definition = Definition {
         kind_name: "Service",
         namespaced: true,
         short_names: &["svc"],
+        categories: &["all"],
         has_status: true,
         name_rule: NameRule::Label1035,
     },

@@ -2,7 +2,7 @@
 //! and messages Kubernetes gives, and the environment variables pods get.
 
 mod env;
-mod validate;
+pub(crate) mod validate;
 
 pub use env::environment;
 pub use validate::{validate, validate_endpoints};

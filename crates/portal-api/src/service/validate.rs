@@ -14,7 +14,7 @@ const TYPES: &str = "\"ClusterIP\", \"ExternalName\", \"LoadBalancer\", \"NodePo
 const PROTOCOLS: &str = "\"SCTP\", \"TCP\", \"UDP\"";
 const MAX_AFFINITY_SECONDS: i64 = 86_400;
 
-fn unsupported(field: &str, value: &str, supported: &str) -> Cause {
+pub(crate) fn unsupported(field: &str, value: &str, supported: &str) -> Cause {
     Cause {
         reason: "FieldValueNotSupported".into(),
         message: format!(
@@ -25,7 +25,7 @@ fn unsupported(field: &str, value: &str, supported: &str) -> Cause {
     }
 }
 
-fn duplicate(field: &str, value: Value) -> Cause {
+pub(crate) fn duplicate(field: &str, value: Value) -> Cause {
     Cause {
         reason: "FieldValueDuplicate".into(),
         message: format!("Duplicate value: {value}"),
@@ -33,7 +33,7 @@ fn duplicate(field: &str, value: Value) -> Cause {
     }
 }
 
-fn port_range(field: &str, port: &Value, causes: &mut Vec<Cause>) {
+pub(crate) fn port_range(field: &str, port: &Value, causes: &mut Vec<Cause>) {
     if !port.as_i64().is_some_and(|p| (1..=65535).contains(&p)) {
         causes.push(Cause::invalid(
             field,
@@ -44,7 +44,7 @@ fn port_range(field: &str, port: &Value, causes: &mut Vec<Cause>) {
 }
 
 /// An IANA service name, as a named `targetPort` must be.
-fn port_name_problems(name: &str) -> Vec<&'static str> {
+pub(crate) fn port_name_problems(name: &str) -> Vec<&'static str> {
     let mut problems = Vec::new();
     if name.len() > 15 {
         problems.push("must be no more than 15 characters");

@@ -56,9 +56,17 @@ pub(crate) async fn guaranteed_update(
                 Ok(revision) => {
                     return Ok((CachedObject::from_value(key, new, revision), warnings))
                 }
-                Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
+                Err(StoreError::Conflict { .. } | StoreError::NotFound { .. })
+                    if expected.is_none() =>
+                {
+                    continue
+                }
                 Err(StoreError::Conflict { .. }) => {
                     return Err(Status::conflict(scope.target(), name))
+                }
+                // Deleted meanwhile (a racing DELETE): gone, as Kubernetes says.
+                Err(StoreError::NotFound { .. }) => {
+                    return Err(Status::not_found(scope.target(), name))
                 }
                 Err(e) => return Err(store_error(e)),
             }
@@ -99,6 +107,11 @@ pub(crate) async fn guaranteed_update(
                 reservation.abort(None);
                 return Err(Status::conflict(scope.target(), name));
             }
+            // Deleted meanwhile (a racing DELETE): gone, as Kubernetes says.
+            Err(StoreError::NotFound { .. }) => {
+                reservation.abort(None);
+                return Err(Status::not_found(scope.target(), name));
+            }
             Err(e) => {
                 reservation.abort(None);
                 return Err(store_error(e));
@@ -124,7 +137,11 @@ pub(crate) async fn update(
         )));
     }
     check_body_namespace(scope, &object)?;
-    let expected = parse_revision(meta::meta_str(&object, "resourceVersion"))?;
+    // No resourceVersion, or "0", is an unconditional update (every kind
+    // served allows one, as in Kubernetes): `kubectl replace` of an object
+    // written by hand.
+    let expected =
+        parse_revision(meta::meta_str(&object, "resourceVersion"))?.filter(|rv| *rv != 0);
     let key = scope.resource.key(scope.namespace, name);
     if scope.resource.definition().create_on_update
         && part == Part::Main

@@ -1,0 +1,495 @@
+//! Pod spec validation (`pkg/apis/core/validation`), shared by Pods and
+//! the pod templates of ReplicationControllers, with Kubernetes' field
+//! paths and messages: containers (names, images, ports, pull policy,
+//! probes, environment, volume mounts), volumes, restart and DNS policies,
+//! deadlines; and on update, which fields of a Pod may change at all.
+
+use std::collections::HashSet;
+
+use serde_json::{json, Value};
+
+use crate::name;
+use crate::service::validate::{duplicate, port_name_problems, port_range, unsupported};
+use crate::status::Cause;
+
+const RESTART_POLICIES: &str = "\"Always\", \"Never\", \"OnFailure\"";
+const DNS_POLICIES: &str = "\"ClusterFirst\", \"ClusterFirstWithHostNet\", \"Default\", \"None\"";
+const PULL_POLICIES: &str = "\"Always\", \"IfNotPresent\", \"Never\"";
+const PROTOCOLS: &str = "\"SCTP\", \"TCP\", \"UDP\"";
+/// The handlers a probe or lifecycle hook may name (one of them).
+const PROBE_HANDLERS: [&str; 4] = ["exec", "httpGet", "tcpSocket", "grpc"];
+const HOOK_HANDLERS: [&str; 4] = ["exec", "httpGet", "tcpSocket", "sleep"];
+
+fn items(value: &Value) -> &[Value] {
+    value.as_array().map_or(&[][..], Vec::as_slice)
+}
+
+/// Problems with a pod spec at `path` (`spec`, `spec.template.spec`).
+pub fn validate(spec: &Value, path: &str) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let volumes = validate_volumes(spec, path, &mut causes);
+    let containers = items(&spec["containers"]);
+    if containers.is_empty() {
+        causes.push(Cause::required(&format!("{path}.containers"), ""));
+    }
+    let mut names = HashSet::new();
+    for (list, entries) in [
+        ("initContainers", items(&spec["initContainers"])),
+        ("containers", containers),
+    ] {
+        for (i, container) in entries.iter().enumerate() {
+            let at = format!("{path}.{list}[{i}]");
+            let name = container["name"].as_str().unwrap_or("");
+            if name.is_empty() {
+                causes.push(Cause::required(&format!("{at}.name"), ""));
+            } else {
+                for problem in name::dns1123_label(name) {
+                    causes.push(Cause::invalid(&format!("{at}.name"), name, &problem));
+                }
+                if !names.insert(name.to_owned()) {
+                    causes.push(duplicate(&format!("{at}.name"), json!(name)));
+                }
+            }
+            validate_container(
+                container,
+                &at,
+                &volumes,
+                list == "initContainers",
+                &mut causes,
+            );
+        }
+    }
+    let restart = spec["restartPolicy"].as_str().unwrap_or("Always");
+    if !matches!(restart, "Always" | "OnFailure" | "Never") {
+        causes.push(unsupported(
+            &format!("{path}.restartPolicy"),
+            restart,
+            RESTART_POLICIES,
+        ));
+    }
+    let dns = spec["dnsPolicy"].as_str().unwrap_or("ClusterFirst");
+    if !matches!(
+        dns,
+        "ClusterFirst" | "ClusterFirstWithHostNet" | "Default" | "None"
+    ) {
+        causes.push(unsupported(&format!("{path}.dnsPolicy"), dns, DNS_POLICIES));
+    }
+    if dns == "None" && spec["dnsConfig"].is_null() {
+        causes.push(Cause::required(
+            &format!("{path}.dnsConfig"),
+            "must provide `dnsConfig` when `dnsPolicy` is None",
+        ));
+    }
+    if let Some(deadline) = spec.get("activeDeadlineSeconds").filter(|v| !v.is_null()) {
+        if !deadline
+            .as_i64()
+            .is_some_and(|d| (1..=2_147_483_647).contains(&d))
+        {
+            causes.push(Cause::invalid(
+                &format!("{path}.activeDeadlineSeconds"),
+                deadline.clone(),
+                "must be between 1 and 2147483647, inclusive",
+            ));
+        }
+    }
+    non_negative(spec, path, "terminationGracePeriodSeconds", &mut causes);
+    causes
+}
+
+/// The volumes' names (each a unique DNS label, with exactly one source).
+fn validate_volumes(spec: &Value, path: &str, causes: &mut Vec<Cause>) -> HashSet<String> {
+    let mut names = HashSet::new();
+    for (i, volume) in items(&spec["volumes"]).iter().enumerate() {
+        let at = format!("{path}.volumes[{i}]");
+        let name = volume["name"].as_str().unwrap_or("");
+        if name.is_empty() {
+            causes.push(Cause::required(&format!("{at}.name"), ""));
+        } else {
+            for problem in name::dns1123_label(name) {
+                causes.push(Cause::invalid(&format!("{at}.name"), name, &problem));
+            }
+            if !names.insert(name.to_owned()) {
+                causes.push(duplicate(&format!("{at}.name"), json!(name)));
+            }
+        }
+        let sources = volume.as_object().map_or(0, |v| {
+            v.iter()
+                .filter(|(k, v)| *k != "name" && !v.is_null())
+                .count()
+        });
+        if sources == 0 {
+            causes.push(Cause::required(&at, "must specify a volume type"));
+        } else if sources > 1 {
+            causes.push(Cause::forbidden(
+                &at,
+                "may not specify more than 1 volume type",
+            ));
+        }
+    }
+    names
+}
+
+fn validate_container(
+    container: &Value,
+    at: &str,
+    volumes: &HashSet<String>,
+    init: bool,
+    causes: &mut Vec<Cause>,
+) {
+    let image = container["image"].as_str().unwrap_or("");
+    if image.is_empty() {
+        causes.push(Cause::required(&format!("{at}.image"), ""));
+    } else if image.trim() != image {
+        causes.push(Cause::invalid(
+            &format!("{at}.image"),
+            image,
+            "must not have leading or trailing whitespace",
+        ));
+    }
+    if let Some(policy) = container["imagePullPolicy"].as_str() {
+        if !matches!(policy, "Always" | "IfNotPresent" | "Never") {
+            causes.push(unsupported(
+                &format!("{at}.imagePullPolicy"),
+                policy,
+                PULL_POLICIES,
+            ));
+        }
+    }
+    let mut port_names = HashSet::new();
+    for (i, port) in items(&container["ports"]).iter().enumerate() {
+        let at = format!("{at}.ports[{i}]");
+        port_range(
+            &format!("{at}.containerPort"),
+            &port["containerPort"],
+            causes,
+        );
+        if port["hostPort"].as_i64().is_some_and(|p| p != 0) {
+            port_range(&format!("{at}.hostPort"), &port["hostPort"], causes);
+        }
+        let protocol = port["protocol"].as_str().unwrap_or("TCP");
+        if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
+            causes.push(unsupported(&format!("{at}.protocol"), protocol, PROTOCOLS));
+        }
+        if let Some(name) = port["name"].as_str().filter(|n| !n.is_empty()) {
+            for problem in port_name_problems(name) {
+                causes.push(Cause::invalid(&format!("{at}.name"), name, problem));
+            }
+            if !port_names.insert(name) {
+                causes.push(duplicate(&format!("{at}.name"), json!(name)));
+            }
+        }
+    }
+    for (i, env) in items(&container["env"]).iter().enumerate() {
+        let name = env["name"].as_str().unwrap_or("");
+        let field = format!("{at}.env[{i}].name");
+        if name.is_empty() {
+            causes.push(Cause::required(&field, ""));
+        } else if name.contains('=') || !name.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+            causes.push(Cause::invalid(
+                &field,
+                name,
+                "a valid environment variable name must consist only of printable ASCII characters other than '='",
+            ));
+        }
+    }
+    let mut mount_paths = HashSet::new();
+    for (i, mount) in items(&container["volumeMounts"]).iter().enumerate() {
+        let at = format!("{at}.volumeMounts[{i}]");
+        let name = mount["name"].as_str().unwrap_or("");
+        if name.is_empty() {
+            causes.push(Cause::required(&format!("{at}.name"), ""));
+        } else if !volumes.contains(name) {
+            causes.push(Cause {
+                reason: "FieldValueNotFound".into(),
+                message: format!("Not found: {}", json!(name)),
+                field: format!("{at}.name"),
+            });
+        }
+        let path = mount["mountPath"].as_str().unwrap_or("");
+        if path.is_empty() {
+            causes.push(Cause::required(&format!("{at}.mountPath"), ""));
+        } else if !mount_paths.insert(path) {
+            causes.push(Cause::invalid(
+                &format!("{at}.mountPath"),
+                path,
+                "must be unique",
+            ));
+        }
+    }
+    // A regular init container runs to completion: it has no probes (a
+    // sidecar, `restartPolicy: Always`, may).
+    let sidecar = container["restartPolicy"].as_str() == Some("Always");
+    for (probe, must_succeed_once) in [
+        ("livenessProbe", true),
+        ("readinessProbe", false),
+        ("startupProbe", true),
+    ] {
+        let value = &container[probe];
+        if value.is_null() {
+            continue;
+        }
+        let field = format!("{at}.{probe}");
+        if init && !sidecar {
+            causes.push(Cause::forbidden(
+                &field,
+                "may not be set for init containers without restartPolicy=Always",
+            ));
+            continue;
+        }
+        handler(value, &field, &PROBE_HANDLERS, causes);
+        for timing in [
+            "initialDelaySeconds",
+            "timeoutSeconds",
+            "periodSeconds",
+            "successThreshold",
+            "failureThreshold",
+        ] {
+            non_negative(value, &field, timing, causes);
+        }
+        let success = &value["successThreshold"];
+        if must_succeed_once && success.as_i64().is_some_and(|s| s != 1) {
+            causes.push(Cause::invalid(
+                &format!("{field}.successThreshold"),
+                success.clone(),
+                "must be 1",
+            ));
+        }
+    }
+    for hook in ["postStart", "preStop"] {
+        let value = &container["lifecycle"][hook];
+        if !value.is_null() {
+            handler(
+                value,
+                &format!("{at}.lifecycle.{hook}"),
+                &HOOK_HANDLERS,
+                causes,
+            );
+        }
+    }
+}
+
+/// Exactly one handler of `kinds`.
+fn handler(value: &Value, field: &str, kinds: &[&str], causes: &mut Vec<Cause>) {
+    let named = kinds.iter().filter(|k| !value[**k].is_null()).count();
+    if named == 0 {
+        causes.push(Cause::required(field, "must specify a handler type"));
+    } else if named > 1 {
+        causes.push(Cause::forbidden(
+            field,
+            "may not specify more than 1 handler type",
+        ));
+    }
+}
+
+fn non_negative(object: &Value, path: &str, field: &str, causes: &mut Vec<Cause>) {
+    let value = &object[field];
+    if value.as_i64().is_some_and(|v| v < 0) {
+        causes.push(Cause::invalid(
+            &format!("{path}.{field}"),
+            value.clone(),
+            "must be greater than or equal to 0",
+        ));
+    }
+}
+
+/// What an update may change in a Pod's spec, as Kubernetes allows: images,
+/// `activeDeadlineSeconds`, added tolerations, and a negative grace
+/// period made 1. (`nodeName` may also be set once on an unbound pod: the
+/// binding subresource goes through the same update path here.)
+pub fn validate_update(new: &Value, old: &Value) -> Vec<Cause> {
+    let (mut new, mut old) = (new["spec"].clone(), old["spec"].clone());
+    for spec in [&mut new, &mut old] {
+        for list in ["containers", "initContainers"] {
+            if let Some(containers) = spec[list].as_array_mut() {
+                for container in containers {
+                    container["image"] = Value::Null;
+                }
+            }
+        }
+        if let Some(map) = spec.as_object_mut() {
+            map.remove("activeDeadlineSeconds");
+        }
+    }
+    let old_tolerations = items(&old["tolerations"]).to_vec();
+    let new_tolerations = items(&new["tolerations"]).to_vec();
+    // Fields that may change take the old value (absent stays absent).
+    let keep_old = |new: &mut Value, field: &str| match (new.as_object_mut(), old.get(field)) {
+        (Some(map), Some(value)) => {
+            map.insert(field.to_owned(), value.clone());
+        }
+        (Some(map), None) => {
+            map.remove(field);
+        }
+        (None, _) => {}
+    };
+    if old_tolerations.iter().all(|t| new_tolerations.contains(t)) {
+        keep_old(&mut new, "tolerations");
+    }
+    if old["terminationGracePeriodSeconds"]
+        .as_i64()
+        .is_some_and(|g| g < 0)
+        && new["terminationGracePeriodSeconds"].as_i64() == Some(1)
+    {
+        keep_old(&mut new, "terminationGracePeriodSeconds");
+    }
+    if old["nodeName"].as_str().is_none_or(str::is_empty) {
+        keep_old(&mut new, "nodeName");
+    }
+    if new == old {
+        return Vec::new();
+    }
+    vec![Cause::forbidden(
+        "spec",
+        "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+    )]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(containers: Value) -> Value {
+        json!({"containers": containers})
+    }
+
+    fn messages(spec: &Value) -> Vec<String> {
+        validate(spec, "spec").iter().map(Cause::display).collect()
+    }
+
+    #[test]
+    fn a_minimal_spec_is_valid() {
+        assert!(messages(&spec(json!([{"name": "c", "image": "busybox"}]))).is_empty());
+    }
+
+    #[test]
+    fn containers_are_checked_as_kubernetes_does() {
+        assert_eq!(
+            messages(&spec(json!([]))),
+            ["spec.containers: Required value"]
+        );
+        assert_eq!(
+            messages(&spec(json!([{"name": "", "image": "x"}]))),
+            ["spec.containers[0].name: Required value"]
+        );
+        assert_eq!(
+            messages(&spec(
+                json!([{"name": "c", "image": "x"}, {"name": "c", "image": "y"}])
+            )),
+            ["spec.containers[1].name: Duplicate value: \"c\""]
+        );
+        assert_eq!(
+            messages(&spec(json!([{"name": "c"}]))),
+            ["spec.containers[0].image: Required value"]
+        );
+        let bad = messages(&spec(json!([{"name": "Bad_Name", "image": "x"}])));
+        assert!(
+            bad[0].starts_with(
+                "spec.containers[0].name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 label"
+            ),
+            "{bad:?}"
+        );
+        assert_eq!(
+            messages(&spec(json!([{"name": "c", "image": "x", "imagePullPolicy": "Sometimes"}]))),
+            ["spec.containers[0].imagePullPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"IfNotPresent\", \"Never\""]
+        );
+    }
+
+    #[test]
+    fn ports_probes_env_and_mounts() {
+        let container = json!({
+            "name": "c", "image": "x",
+            "ports": [{"containerPort": 0}, {"containerPort": 80, "name": "http"}, {"containerPort": 81, "name": "http", "protocol": "ICMP"}],
+            "livenessProbe": {"exec": {"command": ["true"]}, "httpGet": {"port": 80}, "successThreshold": 2},
+            "readinessProbe": {"periodSeconds": -1},
+            "env": [{"name": ""}, {"name": "A=B"}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        });
+        assert_eq!(
+            messages(&spec(json!([container]))),
+            [
+                "spec.containers[0].ports[0].containerPort: Invalid value: 0: must be between 1 and 65535, inclusive",
+                "spec.containers[0].ports[2].protocol: Unsupported value: \"ICMP\": supported values: \"SCTP\", \"TCP\", \"UDP\"",
+                "spec.containers[0].ports[2].name: Duplicate value: \"http\"",
+                "spec.containers[0].env[0].name: Required value",
+                "spec.containers[0].env[1].name: Invalid value: \"A=B\": a valid environment variable name must consist only of printable ASCII characters other than '='",
+                "spec.containers[0].volumeMounts[0].name: Not found: \"data\"",
+                "spec.containers[0].livenessProbe: Forbidden: may not specify more than 1 handler type",
+                "spec.containers[0].livenessProbe.successThreshold: Invalid value: 2: must be 1",
+                "spec.containers[0].readinessProbe: Required value: must specify a handler type",
+                "spec.containers[0].readinessProbe.periodSeconds: Invalid value: -1: must be greater than or equal to 0",
+            ]
+        );
+    }
+
+    #[test]
+    fn policies_volumes_and_deadlines() {
+        let mut s = spec(json!([{"name": "c", "image": "x"}]));
+        s["restartPolicy"] = json!("Sometimes");
+        s["dnsPolicy"] = json!("None");
+        s["activeDeadlineSeconds"] = json!(0);
+        s["volumes"] =
+            json!([{"name": "v"}, {"name": "v", "emptyDir": {}, "hostPath": {"path": "/"}}]);
+        assert_eq!(
+            messages(&s),
+            [
+                "spec.volumes[0]: Required value: must specify a volume type",
+                "spec.volumes[1].name: Duplicate value: \"v\"",
+                "spec.volumes[1]: Forbidden: may not specify more than 1 volume type",
+                "spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"Never\", \"OnFailure\"",
+                "spec.dnsConfig: Required value: must provide `dnsConfig` when `dnsPolicy` is None",
+                "spec.activeDeadlineSeconds: Invalid value: 0: must be between 1 and 2147483647, inclusive",
+            ]
+        );
+    }
+
+    #[test]
+    fn init_containers_share_names_and_may_not_probe_unless_sidecars() {
+        let mut s = spec(json!([{"name": "c", "image": "x"}]));
+        s["initContainers"] = json!([
+            {"name": "c", "image": "x", "readinessProbe": {"exec": {"command": ["true"]}}},
+            {"name": "side", "image": "x", "restartPolicy": "Always", "readinessProbe": {"exec": {"command": ["true"]}}},
+        ]);
+        assert_eq!(
+            messages(&s),
+            [
+                "spec.initContainers[0].readinessProbe: Forbidden: may not be set for init containers without restartPolicy=Always",
+                "spec.containers[0].name: Duplicate value: \"c\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_update_may_change_only_what_kubernetes_allows() {
+        let pod = |image: &str, extra: Value| {
+            let mut p = json!({"spec": {"containers": [{"name": "c", "image": image}], "tolerations": [{"key": "a"}]}});
+            for (k, v) in extra.as_object().unwrap() {
+                p["spec"][k] = v.clone();
+            }
+            p
+        };
+        let old = pod("x:1", json!({}));
+        assert!(validate_update(&pod("x:2", json!({"activeDeadlineSeconds": 5})), &old).is_empty());
+        assert!(validate_update(
+            &pod("x:1", json!({"tolerations": [{"key": "a"}, {"key": "b"}]})),
+            &old
+        )
+        .is_empty());
+        assert!(
+            validate_update(&pod("x:1", json!({"nodeName": "n1"})), &old).is_empty(),
+            "binding"
+        );
+        let bound = pod("x:1", json!({"nodeName": "n1"}));
+        assert_eq!(
+            validate_update(&pod("x:1", json!({"nodeName": "n2"})), &bound).len(),
+            1
+        );
+        assert_eq!(
+            validate_update(&pod("x:1", json!({"tolerations": []})), &old).len(),
+            1
+        );
+        let changed = validate_update(&pod("x:1", json!({"restartPolicy": "Never"})), &old);
+        assert!(changed[0]
+            .display()
+            .starts_with("spec: Forbidden: pod updates may not change fields other than"));
+    }
+}

@@ -432,3 +432,37 @@ def test_a_pod_update_may_change_only_what_kubernetes_allows(portal):
     assert refused.value.status == 422
     assert "spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`" in refused.value.body
     assert core.read_namespaced_pod("p", "default").spec.containers[0].command is None
+
+
+def get_as(portal, path, accept):
+    context = ssl.create_default_context(cafile=None)
+    context.load_verify_locations(cadata=portal_ca(portal))
+    request = urllib.request.Request(portal.server + path, headers={"Authorization": f"Bearer {portal.token}", "Accept": accept})
+    return urllib.request.urlopen(request, context=context, timeout=20)
+
+
+def test_partial_object_metadata_for_get_list_and_watch(portal):
+    """`as=PartialObjectMetadata(List)`: only metadata, as kube-rs'
+    metadata_watcher and garbage collectors ask (issue 19)."""
+    core = portal.core()
+    core.create_namespaced_service("default", service("meta", labels={"a": "b"}))
+    meta_list = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+    with get_as(portal, "/api/v1/namespaces/default/services", meta_list) as response:
+        listed = json.loads(response.read())
+    assert (listed["kind"], listed["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    item = next(i for i in listed["items"] if i["metadata"]["name"] == "meta")
+    assert set(item) == {"kind", "apiVersion", "metadata"} and item["kind"] == "PartialObjectMetadata"
+    assert item["metadata"]["labels"] == {"a": "b"} and item["metadata"]["uid"]
+
+    one_meta = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+    with get_as(portal, "/api/v1/namespaces/default/services/meta", one_meta) as response:
+        one = json.loads(response.read())
+    assert one["kind"] == "PartialObjectMetadata" and "spec" not in one
+
+    rv = listed["metadata"]["resourceVersion"]
+    with get_as(portal, f"/api/v1/namespaces/default/services?watch=1&resourceVersion={rv}", one_meta) as stream:
+        core.patch_namespaced_service("meta", "default", {"metadata": {"labels": {"a": "c"}}})
+        event = json.loads(stream.readline())
+    assert event["type"] == "MODIFIED"
+    assert event["object"]["kind"] == "PartialObjectMetadata" and event["object"]["metadata"]["labels"] == {"a": "c"}
+    assert "spec" not in event["object"]

@@ -124,6 +124,19 @@ pub(crate) enum Output {
     Json,
     /// `application/json;as=Table;v=v1;g=meta.k8s.io`, as `kubectl get` asks.
     Table(portal_api::table::IncludeObject),
+    /// `application/json;as=PartialObjectMetadata(List);g=meta.k8s.io;v=v1`:
+    /// only each object's metadata, as metadata watchers and garbage
+    /// collectors ask.
+    Metadata,
+}
+
+/// An object as `PartialObjectMetadata`: its metadata alone.
+pub(crate) fn partial_metadata(object: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": object["metadata"],
+    })
 }
 
 impl Output {
@@ -132,14 +145,22 @@ impl Output {
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        let wants_table = accept.split(',').any(|range| {
+        // The first media range asking for a form Portal serves wins.
+        let wanted = accept.split(',').find_map(|range| {
             let params: Vec<&str> = range.split(';').map(str::trim).collect();
-            params.contains(&"as=Table")
-                && params.contains(&"g=meta.k8s.io")
-                && params.contains(&"v=v1")
+            if !params.contains(&"g=meta.k8s.io") || !params.contains(&"v=v1") {
+                return None;
+            }
+            params.iter().find_map(|p| match *p {
+                "as=Table" => Some(true),
+                "as=PartialObjectMetadata" | "as=PartialObjectMetadataList" => Some(false),
+                _ => None,
+            })
         });
-        if !wants_table {
-            return Ok(Output::Json);
+        match wanted {
+            None => return Ok(Output::Json),
+            Some(false) => return Ok(Output::Metadata),
+            Some(true) => {}
         }
         let include = portal_api::table::IncludeObject::parse(query.get("includeObject"))
             .map_err(Status::bad_request)?;

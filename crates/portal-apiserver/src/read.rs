@@ -75,6 +75,10 @@ pub(crate) async fn get(
     };
     Ok(match output {
         Output::Json => json_response(StatusCode::OK, object.json.clone()),
+        Output::Metadata => json_response(
+            StatusCode::OK,
+            serde_json::to_vec(&crate::http::partial_metadata(&object.value)).unwrap_or_default(),
+        ),
         Output::Table(include) => {
             let rv = meta::meta_str(&object.value, "resourceVersion")
                 .unwrap_or("")
@@ -214,6 +218,27 @@ pub(crate) async fn list(
         return Ok(json_response(
             StatusCode::OK,
             serde_json::to_vec(&table).unwrap_or_default(),
+        ));
+    }
+    if output == Output::Metadata {
+        let mut list_meta = json!({"resourceVersion": revision.to_string()});
+        if let Some(next) = &next {
+            list_meta["continue"] = json!(next);
+            list_meta["remainingItemCount"] = json!(remaining);
+        }
+        let items: Vec<serde_json::Value> = items
+            .iter()
+            .map(|o| crate::http::partial_metadata(&o.value))
+            .collect();
+        let list = json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": list_meta,
+            "items": items,
+        });
+        return Ok(json_response(
+            StatusCode::OK,
+            serde_json::to_vec(&list).unwrap_or_default(),
         ));
     }
     Ok(json_response(

@@ -76,6 +76,10 @@ impl Watcher {
     fn line(&self, kind: &str, object: &CachedObject) -> Bytes {
         match self.output {
             Output::Json => event_line(kind, &object.json),
+            Output::Metadata => {
+                let partial = crate::http::partial_metadata(&object.value);
+                event_line(kind, &serde_json::to_vec(&partial).unwrap_or_default())
+            }
             Output::Table(include) => {
                 let rv = portal_api::meta::meta_str(&object.value, "resourceVersion").unwrap_or("");
                 let meta = serde_json::json!({"resourceVersion": rv});
@@ -92,9 +96,13 @@ impl Watcher {
     }
 
     async fn send_bookmark(&self, revision: Revision) -> bool {
+        let (kind, api_version) = match self.output {
+            Output::Metadata => ("PartialObjectMetadata", "meta.k8s.io/v1".to_owned()),
+            _ => (self.resource.kind_name, self.resource.api_version()),
+        };
         let object = serde_json::json!({
-            "kind": self.resource.kind_name,
-            "apiVersion": self.resource.api_version(),
+            "kind": kind,
+            "apiVersion": api_version,
             "metadata": {"resourceVersion": revision.to_string()},
         });
         self.tx

@@ -54,3 +54,38 @@ def test_pods_spread_over_ready_nodes(portal):
         raise AssertionError("a second binding was accepted")
     except client.rest.ApiException as e:
         assert e.status == 409
+
+
+def test_taints_node_selectors_and_cordon(portal):
+    """Untolerated NoSchedule taints, a nodeSelector and `kubectl cordon`
+    keep pods away, with Kubernetes' reasons (issue 17, part)."""
+    import subprocess
+
+    core = portal.core()
+    core.create_node({
+        "metadata": {"name": "db-node", "labels": {"disk": "ssd"}},
+        "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    })
+    make_node(core, "web-node")
+    kubectl = lambda *args: subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, *args], capture_output=True, text=True, timeout=60, check=True)
+    kubectl("cordon", "web-node")
+    assert core.read_node("web-node").spec.unschedulable
+    plain = {"metadata": {"name": "plain"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    core.create_namespaced_pod(NS, plain)
+
+    def reason():
+        events = core.list_namespaced_event(NS, field_selector="reason=FailedScheduling,involvedObject.name=plain").items
+        return events[0].message if events else None
+
+    message = wait_for(reason, "FailedScheduling for the plain pod")
+    assert message == "0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: db}, 1 node(s) were unschedulable.", message
+    kubectl("uncordon", "web-node")
+    wait_for(lambda: core.read_namespaced_pod("plain", NS).spec.node_name == "web-node", "the plain pod on the uncordoned node")
+    tolerant = {"metadata": {"name": "db"}, "spec": {
+        "containers": [{"name": "c", "image": "x"}],
+        "nodeSelector": {"disk": "ssd"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}],
+    }}
+    core.create_namespaced_pod(NS, tolerant)
+    wait_for(lambda: core.read_namespaced_pod("db", NS).spec.node_name == "db-node", "the tolerant pod on the tainted node it selects")

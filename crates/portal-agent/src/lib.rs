@@ -95,6 +95,8 @@ pub struct Config {
     /// range of the last run.
     pub pod_cidr: Option<Ipv4Cidr>,
     pub static_pods: StaticPods,
+    /// How long the node's Lease lasts (renewed every quarter of it).
+    pub lease_seconds: i32,
 }
 
 /// Where static pods come from besides the API.
@@ -162,6 +164,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         name: config.node_name.clone(),
         ip,
         port: config.port,
+        lease_seconds: config.lease_seconds,
         pod_cidr: None,
     };
     let range = cluster::pod_range(client.as_ref(), &config, &me, &data).await?;

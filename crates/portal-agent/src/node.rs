@@ -19,10 +19,9 @@ use kube::{Api, Client};
 
 use crate::Error;
 
-/// The Lease is renewed this often and lasts four times as long, as the
-/// kubelet's (`nodeLeaseDurationSeconds` 40).
-const RENEW_EVERY: Duration = Duration::from_secs(10);
-const LEASE_SECONDS: i32 = 40;
+/// The Lease lasts this long by default and is renewed every quarter of
+/// it, as the kubelet's (`nodeLeaseDurationSeconds` 40, renewed every 10 s).
+pub const LEASE_SECONDS: i32 = 40;
 /// The Node's status (conditions' heartbeat) is written at least this often.
 const STATUS_EVERY: Duration = Duration::from_secs(60);
 /// The most pods one node runs, as the kubelet's `--max-pods` default.
@@ -36,6 +35,8 @@ pub struct Identity {
     pub ip: Ipv4Addr,
     /// The port of the agent's own server (`daemonEndpoints`).
     pub port: i32,
+    /// How long its Lease lasts (renewed every quarter of it).
+    pub lease_seconds: i32,
     /// The pod range the agent uses when it is its own to say (given, or
     /// kept from the last run); otherwise node IPAM gives it.
     pub pod_cidr: Option<portal_api::cidr::Ipv4Cidr>,
@@ -222,8 +223,9 @@ fn system_info() -> NodeSystemInfo {
     }
 }
 
-/// Renews the Lease every ten seconds and the Node's status every minute,
-/// for as long as the agent runs. Failures are retried at the next tick.
+/// Renews the Lease every ten seconds and the Node's status every minute
+/// (and whenever the API does not show it Ready), for as long as the agent
+/// runs. Failures are retried at the next tick.
 pub(crate) async fn heartbeat(
     client: Client,
     me: Identity,
@@ -233,14 +235,17 @@ pub(crate) async fn heartbeat(
     let leases = Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE);
     let nodes = Api::<Node>::all(client);
     let mut last_status = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval(RENEW_EVERY);
+    let quarter = u64::try_from(me.lease_seconds.max(1)).unwrap_or(40) * 250;
+    let mut tick = tokio::time::interval(Duration::from_millis(quarter));
     loop {
         tick.tick().await;
         match renew(&leases, &me, &node_uid).await {
             Ok(()) => metrics.lease_renewed(),
             Err(error) => tracing::warn!(%error, node = %me.name, "renewing the node lease failed"),
         }
-        if last_status.elapsed() >= STATUS_EVERY {
+        // Also at once when the API says otherwise (the node lifecycle
+        // controller marked it Unknown while the agent was away or slow).
+        if last_status.elapsed() >= STATUS_EVERY || !ready_in_api(&nodes, &me.name).await {
             match write_status(&nodes, &me).await {
                 Ok(_) => last_status = tokio::time::Instant::now(),
                 Err(error) => tracing::warn!(%error, node = %me.name, "node status update failed"),
@@ -249,11 +254,23 @@ pub(crate) async fn heartbeat(
     }
 }
 
+/// Whether the API shows this Node Ready (an error counts as Ready: the
+/// regular status write retries anyway).
+async fn ready_in_api(nodes: &Api<Node>, name: &str) -> bool {
+    match nodes.get_status(name).await {
+        Ok(node) => node
+            .status
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        Err(_) => true,
+    }
+}
+
 async fn renew(leases: &Api<Lease>, me: &Identity, node_uid: &str) -> Result<(), Error> {
     let now = MicroTime(jiff::Timestamp::now());
     let spec = LeaseSpec {
         holder_identity: Some(me.name.clone()),
-        lease_duration_seconds: Some(LEASE_SECONDS),
+        lease_duration_seconds: Some(me.lease_seconds),
         renew_time: Some(now),
         ..LeaseSpec::default()
     };

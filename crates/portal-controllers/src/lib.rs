@@ -2,12 +2,14 @@
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController controller, node IPAM
-//! (pod ranges) and the scheduler.
+//! (pod ranges), node lifecycle (unreachable nodes, taint-based eviction)
+//! and the scheduler.
 
 pub mod endpoints;
 pub mod events;
 pub mod mirroring;
 pub mod node_ipam;
+pub mod node_lifecycle;
 pub mod pods;
 pub mod replication;
 pub mod scheduler;
@@ -110,8 +112,9 @@ impl Retries {
 /// Runs every controller until the process ends. The endpoints,
 /// ReplicationController and scheduling controllers share one pod watch and
 /// one pod cache.
-pub async fn run(client: Client, ipam: node_ipam::Config) {
+pub async fn run(client: Client, ipam: node_ipam::Config, lifecycle: node_lifecycle::Config) {
     let mut pods = pods::reflector(client.clone());
+    let node_lifecycle = node_lifecycle::run(client.clone(), lifecycle, pods.store());
     let endpoints = endpoints::run(client.clone(), pods.store(), pods.subscribe());
     let replication = replication::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
@@ -121,6 +124,7 @@ pub async fn run(client: Client, ipam: node_ipam::Config) {
         mirroring::run(client.clone()),
         replication,
         node_ipam::run(client, ipam),
+        node_lifecycle,
         scheduler
     );
 }

@@ -27,6 +27,10 @@ pub fn project(pod: &mut Pod) {
             scheduler_name: spec.scheduler_name,
             hostname: spec.hostname,
             subdomain: spec.subdomain,
+            // Scheduling and node lifecycle: where a pod may go and how
+            // long it stays on an unreachable node.
+            tolerations: spec.tolerations,
+            node_selector: spec.node_selector,
             containers: spec
                 .containers
                 .into_iter()

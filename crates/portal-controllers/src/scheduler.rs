@@ -51,18 +51,71 @@ fn owner_uid(pod: &Pod) -> Option<String> {
         .map(|o| o.uid.clone())
 }
 
-fn node_fits(node: &Node) -> bool {
+/// Why the pod cannot go to the node (`None`: it fits), in the words of
+/// Kubernetes' `FailedScheduling` messages.
+fn misfit(node: &Node, pod: &Pod) -> Option<String> {
     let ready = node
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    let unschedulable = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false);
-    ready && !unschedulable
+    let spec = node.spec.as_ref();
+    if !ready {
+        return Some("node(s) were not ready".into());
+    }
+    if spec.and_then(|s| s.unschedulable).unwrap_or(false) {
+        return Some("node(s) were unschedulable".into());
+    }
+    let pod_spec = pod.spec.as_ref();
+    let selector = pod_spec.and_then(|s| s.node_selector.as_ref());
+    let labels = node.metadata.labels.as_ref();
+    if selector.is_some_and(|wanted| {
+        wanted
+            .iter()
+            .any(|(k, v)| labels.and_then(|l| l.get(k)) != Some(v))
+    }) {
+        return Some("node(s) didn't match Pod's node affinity/selector".into());
+    }
+    let tolerations = pod_spec
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    let taints = spec.and_then(|s| s.taints.as_ref());
+    let untolerated = taints.into_iter().flatten().find(|taint| {
+        matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute")
+            && !tolerations
+                .iter()
+                .any(|t| crate::node_lifecycle::tolerates(t, taint))
+    });
+    untolerated.map(|taint| {
+        format!(
+            "node(s) had untolerated taint {{{}: {}}}",
+            taint.key,
+            taint.value.as_deref().unwrap_or("")
+        )
+    })
+}
+
+/// `0/3 nodes are available: 1 node(s) were unschedulable, 2 node(s) had
+/// untolerated taint {…}.`
+fn unavailable_message(nodes: &[Arc<Node>], pod: &Pod) -> String {
+    let mut reasons: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for node in nodes {
+        if let Some(reason) = misfit(node, pod) {
+            *reasons.entry(reason).or_default() += 1;
+        }
+    }
+    let parts: Vec<String> = reasons
+        .iter()
+        .map(|(reason, count)| format!("{count} {reason}"))
+        .collect();
+    if parts.is_empty() {
+        return format!("0/{} nodes are available.", nodes.len());
+    }
+    format!(
+        "0/{} nodes are available: {}.",
+        nodes.len(),
+        parts.join(", ")
+    )
 }
 
 /// Runs the scheduler until the process ends, reading pods from the
@@ -166,7 +219,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let nodes = ctx.nodes.state();
-    let fitting: Vec<&Arc<Node>> = nodes.iter().filter(|n| node_fits(n)).collect();
+    let fitting: Vec<&Arc<Node>> = nodes.iter().filter(|n| misfit(n, &pod).is_none()).collect();
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
@@ -193,11 +246,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         if let Some(wait) = wait {
             return Ok(Action::requeue(wait));
         }
-        let unready = nodes.len();
-        let message = format!(
-            "0/{} nodes are available: {unready} node(s) were not ready or were unschedulable.",
-            nodes.len()
-        );
+        let message = unavailable_message(&nodes, &pod);
         ctx.events
             .record(&reference, "Warning", "FailedScheduling", &message)
             .await;
@@ -257,4 +306,52 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         .record(&reference, "Normal", "Scheduled", &message)
         .await;
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, extra: serde_json::Value) -> Arc<Node> {
+        let mut node = serde_json::json!({
+            "metadata": {"name": name, "labels": {"disk": "ssd"}},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        for (key, value) in extra.as_object().unwrap() {
+            node["spec"][key] = value.clone();
+        }
+        Arc::new(serde_json::from_value(node).unwrap())
+    }
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn taints_selectors_and_cordons_keep_pods_away_with_reasons() {
+        let tainted = serde_json::json!({"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]});
+        let nodes = vec![
+            node("a", tainted.clone()),
+            node("b", serde_json::json!({"unschedulable": true})),
+            node("c", tainted),
+        ];
+        let plain = pod(serde_json::json!({"containers": [{"name": "c"}]}));
+        assert_eq!(
+            unavailable_message(&nodes, &plain),
+            "0/3 nodes are available: 2 node(s) had untolerated taint {dedicated: db}, 1 node(s) were unschedulable."
+        );
+        let tolerant = pod(serde_json::json!({"containers": [{"name": "c"}],
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}]}));
+        assert!(misfit(&nodes[0], &tolerant).is_none());
+        let elsewhere = pod(
+            serde_json::json!({"containers": [{"name": "c"}], "nodeSelector": {"disk": "hdd"},
+            "tolerations": [{"operator": "Exists"}]}),
+        );
+        assert_eq!(
+            misfit(&nodes[0], &elsewhere).as_deref(),
+            Some("node(s) didn't match Pod's node affinity/selector")
+        );
+    }
 }

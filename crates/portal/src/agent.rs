@@ -53,6 +53,9 @@ pub(crate) struct AgentOptions {
     /// no API server (default: node IPAM's, kept across restarts).
     #[arg(long, value_name = "CIDR")]
     pub pod_cidr: Option<portal_apiserver::Ipv4Cidr>,
+    /// How long the node's Lease lasts; it is renewed every quarter of it.
+    #[arg(long, default_value_t = portal_agent::node::LEASE_SECONDS, value_parser = clap::value_parser!(i32).range(1..=3600))]
+    pub node_lease_duration_seconds: i32,
 }
 
 /// `NAME:VALUE`, as kubelet's `--manifest-url-header`.
@@ -89,6 +92,7 @@ impl AgentOptions {
             port: i32::from(self.agent_port),
             client_ca,
             pod_cidr: self.pod_cidr,
+            lease_seconds: self.node_lease_duration_seconds,
             static_pods: portal_agent::StaticPods {
                 manifest_path: self.pod_manifest_path.clone(),
                 file_check_frequency: self.file_check_frequency,

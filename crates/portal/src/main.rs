@@ -28,15 +28,16 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run everything on this machine on the embedded store.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Run the controllers against an API server.
     Controllers(ControllersArgs),
     /// Run the cluster DNS against an API server.
     Dns(DnsArgs),
     /// Run the service proxy for this node against an API server.
     Proxy(ProxyArgs),
-    /// Run the node agent (pods of this node) against an API server.
-    Agent(agent::AgentArgs),
+    /// Run the node agent (pods of this node), against an API server or
+    /// standalone (static pods).
+    Agent(Box<agent::AgentArgs>),
     /// Manage the node's images.
     Images(agent::ImagesArgs),
     /// One container's supervisor (started by the agent).
@@ -187,6 +188,8 @@ struct ControllersArgs {
     kubeconfig: PathBuf,
     #[command(flatten)]
     ipam: IpamArgs,
+    #[command(flatten)]
+    lifecycle: LifecycleArgs,
 }
 
 /// How the pod network is cut into node ranges (node IPAM).
@@ -198,6 +201,23 @@ struct IpamArgs {
     /// The prefix length of one node's pod range.
     #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=30))]
     node_cidr_mask_size: u8,
+}
+
+/// How the node lifecycle controller judges nodes.
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct LifecycleArgs {
+    /// A node whose agent is silent this long is Unknown, tainted
+    /// unreachable, and its pods leave the Services.
+    #[arg(long, default_value = "40s", value_parser = parse_period)]
+    node_monitor_grace_period: Duration,
+}
+
+impl LifecycleArgs {
+    fn config(self) -> portal_controllers::node_lifecycle::Config {
+        portal_controllers::node_lifecycle::Config {
+            grace_period: self.node_monitor_grace_period,
+        }
+    }
 }
 
 impl IpamArgs {
@@ -259,6 +279,8 @@ struct ServerArgs {
     proxy: ProxyTiming,
     #[command(flatten)]
     ipam: IpamArgs,
+    #[command(flatten)]
+    lifecycle: LifecycleArgs,
     #[command(flatten)]
     agent: agent::AgentOptions,
     /// Components not to run in this process (comma-separated: agent,
@@ -336,7 +358,11 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         // The controllers are API clients like any other, through the
         // kubeconfig the server just wrote.
         let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
-        tokio::spawn(portal_controllers::run(client, ipam));
+        tokio::spawn(portal_controllers::run(
+            client,
+            ipam,
+            args.lifecycle.config(),
+        ));
     }
     // With pods on this node, the DNS answers on the node address by
     // default and is published as the kube-dns Service's endpoints.
@@ -449,7 +475,7 @@ async fn controllers(args: ControllersArgs) -> Result<(), Error> {
     let ipam = args.ipam.config()?;
     let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
     tokio::select! {
-        () = portal_controllers::run(client, ipam) => {}
+        () = portal_controllers::run(client, ipam, args.lifecycle.config()) => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
     }
     Ok(())
@@ -601,11 +627,11 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Server(args) => server(args).await,
+            Command::Server(args) => server(*args).await,
             Command::Controllers(args) => controllers(args).await,
             Command::Dns(args) => dns(args).await,
             Command::Proxy(args) => proxy(args).await,
-            Command::Agent(args) => agent::agent(args).await,
+            Command::Agent(args) => agent::agent(*args).await,
             Command::Images(args) => agent::images(args).await,
             Command::Shim(_) => Ok(()),
         }

@@ -140,6 +140,48 @@ fn mirror_annotation(object: &Value, old: &Value) -> Vec<crate::Cause> {
 
 fn prepare_create(object: &mut Value) {
     object["status"] = json!({"phase": "Pending"});
+    default_toleration_seconds(object);
+}
+
+/// How long a pod stays bound to a node that is not ready or unreachable
+/// before it is evicted, unless it says otherwise (the API server's
+/// `DefaultTolerationSeconds` admission, 300 s).
+const DEFAULT_TOLERATION_SECONDS: i64 = 300;
+
+/// Adds a `NoExecute` toleration for the `not-ready` and `unreachable`
+/// node taints, unless the pod already tolerates them.
+fn default_toleration_seconds(object: &mut Value) {
+    let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let tolerations = spec.entry("tolerations").or_insert_with(|| json!([]));
+    if tolerations.is_null() {
+        *tolerations = json!([]);
+    }
+    let Some(list) = tolerations.as_array_mut() else {
+        return;
+    };
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
+        let tolerated = list.iter().any(|t| {
+            let effect = t["effect"].as_str().unwrap_or("");
+            let key_matches = match t["key"].as_str().unwrap_or("") {
+                "" => t["operator"] == "Exists",
+                k => k == key,
+            };
+            key_matches && (effect.is_empty() || effect == "NoExecute")
+        });
+        if !tolerated {
+            list.push(json!({
+                "key": key,
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": DEFAULT_TOLERATION_SECONDS,
+            }));
+        }
+    }
 }
 
 fn list_strategy(path: &[&str]) -> ListStrategy {
@@ -422,6 +464,29 @@ mod tests {
         assert_eq!(image_pull_policy("registry:5000/busybox"), "Always");
         assert_eq!(image_pull_policy("registry:5000/busybox:1"), "IfNotPresent");
         assert_eq!(image_pull_policy("busybox@sha256:abc"), "IfNotPresent");
+    }
+
+    #[test]
+    fn pods_tolerate_unready_nodes_for_300_seconds_unless_they_say() {
+        let mut plain = json!({"spec": {"containers": [{"name": "c", "image": "x"}]}});
+        prepare_create(&mut plain);
+        let tolerations = plain["spec"]["tolerations"].as_array().unwrap();
+        assert_eq!(tolerations.len(), 2);
+        assert_eq!(tolerations[1]["key"], "node.kubernetes.io/unreachable");
+        assert_eq!(tolerations[1]["tolerationSeconds"], 300);
+        let mut own = json!({"spec": {"tolerations": [
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}
+        ]}});
+        prepare_create(&mut own);
+        let tolerations = own["spec"]["tolerations"].as_array().unwrap();
+        assert_eq!(tolerations.len(), 2, "only not-ready is added");
+        assert_eq!(tolerations[0]["tolerationSeconds"], 5);
+        let mut everything = json!({"spec": {"tolerations": [{"operator": "Exists"}]}});
+        prepare_create(&mut everything);
+        assert_eq!(
+            everything["spec"]["tolerations"].as_array().unwrap().len(),
+            1
+        );
     }
 
     #[test]

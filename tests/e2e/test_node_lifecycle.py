@@ -1,0 +1,141 @@
+"""Node lifecycle (issue 17, part; issue 19's Ready=Unknown): a node whose
+agent goes silent is Unknown and tainted unreachable, its pods leave the
+Service at once, are evicted once their toleration runs out and replaced by
+their ReplicationController; the agent back makes the node Ready, the taints
+go and the old pods are cleaned up. A node that never reported shows
+Unknown conditions in `kubectl describe node`. One node namespace; the API
+server and the agent are separate processes so the agent can be killed."""
+
+import pathlib
+import signal
+import subprocess
+import time
+
+import kubernetes
+
+import agent_bed
+import nodes
+import registry
+from agent_bed import NS, wait_for, web_image
+from conftest import BINARY, Portal
+
+NODE = "life-1"
+GRACE = "4s"
+LEASE_SECONDS = "2"  # renewed every 0.5 s: well inside the grace period
+TOLERATION = 8
+
+
+def start_agent(tmp_path, agent_dir, kubeconfig, reg):
+    log = open(tmp_path / "agent.log", "ab")
+    return subprocess.Popen(
+        [BINARY, "agent", "--kubeconfig", str(kubeconfig), "--data-dir", str(agent_dir),
+         "--node-name", NODE, "--node-ip", nodes.NODE_IP, "--node-lease-duration-seconds", LEASE_SECONDS,
+         "--registry-mirror", f"docker.io=http://{reg.host}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+
+
+def ready_condition(core, name):
+    try:
+        node = core.read_node(name)
+    except kubernetes.client.rest.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return next((c for c in (node.status.conditions or []) if c.type == "Ready"), None) if node.status else None
+
+
+def taints(core, name):
+    return sorted((t.key, t.effect) for t in (core.read_node(name).spec.taints or []))
+
+
+def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path):
+    agent_dir = tmp_path / "agent"
+    tag = agent_bed.agent_tag(agent_dir, NODE)
+    (tmp_path / "server").mkdir()
+    cluster = nodes.Cluster(bridge=False).__enter__()
+    reg = portal = agent = None
+    try:
+        reg = registry.Registry(bind="0.0.0.0").__enter__()
+
+        class Bed:
+            registry = reg
+
+        image = web_image(Bed)
+        portal = Portal(tmp_path / "server", ["--node-monitor-grace-period", GRACE]).start()
+        core = portal.core()
+        discovery = kubernetes.client.DiscoveryV1Api(core.api_client)
+        agent = start_agent(tmp_path, agent_dir, portal.kubeconfig, reg)
+        wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "True", "the node Ready", timeout=60)
+
+        # A Node that never reports: Unknown after the grace period, and
+        # kubectl describe says why.
+        core.create_node({"metadata": {"name": "ghost"}})
+        wait_for(lambda: (c := ready_condition(core, "ghost")) and c.status == "Unknown", "the silent node Unknown", timeout=30)
+        described = subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "describe", "node", "ghost"], capture_output=True, text=True, timeout=60).stdout
+        assert "Kubelet never posted node status." in described and "NodeStatusNeverUpdated" in described, described
+        assert ("node.kubernetes.io/unreachable", "NoExecute") in wait_for(lambda: taints(core, "ghost") or None, "the silent node tainted")
+        core.delete_node("ghost")
+
+        template_spec = {
+            "containers": [{"name": "web", "image": image, "ports": [{"containerPort": 8080}]}],
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION}],
+        }
+        core.create_namespaced_replication_controller(NS, {
+            "metadata": {"name": "web"},
+            "spec": {"replicas": 2, "selector": {"app": "web"}, "template": {"metadata": {"labels": {"app": "web"}}, "spec": template_spec}},
+        })
+        core.create_namespaced_service(NS, {"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+
+        def ready_endpoints():
+            slices = discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=web").items
+            return [e for s in slices for e in (s.endpoints or []) if e.conditions.ready]
+
+        wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints", timeout=60)
+        first = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
+        # Pods got the API server's default toleration for not-ready nodes.
+        pod = core.read_namespaced_pod(sorted(first)[0], NS)
+        assert any(t.key == "node.kubernetes.io/not-ready" and t.toleration_seconds == 300 for t in pod.spec.tolerations)
+
+        # Lose the node: its agent killed (its containers keep running).
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+        lost = time.monotonic()
+        condition = wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "Unknown" and c, "the node Unknown", timeout=30)
+        assert condition.reason == "NodeStatusUnknown" and condition.message == "Kubelet stopped posting node status."
+        wait_for(lambda: {("node.kubernetes.io/unreachable", "NoExecute"), ("node.kubernetes.io/unreachable", "NoSchedule")} <= set(taints(core, NODE)), "the unreachable taints")
+        wait_for(lambda: not ready_endpoints(), "the lost node's pods out of the Service", timeout=15)
+        print(f"node lost -> endpoints not ready: {time.monotonic() - lost:.1f}s (grace {GRACE})")
+        for name in first:
+            ready = next(c for c in core.read_namespaced_pod(name, NS).status.conditions if c.type == "Ready")
+            assert ready.status == "False"
+
+        # After the toleration: evicted, and the RC makes new ones (which
+        # cannot be scheduled while the only node is unreachable).
+        wait_for(lambda: all(core.read_namespaced_pod(n, NS).metadata.deletion_timestamp for n in first), "the pods evicted", timeout=TOLERATION + 20)
+        reasons = [e.reason for e in core.list_namespaced_event(NS).items if e.involved_object.name in first]
+        assert "TaintManagerEviction" in reasons, reasons
+        wait_for(lambda: len({p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items} - first) == 2, "2 replacements")
+
+        # The agent back: Ready, no taints, the evicted pods stopped and
+        # gone, the replacements running.
+        agent = start_agent(tmp_path, agent_dir, portal.kubeconfig, reg)
+        wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "True", "the node Ready again", timeout=60)
+        wait_for(lambda: not [t for t in taints(core, NODE) if t[0] == "node.kubernetes.io/unreachable"], "the taints gone")
+        wait_for(lambda: not first & {p.metadata.name for p in core.list_namespaced_pod(NS).items}, "the evicted pods gone", timeout=60)
+        wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints again", timeout=60)
+        core.delete_namespaced_replication_controller("web", NS)
+        for p in core.list_namespaced_pod(NS).items:
+            core.delete_namespaced_pod(p.metadata.name, NS)
+        wait_for(lambda: not core.list_namespaced_pod(NS).items, "the pods to go", timeout=60)
+    finally:
+        if agent and agent.poll() is None:
+            agent.terminate()
+            agent.wait(timeout=15)
+        if portal:
+            portal.stop()
+        agent_bed.cleanup(agent_dir, tag)
+        if reg:
+            reg.__exit__(None, None, None)
+        cluster.__exit__(None, None, None)

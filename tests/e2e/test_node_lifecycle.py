@@ -125,6 +125,20 @@ def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path
         wait_for(lambda: not [t for t in taints(core, NODE) if t[0] == "node.kubernetes.io/unreachable"], "the taints gone")
         wait_for(lambda: not first & {p.metadata.name for p in core.list_namespaced_pod(NS).items}, "the evicted pods gone", timeout=60)
         wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints again", timeout=60)
+
+        # kubectl drain: cordoned, the pods evicted through the eviction
+        # API and stopped; the RC's new pods wait; uncordon places them.
+        before = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
+        drained = subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "drain", NODE, "--ignore-daemonsets", "--timeout=90s"],
+                                 capture_output=True, text=True, timeout=120)
+        assert drained.returncode == 0, drained.stderr
+        assert "evicting pod" in drained.stderr + drained.stdout and "drained" in drained.stdout, drained.stdout + drained.stderr
+        assert core.read_node(NODE).spec.unschedulable
+        remaining = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
+        assert not before & remaining, "drain returned before the pods were gone"
+        wait_for(lambda: len(remaining := core.list_namespaced_pod(NS, label_selector="app=web").items) == 2 and all(not p.spec.node_name for p in remaining), "2 unscheduled replacements")
+        subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "uncordon", NODE], check=True, capture_output=True, timeout=60)
+        wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints after uncordon", timeout=60)
         core.delete_namespaced_replication_controller("web", NS)
         for p in core.list_namespaced_pod(NS).items:
             core.delete_namespaced_pod(p.metadata.name, NS)

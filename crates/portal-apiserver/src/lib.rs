@@ -9,6 +9,7 @@ mod cache;
 mod connect;
 mod deletion;
 mod discovery;
+mod eviction;
 mod gc;
 mod http;
 mod kubernetes_service;

@@ -12,7 +12,8 @@ use portal_api::{path, Resource, Status};
 use crate::http::{json_response, read_body, status_response, text_response, Body, Output, Query};
 use crate::write::Part;
 use crate::{
-    binding, connect, discovery, openapi, proxy, read, scale, watch, write, ApiState, Scope,
+    binding, connect, discovery, eviction, openapi, proxy, read, scale, watch, write, ApiState,
+    Scope,
 };
 
 /// Paths anyone may ask: they reveal nothing and let probes work.
@@ -206,6 +207,7 @@ async fn route(
         Some("status") if resource.has_status => Target::Part(Part::Status),
         Some("scale") if scale::supports(&scope) => Target::Scale,
         Some("binding") if resource.kind == portal_api::Kind::Pod => Target::Binding,
+        Some("eviction") if resource.kind == portal_api::Kind::Pod => Target::Eviction,
         Some(_) => return Err(Status::no_route()),
     };
     let output = Output::negotiate(request.headers(), &query)?;
@@ -236,6 +238,11 @@ async fn route(
             binding::bind(state, &scope, name, &body, &query).await
         }
         (_, _, Target::Binding) => Err(not_allowed(&method, &uri_path)),
+        (&Method::POST, Some(name), Target::Eviction) => {
+            let body = read_body(request.into_body()).await?;
+            eviction::evict(state, &scope, name, &body, &query).await
+        }
+        (_, _, Target::Eviction) => Err(not_allowed(&method, &uri_path)),
         (&Method::GET, Some(name), _) => read::get(state, &scope, name, &query, output).await,
         (&Method::GET, None, _) if watching => watch::watch(state, &scope, &query, output).await,
         (&Method::GET, None, _) => read::list(state, &scope, &query, output).await,
@@ -271,6 +278,7 @@ enum Target {
     Part(Part),
     Scale,
     Binding,
+    Eviction,
 }
 
 fn not_allowed(method: &Method, path: &str) -> Status {

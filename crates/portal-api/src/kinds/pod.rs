@@ -56,6 +56,13 @@ pub(super) const DEFINITION: Definition = Definition {
             verbs: &["create"],
             group_version: None,
         },
+        // `kubectl drain` looks for it (group and version named).
+        Subresource {
+            name: "eviction",
+            kind: "Eviction",
+            verbs: &["create"],
+            group_version: Some(("policy", "v1")),
+        },
         // Served by the pod's node (`connect`) and by `proxy`.
         Subresource {
             name: "attach",

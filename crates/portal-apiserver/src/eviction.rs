@@ -1,0 +1,46 @@
+//! `pods/{name}/eviction` (`policy/v1` Eviction): how `kubectl drain` and
+//! other tools ask a pod to go. With no PodDisruptionBudgets served, every
+//! eviction is allowed: it is the pod's deletion with the Eviction's
+//! `deleteOptions` (graceful, preconditions, dry run), answered as
+//! kube-apiserver answers (201 and a Success Status).
+
+use http::{Response, StatusCode};
+use portal_api::Status;
+use serde_json::{json, Value};
+
+use crate::http::{json_response, Body, Query};
+use crate::{write, ApiState, Scope};
+
+pub(crate) async fn evict(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    name: &str,
+    body: &[u8],
+    query: &Query,
+) -> Result<Response<Body>, Status> {
+    let eviction: Value = serde_json::from_slice(body)
+        .map_err(|e| Status::bad_request(format!("invalid Eviction: {e}")))?;
+    let named = eviction["metadata"]["name"].as_str().unwrap_or("");
+    if named != name {
+        return Err(Status::bad_request(
+            "name in URL does not match name in Eviction object",
+        ));
+    }
+    if let Some(namespace) = eviction["metadata"]["namespace"].as_str() {
+        if !namespace.is_empty() && Some(namespace) != scope.namespace {
+            return Err(Status::bad_request(
+                "namespace in URL does not match namespace in Eviction object",
+            ));
+        }
+    }
+    let options = match &eviction["deleteOptions"] {
+        Value::Null => Vec::new(),
+        options => serde_json::to_vec(options).unwrap_or_default(),
+    };
+    write::delete(state, scope, name, &options, query).await?;
+    let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+    Ok(json_response(
+        StatusCode::CREATED,
+        serde_json::to_vec(&success).unwrap_or_default(),
+    ))
+}

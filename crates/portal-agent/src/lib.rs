@@ -25,6 +25,7 @@ pub mod node;
 mod pods;
 pub mod prober;
 mod quantity;
+pub mod routes;
 pub mod runtime;
 pub mod server;
 pub mod shim;
@@ -287,6 +288,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
             metrics.clone(),
         ));
         tokio::spawn(sources::api::run(context.clone(), client.clone()));
+        tokio::spawn(routes::run(client.clone(), context.me.name.clone()));
         tokio::spawn(mirror::run(context.clone(), client));
     } else {
         drop(writer);

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use std::str::FromStr;
 
 /// An IPv4 network, `address/prefix`, with the address masked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ipv4Cidr {
     network: u32,
     prefix: u8,

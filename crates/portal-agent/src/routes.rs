@@ -1,0 +1,192 @@
+//! Routes to the other nodes' pods (host-gw, as flannel's `host-gw`
+//! backend and kube-router do): every other Node's pod range via that
+//! Node's InternalIP, following Nodes as they come, change and go. Pods
+//! keep their own addresses across nodes (nothing is translated).
+//!
+//! The routes carry a protocol number of their own ([`PROTO`]), so the
+//! agent finds the ones it made (also after a restart) and never touches
+//! anyone else's. Nodes must share a link (a LAN); an overlay for nodes
+//! that do not is not built yet.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use portal_api::cidr::Ipv4Cidr;
+use tokio::process::Command;
+
+/// The `proto` of the routes the agent makes (`ip route show proto 117`).
+pub const PROTO: &str = "117";
+/// The routes are checked at least this often (a route removed by hand
+/// comes back).
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// The routes the cluster calls for: each other node's pod range via its
+/// InternalIP (nodes without either are skipped).
+pub fn wanted(nodes: &[Node], me: &str) -> BTreeMap<Ipv4Cidr, Ipv4Addr> {
+    nodes
+        .iter()
+        .filter(|n| n.name_any() != me)
+        .filter_map(|n| {
+            let range: Ipv4Cidr = n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok()?;
+            let address = n
+                .status
+                .as_ref()?
+                .addresses
+                .as_ref()?
+                .iter()
+                .find(|a| a.type_ == "InternalIP")?
+                .address
+                .parse()
+                .ok()?;
+            Some((range, address))
+        })
+        .collect()
+}
+
+/// Keeps the routes in line with the Nodes for as long as the agent runs.
+pub(crate) async fn run(client: Client, me: String) {
+    let (nodes, writer) = reflector::store::<Node>();
+    let changed = std::sync::Arc::new(tokio::sync::Notify::new());
+    // The watch runs on its own (the store fills only while it is polled).
+    let notify = changed.clone();
+    let watch = watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(watch.for_each(move |_| {
+        notify.notify_one();
+        async {}
+    }));
+    if nodes.wait_until_ready().await.is_err() {
+        return;
+    }
+    let mut last: Option<BTreeMap<Ipv4Cidr, Ipv4Addr>> = None;
+    loop {
+        let all: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
+        let wanted = wanted(&all, &me);
+        if last.as_ref() != Some(&wanted) {
+            match sync(&wanted).await {
+                Ok(()) => last = Some(wanted),
+                Err(error) => tracing::warn!(%error, "routes to other nodes' pods; retrying"),
+            }
+        }
+        tokio::select! {
+            () = changed.notified() => {}
+            () = tokio::time::sleep(RESYNC) => last = None,
+        }
+    }
+}
+
+/// Makes the kernel's routes of [`PROTO`] exactly `wanted`.
+async fn sync(wanted: &BTreeMap<Ipv4Cidr, Ipv4Addr>) -> Result<(), String> {
+    let current = current().await?;
+    for (range, via) in wanted {
+        if current.get(&range.to_string()) == Some(&via.to_string()) {
+            continue;
+        }
+        ip(&[
+            "route",
+            "replace",
+            &range.to_string(),
+            "via",
+            &via.to_string(),
+            "proto",
+            PROTO,
+        ])
+        .await?;
+        tracing::info!(pods = %range, %via, "route to another node's pods");
+    }
+    for range in current.keys() {
+        let still = range
+            .parse::<Ipv4Cidr>()
+            .is_ok_and(|r| wanted.contains_key(&r));
+        if !still {
+            ip(&["route", "del", range, "proto", PROTO]).await?;
+            tracing::info!(pods = %range, "route to a node that is gone removed");
+        }
+    }
+    Ok(())
+}
+
+/// The routes of [`PROTO`]: destination → gateway.
+async fn current() -> Result<BTreeMap<String, String>, String> {
+    let output = Command::new("ip")
+        .args(["-j", "-4", "route", "show", "proto", PROTO])
+        .output()
+        .await
+        .map_err(|e| format!("ip route show: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "ip route show: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    let routes: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap_or_default();
+    Ok(routes
+        .iter()
+        .filter_map(|r| {
+            let dst = r["dst"].as_str()?;
+            // A /32 prints without its prefix; ranges always have one.
+            let dst = if dst.contains('/') {
+                dst.to_owned()
+            } else {
+                format!("{dst}/32")
+            };
+            Some((dst, r["gateway"].as_str().unwrap_or("").to_owned()))
+        })
+        .collect())
+}
+
+async fn ip(args: &[&str]) -> Result<(), String> {
+    let output = Command::new("ip")
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, range: Option<&str>, ip: Option<&str>) -> Node {
+        let addresses = ip.map(|ip| serde_json::json!([{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": ip}]));
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"podCIDR": range},
+            "status": {"addresses": addresses},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn every_other_node_with_a_range_and_an_address() {
+        let nodes = [
+            node("me", Some("10.244.0.0/24"), Some("192.168.1.1")),
+            node("b", Some("10.244.1.0/24"), Some("192.168.1.2")),
+            node("no-range", None, Some("192.168.1.3")),
+            node("no-address", Some("10.244.3.0/24"), None),
+        ];
+        let routes = wanted(&nodes, "me");
+        assert_eq!(routes.len(), 1);
+        let (range, via) = routes.iter().next().unwrap();
+        assert_eq!(
+            (range.to_string(), via.to_string()),
+            ("10.244.1.0/24".into(), "192.168.1.2".into())
+        );
+    }
+}

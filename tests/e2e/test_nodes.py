@@ -94,7 +94,23 @@ def test_pods_on_two_nodes_reach_each_other_directly(tmp_path):
             said = [line.split(" ", 3)[3].removeprefix("[::ffff:").rstrip("]") for line in log.splitlines() if line.count(" ") >= 3]
             assert said == [client.status.pod_ip], f"the server saw {said}, not the client's own address {client.status.pod_ip}"
 
-            for name in ("client", "server"):
+            # Leaving the pod ranges (to node-b's own address, which has no
+            # route to node-a's pods): masqueraded behind node-a's address.
+            outside = subprocess.Popen(["ip", "netns", "exec", world, "python3", "-m", "http.server", "18099", "--bind", nodes.WORLD_IP],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+            try:
+                fetch = f"for i in 1 2 3 4 5; do wget -qO- http://{nodes.WORLD_IP}:18099/ >/dev/null && exit 0; sleep 1; done; exit 1"
+                node.core.create_namespaced_pod(NS, {"metadata": {"name": "egress"}, "spec": {
+                    "nodeName": "node-a", "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "egress", "image": image, "command": ["sh", "-c", fetch]}]}})
+                wait_for(lambda: node.pod("egress").status.phase in ("Succeeded", "Failed"), "the egress pod to finish", timeout=60)
+                assert node.pod("egress").status.phase == "Succeeded"
+            finally:
+                outside.terminate()
+                seen = outside.communicate(timeout=10)[1]
+            assert f"{nodes.NODE_IP} - -" in seen, seen
+
+            for name in ("client", "server", "egress"):
                 node.core.delete_namespaced_pod(name, NS)
             wait_for(lambda: not node.core.list_namespaced_pod(NS).items, "the pods to go", timeout=60)
             # A Node that goes takes its route with it.

@@ -1,7 +1,10 @@
 //! Routes to the other nodes' pods (host-gw, as flannel's `host-gw`
 //! backend and kube-router do): every other Node's pod range via that
 //! Node's InternalIP, following Nodes as they come, change and go. Pods
-//! keep their own addresses across nodes (nothing is translated).
+//! keep their own addresses across nodes (nothing is translated); traffic
+//! from pods to anywhere outside the pod ranges is masqueraded behind the
+//! node's address (nftables table `ip portal_egress`), as flannel's
+//! `--ip-masq` does, so the rest of the network needs no routes to pods.
 //!
 //! The routes carry a protocol number of their own ([`PROTO`]), so the
 //! agent finds the ones it made (also after a restart) and never touches
@@ -70,7 +73,12 @@ pub(crate) async fn run(client: Client, me: String) {
         let all: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
         let wanted = wanted(&all, &me);
         if last.as_ref() != Some(&wanted) {
-            match sync(&wanted).await {
+            let ranges = pod_ranges(&all);
+            let synced = match sync(&wanted).await {
+                Ok(()) => masquerade(&ranges).await,
+                Err(error) => Err(error),
+            };
+            match synced {
                 Ok(()) => last = Some(wanted),
                 Err(error) => tracing::warn!(%error, "routes to other nodes' pods; retrying"),
             }
@@ -111,6 +119,68 @@ async fn sync(wanted: &BTreeMap<Ipv4Cidr, Ipv4Addr>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Every node's pod range (this one's too).
+fn pod_ranges(nodes: &[Node]) -> Vec<Ipv4Cidr> {
+    let mut ranges: Vec<Ipv4Cidr> = nodes
+        .iter()
+        .filter_map(|n| n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok())
+        .collect();
+    ranges.sort();
+    ranges.dedup();
+    ranges
+}
+
+/// The egress rule: from a pod range to anywhere else, masquerade.
+pub fn egress_rules(ranges: &[Ipv4Cidr]) -> String {
+    let elements: Vec<String> = ranges.iter().map(ToString::to_string).collect();
+    let set = if elements.is_empty() {
+        String::new()
+    } else {
+        format!("elements = {{ {} }}", elements.join(", "))
+    };
+    format!(
+        "table ip portal_egress\n\
+         delete table ip portal_egress\n\
+         table ip portal_egress {{\n\
+         \tset pods {{ type ipv4_addr; flags interval; {set} }}\n\
+         \tchain postrouting {{\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tip saddr @pods ip daddr != @pods masquerade\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// Replaces the egress table in one nft transaction.
+async fn masquerade(ranges: &[Ipv4Cidr]) -> Result<(), String> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("nft: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(egress_rules(ranges).as_bytes())
+            .await
+            .map_err(|e| format!("nft: {e}"))?;
+    }
+    let output = child
+        .wait_with_output()
+        .await
+        .map_err(|e| format!("nft: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "nft: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
 }
 
 /// The routes of [`PROTO`]: destination → gateway.
@@ -171,6 +241,21 @@ mod tests {
             "status": {"addresses": addresses},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn pods_are_masqueraded_only_when_leaving_the_pod_ranges() {
+        let nodes = [
+            node("a", Some("10.244.1.0/24"), Some("192.168.1.1")),
+            node("b", Some("10.244.0.0/24"), Some("192.168.1.2")),
+        ];
+        let rules = egress_rules(&pod_ranges(&nodes));
+        assert!(
+            rules.contains("elements = { 10.244.0.0/24, 10.244.1.0/24 }"),
+            "{rules}"
+        );
+        assert!(rules.contains("ip saddr @pods ip daddr != @pods masquerade"));
+        assert!(rules.starts_with("table ip portal_egress\ndelete table ip portal_egress\n"));
     }
 
     #[test]

@@ -339,3 +339,23 @@ def test_get_all(kubectl):
         assert name in out, out
     assert "service/kubernetes" in out
     assert "endpoints/" not in out and "event" not in out.lower()
+
+
+def test_reapplying_a_pod_with_tolerations(kubectl):
+    """The server's default tolerations are added on every write, so a
+    re-applied manifest with tolerations of its own is no spec change."""
+    pod = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: tolerant
+  labels: {v: "1"}
+spec:
+  tolerations: [{key: dedicated, operator: Exists, effect: NoSchedule}]
+  containers: [{name: c, image: registry.local/app:1}]
+"""
+    kubectl.apply(pod)
+    out = kubectl.apply(pod.replace('v: "1"', 'v: "2"'))
+    assert "configured" in out, out
+    tolerations = kubectl.json("get", "pod", "tolerant")["spec"]["tolerations"]
+    assert [t["key"] for t in tolerations] == ["dedicated", "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"]

@@ -6,9 +6,11 @@ go and the old pods are cleaned up. A node that never reported shows
 Unknown conditions in `kubectl describe node`. One node namespace; the API
 server and the agent are separate processes so the agent can be killed."""
 
+import datetime
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 
 import kubernetes
@@ -77,6 +79,27 @@ def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path
         assert ("node.kubernetes.io/unreachable", "NoExecute") in wait_for(lambda: taints(core, "ghost") or None, "the silent node tainted")
         core.delete_node("ghost")
 
+        # A second, healthy node (its Lease renewed by the test, tainted so
+        # nothing is scheduled there): with every node lost at once the
+        # controller would suspect itself cut off and evict nothing, as
+        # Kubernetes does.
+        coordination = kubernetes.client.CoordinationV1Api(core.api_client)
+        core.create_node({
+            "metadata": {"name": "witness"},
+            "spec": {"taints": [{"key": "dedicated", "value": "witness", "effect": "NoSchedule"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        })
+        coordination.create_namespaced_lease("kube-node-lease", {"metadata": {"name": "witness"}, "spec": {"holderIdentity": "witness", "leaseDurationSeconds": 2}})
+        renewing = threading.Event()
+
+        def renew():
+            while not renewing.wait(0.5):
+                now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                coordination.patch_namespaced_lease("witness", "kube-node-lease", {"spec": {"renewTime": now}})
+
+        renewer = threading.Thread(target=renew, daemon=True)
+        renewer.start()
+
         template_spec = {
             "containers": [{"name": "web", "image": image, "ports": [{"containerPort": 8080}]}],
             "terminationGracePeriodSeconds": 1,
@@ -139,6 +162,9 @@ def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path
         wait_for(lambda: len(remaining := core.list_namespaced_pod(NS, label_selector="app=web").items) == 2 and all(not p.spec.node_name for p in remaining), "2 unscheduled replacements")
         subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "uncordon", NODE], check=True, capture_output=True, timeout=60)
         wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints after uncordon", timeout=60)
+        renewing.set()
+        renewer.join()
+        core.delete_node("witness")
         core.delete_namespaced_replication_controller("web", NS)
         for p in core.list_namespaced_pod(NS).items:
             core.delete_namespaced_pod(p.metadata.name, NS)

@@ -31,6 +31,10 @@ const RESYNC: Duration = Duration::from_secs(30);
 /// The routes the cluster calls for: each other node's pod range via its
 /// InternalIP (nodes without either are skipped).
 pub fn wanted(nodes: &[Node], me: &str) -> BTreeMap<Ipv4Cidr, Ipv4Addr> {
+    let mine: Option<Ipv4Cidr> = nodes
+        .iter()
+        .find(|n| n.name_any() == me)
+        .and_then(|n| n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok());
     nodes
         .iter()
         .filter(|n| n.name_any() != me)
@@ -48,7 +52,20 @@ pub fn wanted(nodes: &[Node], me: &str) -> BTreeMap<Ipv4Cidr, Ipv4Addr> {
                 .ok()?;
             Some((range, address))
         })
+        // A range that overlaps this node's own (a misconfigured node) or
+        // is wider than a node's share never takes this node's routes.
+        .filter(|(range, _): &(Ipv4Cidr, Ipv4Addr)| {
+            range.prefix() >= MIN_PREFIX && mine.is_none_or(|m| !overlaps(&m, range))
+        })
         .collect()
+}
+
+/// The widest range routed to one node (no default or LAN-wide routes).
+const MIN_PREFIX: u8 = 8;
+
+fn overlaps(a: &Ipv4Cidr, b: &Ipv4Cidr) -> bool {
+    let first = |c: &Ipv4Cidr| c.nth(0);
+    first(b).is_some_and(|n| a.contains(n)) || first(a).is_some_and(|n| b.contains(n))
 }
 
 /// Keeps the routes in line with the Nodes for as long as the agent runs.
@@ -74,13 +91,14 @@ pub(crate) async fn run(client: Client, me: String) {
         let wanted = wanted(&all, &me);
         if last.as_ref() != Some(&wanted) {
             let ranges = pod_ranges(&all);
-            let synced = match sync(&wanted).await {
-                Ok(()) => masquerade(&ranges).await,
-                Err(error) => Err(error),
-            };
-            match synced {
-                Ok(()) => last = Some(wanted),
-                Err(error) => tracing::warn!(%error, "routes to other nodes' pods; retrying"),
+            // Egress keeps working whatever happened to the routes.
+            let routed = sync(&wanted).await;
+            let masqueraded = masquerade(&ranges).await;
+            match (routed, masqueraded) {
+                (Ok(()), Ok(())) => last = Some(wanted),
+                (Err(error), _) | (_, Err(error)) => {
+                    tracing::warn!(%error, "routes to other nodes' pods; retrying")
+                }
             }
         }
         tokio::select! {
@@ -93,32 +111,38 @@ pub(crate) async fn run(client: Client, me: String) {
 /// Makes the kernel's routes of [`PROTO`] exactly `wanted`.
 async fn sync(wanted: &BTreeMap<Ipv4Cidr, Ipv4Addr>) -> Result<(), String> {
     let current = current().await?;
+    // One bad route (a gateway not on this link) does not hold up the others.
+    let mut failed = Vec::new();
     for (range, via) in wanted {
-        if current.get(&range.to_string()) == Some(&via.to_string()) {
-            continue;
+        let (range, via) = (range.to_string(), via.to_string());
+        let verb = match current.get(&range) {
+            Some(gateway) if *gateway == via => continue,
+            // Only a route of ours is replaced: `add` fails rather than
+            // take over a route someone else made for the same range.
+            Some(_) => "replace",
+            None => "add",
+        };
+        match ip(&["route", verb, &range, "via", &via, "proto", PROTO]).await {
+            Ok(()) => tracing::info!(pods = %range, %via, "route to another node's pods"),
+            Err(error) => failed.push(error),
         }
-        ip(&[
-            "route",
-            "replace",
-            &range.to_string(),
-            "via",
-            &via.to_string(),
-            "proto",
-            PROTO,
-        ])
-        .await?;
-        tracing::info!(pods = %range, %via, "route to another node's pods");
     }
     for range in current.keys() {
         let still = range
             .parse::<Ipv4Cidr>()
             .is_ok_and(|r| wanted.contains_key(&r));
         if !still {
-            ip(&["route", "del", range, "proto", PROTO]).await?;
-            tracing::info!(pods = %range, "route to a node that is gone removed");
+            match ip(&["route", "del", range, "proto", PROTO]).await {
+                Ok(()) => tracing::info!(pods = %range, "route to a node that is gone removed"),
+                Err(error) => failed.push(error),
+            }
         }
     }
-    Ok(())
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
 }
 
 /// Every node's pod range (this one's too).
@@ -268,6 +292,15 @@ mod tests {
         ];
         let routes = wanted(&nodes, "me");
         assert_eq!(routes.len(), 1);
+        let overlapping = [
+            node("me", Some("10.244.0.0/24"), Some("192.168.1.1")),
+            node("bad", Some("10.244.0.0/16"), Some("192.168.1.9")),
+            node("default", Some("0.0.0.0/0"), Some("192.168.1.8")),
+        ];
+        assert!(
+            wanted(&overlapping, "me").is_empty(),
+            "never over this node's own or the default route"
+        );
         let (range, via) = routes.iter().next().unwrap();
         assert_eq!(
             (range.to_string(), via.to_string()),

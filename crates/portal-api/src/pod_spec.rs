@@ -310,8 +310,21 @@ pub fn validate_update(new: &Value, old: &Value) -> Vec<Cause> {
             map.remove("activeDeadlineSeconds");
         }
     }
-    let old_tolerations = items(&old["tolerations"]).to_vec();
-    let new_tolerations = items(&new["tolerations"]).to_vec();
+    // A toleration's seconds may change; otherwise only additions.
+    let without_seconds = |list: &Value| -> Vec<Value> {
+        items(list)
+            .iter()
+            .map(|t| {
+                let mut t = t.clone();
+                if let Some(map) = t.as_object_mut() {
+                    map.remove("tolerationSeconds");
+                }
+                t
+            })
+            .collect()
+    };
+    let old_tolerations = without_seconds(&old["tolerations"]);
+    let new_tolerations = without_seconds(&new["tolerations"]);
     // Fields that may change take the old value (absent stays absent).
     let keep_old = |new: &mut Value, field: &str| match (new.as_object_mut(), old.get(field)) {
         (Some(map), Some(value)) => {
@@ -474,6 +487,17 @@ mod tests {
             &old
         )
         .is_empty());
+        assert!(
+            validate_update(
+                &pod(
+                    "x:1",
+                    json!({"tolerations": [{"key": "a", "tolerationSeconds": 5}]})
+                ),
+                &old
+            )
+            .is_empty(),
+            "a toleration's seconds may change"
+        );
         assert!(
             validate_update(&pod("x:1", json!({"nodeName": "n1"})), &old).is_empty(),
             "binding"

@@ -74,6 +74,7 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
         client,
         config,
         evicted: HashSet::new(),
+        heard: HashMap::new(),
     };
     let mut tick = tokio::time::interval(PERIOD);
     loop {
@@ -85,10 +86,29 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
             .filter_map(|l| Some((l.name_any(), l.spec.as_ref()?.renew_time.as_ref()?.0)))
             .collect();
         let pods = pods.state();
-        for node in nodes.state() {
-            let renewed = leases.get(&node.name_any()).copied();
-            if let Err(error) = lifecycle.check(&node, renewed, &pods, now).await {
-                tracing::warn!(%error, node = %node.name_any(), "node lifecycle; retrying");
+        let mut by_node: HashMap<&str, Vec<&Pod>> = HashMap::new();
+        for pod in &pods {
+            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+                by_node.entry(node).or_default().push(pod);
+            }
+        }
+        let nodes = nodes.state();
+        // Every node unreachable at once is more likely this controller
+        // cut off than all nodes lost: no evictions then (Kubernetes'
+        // full-disruption mode).
+        let all_unready = !nodes.is_empty() && nodes.iter().all(|n| readiness_taints(n).is_some());
+        let known: HashSet<String> = nodes.iter().map(|n| n.name_any()).collect();
+        lifecycle.heard.retain(|name, _| known.contains(name));
+        for node in &nodes {
+            let name = node.name_any();
+            let renewed = leases.get(&name).copied();
+            let on_node = by_node.get(name.as_str()).map_or(&[][..], Vec::as_slice);
+            let evictions = !all_unready;
+            if let Err(error) = lifecycle
+                .check(node, renewed, on_node, evictions, now)
+                .await
+            {
+                tracing::warn!(%error, node = %name, "node lifecycle; retrying");
             }
         }
         // Forget evictions of pods that are gone.
@@ -103,6 +123,13 @@ struct Lifecycle {
     events: events::Recorder,
     /// Pods deleted by eviction (not asked twice).
     evicted: HashSet<String>,
+    /// Per node: the last sign of life it wrote (Lease renewal, heartbeat)
+    /// and when this controller saw it change, on its own clock: a node
+    /// whose clock is off is judged by when its signs arrive, not by the
+    /// times it writes (as Kubernetes' `nodeHealthMap`). A node first
+    /// seen gets the whole grace period from then (a restarted control
+    /// plane does not find every node silent at once).
+    heard: HashMap<String, (Option<jiff::Timestamp>, std::time::Instant)>,
 }
 
 fn condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
@@ -139,14 +166,18 @@ impl Lifecycle {
         &mut self,
         node: &Node,
         renewed: Option<jiff::Timestamp>,
-        pods: &[std::sync::Arc<Pod>],
+        on_node: &[&Pod],
+        evictions: bool,
         now: jiff::Timestamp,
     ) -> Result<(), kube::Error> {
         let name = node.name_any();
-        let silent_for = last_heard(node, renewed)
-            .map(|at| (now - at).total(jiff::Unit::Millisecond).unwrap_or(0.0))
-            .unwrap_or(0.0);
-        let silent = silent_for >= self.config.grace_period.as_millis() as f64;
+        let sign = last_heard(node, renewed);
+        let seen = std::time::Instant::now();
+        let entry = self.heard.entry(name.clone()).or_insert((sign, seen));
+        if entry.0 != sign {
+            *entry = (sign, seen);
+        }
+        let silent = entry.1.elapsed() >= self.config.grace_period;
         let ready = condition(node, "Ready").map(|c| c.status.as_str());
         if silent && ready != Some("Unknown") {
             self.mark_unknown(node, now).await?;
@@ -154,22 +185,20 @@ impl Lifecycle {
             return Ok(());
         }
         self.set_taints(node, now).await?;
-        let on_node: Vec<&Pod> = pods
-            .iter()
-            .map(|p| p.as_ref())
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name))
-            .collect();
         if matches!(ready, Some("Unknown" | "False")) {
-            for pod in &on_node {
+            for pod in on_node {
                 self.mark_not_ready(pod).await?;
             }
+        }
+        if !evictions {
+            return Ok(());
         }
         let taints = node
             .spec
             .as_ref()
             .and_then(|s| s.taints.clone())
             .unwrap_or_default();
-        for pod in on_node {
+        for pod in on_node.iter().copied() {
             if let Some(due) = eviction_due(pod, &taints, now) {
                 if due && pod.metadata.deletion_timestamp.is_none() {
                     self.evict(pod, &name).await?;

@@ -53,7 +53,8 @@ pub(crate) struct AgentOptions {
     /// no API server (default: node IPAM's, kept across restarts).
     #[arg(long, value_name = "CIDR")]
     pub pod_cidr: Option<portal_apiserver::Ipv4Cidr>,
-    /// How long the node's Lease lasts; it is renewed every quarter of it.
+    /// How long the node's Lease lasts; it is renewed every quarter of it
+    /// (keep that well below the controllers' --node-monitor-grace-period).
     #[arg(long, default_value_t = portal_agent::node::LEASE_SECONDS, value_parser = clap::value_parser!(i32).range(1..=3600))]
     pub node_lease_duration_seconds: i32,
 }

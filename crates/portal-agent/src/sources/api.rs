@@ -24,7 +24,12 @@ pub(crate) async fn run<R: Runtime>(ctx: Arc<Context<R>>, client: Client) {
     let mut events = watcher(api, config).default_backoff().boxed();
     while let Some(event) = events.next().await {
         match event {
-            Ok(watcher::Event::Apply(pod)) if is_mirror(&pod) => ctx.mirrors.apply(pod),
+            Ok(watcher::Event::Apply(pod)) if is_mirror(&pod) => {
+                if let Some(uid) = ctx.status.mirror_drifted(&pod) {
+                    ctx.dispatch(&uid);
+                }
+                ctx.mirrors.apply(pod);
+            }
             Ok(watcher::Event::Delete(pod)) if is_mirror(&pod) => ctx.mirrors.delete(&pod),
             Ok(watcher::Event::Apply(pod)) => {
                 if let Some(uid) = ctx.desired.set(pod) {

@@ -525,6 +525,32 @@ impl StatusManager {
         true
     }
 
+    /// A mirror pod as the API shows it: when its Ready condition is not
+    /// what the agent last computed (someone else wrote it: the node
+    /// lifecycle controller marks pods not Ready while a node is away),
+    /// the status is due again; the static pod's UID, to wake its worker.
+    pub(crate) fn mirror_drifted(&self, mirror: &Pod) -> Option<String> {
+        let mirror_uid = mirror.metadata.uid.as_deref()?;
+        let static_uid = self
+            .mirrors
+            .lock()
+            .iter()
+            .find(|(_, m)| m.as_str() == mirror_uid)
+            .map(|(s, _)| s.clone())?;
+        let ready = |status: Option<&PodStatus>| {
+            status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .map(|c| c.status.clone())
+        };
+        let computed = ready(self.latest.lock().get(&static_uid));
+        if computed.is_none() || computed == ready(mirror.status.as_ref()) {
+            return None;
+        }
+        self.written.lock().remove(mirror_uid);
+        Some(static_uid)
+    }
+
     /// The UID of the static pod's mirror pod, if it has one.
     pub(crate) fn mirror_of(&self, static_uid: &str) -> Option<String> {
         self.mirrors.lock().get(static_uid).cloned()

@@ -101,6 +101,9 @@ fn defaults(object: &mut Value) {
     if let Some(spec) = object.get_mut("spec") {
         spec_defaults(spec);
     }
+    // Every write, as the DefaultTolerationSeconds admission: a re-applied
+    // manifest without them must not look like a change of tolerations.
+    default_toleration_seconds(object);
 }
 
 /// On a mirror pod (the API's copy of a node's static pod): the annotation
@@ -147,7 +150,6 @@ fn mirror_annotation(object: &Value, old: &Value) -> Vec<crate::Cause> {
 
 fn prepare_create(object: &mut Value) {
     object["status"] = json!({"phase": "Pending"});
-    default_toleration_seconds(object);
 }
 
 /// How long a pod stays bound to a node that is not ready or unreachable
@@ -476,7 +478,7 @@ mod tests {
     #[test]
     fn pods_tolerate_unready_nodes_for_300_seconds_unless_they_say() {
         let mut plain = json!({"spec": {"containers": [{"name": "c", "image": "x"}]}});
-        prepare_create(&mut plain);
+        default_toleration_seconds(&mut plain);
         let tolerations = plain["spec"]["tolerations"].as_array().unwrap();
         assert_eq!(tolerations.len(), 2);
         assert_eq!(tolerations[1]["key"], "node.kubernetes.io/unreachable");
@@ -484,12 +486,12 @@ mod tests {
         let mut own = json!({"spec": {"tolerations": [
             {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}
         ]}});
-        prepare_create(&mut own);
+        default_toleration_seconds(&mut own);
         let tolerations = own["spec"]["tolerations"].as_array().unwrap();
         assert_eq!(tolerations.len(), 2, "only not-ready is added");
         assert_eq!(tolerations[0]["tolerationSeconds"], 5);
         let mut everything = json!({"spec": {"tolerations": [{"operator": "Exists"}]}});
-        prepare_create(&mut everything);
+        default_toleration_seconds(&mut everything);
         assert_eq!(
             everything["spec"]["tolerations"].as_array().unwrap().len(),
             1

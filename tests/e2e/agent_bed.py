@@ -8,6 +8,7 @@ failure: shim and container processes, mounts under the data dir, pod
 network namespaces and cgroups.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -16,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import time
+import types
 
 import kubernetes
 
@@ -232,6 +234,24 @@ def pod_links():
     """Node-side pod veths (`pv…`) in the current network namespace."""
     out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     return sorted(line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.split(":")[1].strip().startswith("pv"))
+
+
+@contextlib.contextmanager
+def bare_node(agent_dir, node_name):
+    """A node namespace (entered) and a registry in it, for tests that run
+    `portal server` and `portal agent` themselves (and stop them before
+    this exits); everything the agent made is removed afterwards, also
+    after a failure."""
+    cluster = nodes.Cluster(bridge=False).__enter__()
+    bed = types.SimpleNamespace(registry=None, tag=agent_tag(agent_dir, node_name))
+    try:
+        bed.registry = registry.Registry(bind="0.0.0.0").__enter__()
+        yield bed
+    finally:
+        cleanup(agent_dir, bed.tag)
+        if bed.registry:
+            bed.registry.__exit__(None, None, None)
+        cluster.__exit__(None, None, None)
 
 
 def leftovers(agent_dir, tag):

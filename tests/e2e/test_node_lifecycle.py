@@ -7,7 +7,6 @@ Unknown conditions in `kubectl describe node`. One node namespace; the API
 server and the agent are separate processes so the agent can be killed."""
 
 import datetime
-import pathlib
 import signal
 import subprocess
 import threading
@@ -17,7 +16,6 @@ import kubernetes
 
 import agent_bed
 import nodes
-import registry
 from agent_bed import NS, wait_for, web_image
 from conftest import BINARY, Portal
 
@@ -53,129 +51,120 @@ def taints(core, name):
 
 def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path):
     agent_dir = tmp_path / "agent"
-    tag = agent_bed.agent_tag(agent_dir, NODE)
     (tmp_path / "server").mkdir()
-    cluster = nodes.Cluster(bridge=False).__enter__()
-    reg = portal = agent = None
-    try:
-        reg = registry.Registry(bind="0.0.0.0").__enter__()
+    with agent_bed.bare_node(agent_dir, NODE) as bed:
+        reg = bed.registry
+        portal = agent = None
+        try:
+            image = web_image(bed)
+            portal = Portal(tmp_path / "server", ["--node-monitor-grace-period", GRACE]).start()
+            core = portal.core()
+            discovery = kubernetes.client.DiscoveryV1Api(core.api_client)
+            agent = start_agent(tmp_path, agent_dir, portal.kubeconfig, reg)
+            wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "True", "the node Ready", timeout=60)
 
-        class Bed:
-            registry = reg
+            # A Node that never reports: Unknown after the grace period, and
+            # kubectl describe says why.
+            core.create_node({"metadata": {"name": "ghost"}})
+            wait_for(lambda: (c := ready_condition(core, "ghost")) and c.status == "Unknown", "the silent node Unknown", timeout=30)
+            described = subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "describe", "node", "ghost"], capture_output=True, text=True, timeout=60).stdout
+            assert "Kubelet never posted node status." in described and "NodeStatusNeverUpdated" in described, described
+            assert ("node.kubernetes.io/unreachable", "NoExecute") in wait_for(lambda: taints(core, "ghost") or None, "the silent node tainted")
+            core.delete_node("ghost")
 
-        image = web_image(Bed)
-        portal = Portal(tmp_path / "server", ["--node-monitor-grace-period", GRACE]).start()
-        core = portal.core()
-        discovery = kubernetes.client.DiscoveryV1Api(core.api_client)
-        agent = start_agent(tmp_path, agent_dir, portal.kubeconfig, reg)
-        wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "True", "the node Ready", timeout=60)
+            # A second, healthy node (its Lease renewed by the test, tainted so
+            # nothing is scheduled there): with every node lost at once the
+            # controller would suspect itself cut off and evict nothing, as
+            # Kubernetes does.
+            coordination = kubernetes.client.CoordinationV1Api(core.api_client)
+            core.create_node({
+                "metadata": {"name": "witness"},
+                "spec": {"taints": [{"key": "dedicated", "value": "witness", "effect": "NoSchedule"}]},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            })
+            coordination.create_namespaced_lease("kube-node-lease", {"metadata": {"name": "witness"}, "spec": {"holderIdentity": "witness", "leaseDurationSeconds": 2}})
+            renewing = threading.Event()
 
-        # A Node that never reports: Unknown after the grace period, and
-        # kubectl describe says why.
-        core.create_node({"metadata": {"name": "ghost"}})
-        wait_for(lambda: (c := ready_condition(core, "ghost")) and c.status == "Unknown", "the silent node Unknown", timeout=30)
-        described = subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "describe", "node", "ghost"], capture_output=True, text=True, timeout=60).stdout
-        assert "Kubelet never posted node status." in described and "NodeStatusNeverUpdated" in described, described
-        assert ("node.kubernetes.io/unreachable", "NoExecute") in wait_for(lambda: taints(core, "ghost") or None, "the silent node tainted")
-        core.delete_node("ghost")
+            def renew():
+                while not renewing.wait(0.5):
+                    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                    coordination.patch_namespaced_lease("witness", "kube-node-lease", {"spec": {"renewTime": now}})
 
-        # A second, healthy node (its Lease renewed by the test, tainted so
-        # nothing is scheduled there): with every node lost at once the
-        # controller would suspect itself cut off and evict nothing, as
-        # Kubernetes does.
-        coordination = kubernetes.client.CoordinationV1Api(core.api_client)
-        core.create_node({
-            "metadata": {"name": "witness"},
-            "spec": {"taints": [{"key": "dedicated", "value": "witness", "effect": "NoSchedule"}]},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-        })
-        coordination.create_namespaced_lease("kube-node-lease", {"metadata": {"name": "witness"}, "spec": {"holderIdentity": "witness", "leaseDurationSeconds": 2}})
-        renewing = threading.Event()
+            renewer = threading.Thread(target=renew, daemon=True)
+            renewer.start()
 
-        def renew():
-            while not renewing.wait(0.5):
-                now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-                coordination.patch_namespaced_lease("witness", "kube-node-lease", {"spec": {"renewTime": now}})
+            template_spec = {
+                "containers": [{"name": "web", "image": image, "ports": [{"containerPort": 8080}]}],
+                "terminationGracePeriodSeconds": 1,
+                "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION}],
+            }
+            core.create_namespaced_replication_controller(NS, {
+                "metadata": {"name": "web"},
+                "spec": {"replicas": 2, "selector": {"app": "web"}, "template": {"metadata": {"labels": {"app": "web"}}, "spec": template_spec}},
+            })
+            core.create_namespaced_service(NS, {"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
 
-        renewer = threading.Thread(target=renew, daemon=True)
-        renewer.start()
+            def ready_endpoints():
+                slices = discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=web").items
+                return [e for s in slices for e in (s.endpoints or []) if e.conditions.ready]
 
-        template_spec = {
-            "containers": [{"name": "web", "image": image, "ports": [{"containerPort": 8080}]}],
-            "terminationGracePeriodSeconds": 1,
-            "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION}],
-        }
-        core.create_namespaced_replication_controller(NS, {
-            "metadata": {"name": "web"},
-            "spec": {"replicas": 2, "selector": {"app": "web"}, "template": {"metadata": {"labels": {"app": "web"}}, "spec": template_spec}},
-        })
-        core.create_namespaced_service(NS, {"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+            wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints", timeout=60)
+            first = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
+            # Pods got the API server's default toleration for not-ready nodes.
+            pod = core.read_namespaced_pod(sorted(first)[0], NS)
+            assert any(t.key == "node.kubernetes.io/not-ready" and t.toleration_seconds == 300 for t in pod.spec.tolerations)
 
-        def ready_endpoints():
-            slices = discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=web").items
-            return [e for s in slices for e in (s.endpoints or []) if e.conditions.ready]
+            # Lose the node: its agent killed (its containers keep running).
+            agent.send_signal(signal.SIGKILL)
+            agent.wait()
+            lost = time.monotonic()
+            condition = wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "Unknown" and c, "the node Unknown", timeout=30)
+            assert condition.reason == "NodeStatusUnknown" and condition.message == "Kubelet stopped posting node status."
+            wait_for(lambda: {("node.kubernetes.io/unreachable", "NoExecute"), ("node.kubernetes.io/unreachable", "NoSchedule")} <= set(taints(core, NODE)), "the unreachable taints")
+            wait_for(lambda: not ready_endpoints(), "the lost node's pods out of the Service", timeout=15)
+            print(f"node lost -> endpoints not ready: {time.monotonic() - lost:.1f}s (grace {GRACE})")
+            for name in first:
+                ready = next(c for c in core.read_namespaced_pod(name, NS).status.conditions if c.type == "Ready")
+                assert ready.status == "False"
 
-        wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints", timeout=60)
-        first = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
-        # Pods got the API server's default toleration for not-ready nodes.
-        pod = core.read_namespaced_pod(sorted(first)[0], NS)
-        assert any(t.key == "node.kubernetes.io/not-ready" and t.toleration_seconds == 300 for t in pod.spec.tolerations)
+            # After the toleration: evicted, and the RC makes new ones (which
+            # cannot be scheduled while the only node is unreachable).
+            wait_for(lambda: all(core.read_namespaced_pod(n, NS).metadata.deletion_timestamp for n in first), "the pods evicted", timeout=TOLERATION + 20)
+            reasons = [e.reason for e in core.list_namespaced_event(NS).items if e.involved_object.name in first]
+            assert "TaintManagerEviction" in reasons, reasons
+            wait_for(lambda: len({p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items} - first) == 2, "2 replacements")
 
-        # Lose the node: its agent killed (its containers keep running).
-        agent.send_signal(signal.SIGKILL)
-        agent.wait()
-        lost = time.monotonic()
-        condition = wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "Unknown" and c, "the node Unknown", timeout=30)
-        assert condition.reason == "NodeStatusUnknown" and condition.message == "Kubelet stopped posting node status."
-        wait_for(lambda: {("node.kubernetes.io/unreachable", "NoExecute"), ("node.kubernetes.io/unreachable", "NoSchedule")} <= set(taints(core, NODE)), "the unreachable taints")
-        wait_for(lambda: not ready_endpoints(), "the lost node's pods out of the Service", timeout=15)
-        print(f"node lost -> endpoints not ready: {time.monotonic() - lost:.1f}s (grace {GRACE})")
-        for name in first:
-            ready = next(c for c in core.read_namespaced_pod(name, NS).status.conditions if c.type == "Ready")
-            assert ready.status == "False"
+            # The agent back: Ready, no taints, the evicted pods stopped and
+            # gone, the replacements running.
+            agent = start_agent(tmp_path, agent_dir, portal.kubeconfig, reg)
+            wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "True", "the node Ready again", timeout=60)
+            wait_for(lambda: not [t for t in taints(core, NODE) if t[0] == "node.kubernetes.io/unreachable"], "the taints gone")
+            wait_for(lambda: not first & {p.metadata.name for p in core.list_namespaced_pod(NS).items}, "the evicted pods gone", timeout=60)
+            wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints again", timeout=60)
 
-        # After the toleration: evicted, and the RC makes new ones (which
-        # cannot be scheduled while the only node is unreachable).
-        wait_for(lambda: all(core.read_namespaced_pod(n, NS).metadata.deletion_timestamp for n in first), "the pods evicted", timeout=TOLERATION + 20)
-        reasons = [e.reason for e in core.list_namespaced_event(NS).items if e.involved_object.name in first]
-        assert "TaintManagerEviction" in reasons, reasons
-        wait_for(lambda: len({p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items} - first) == 2, "2 replacements")
-
-        # The agent back: Ready, no taints, the evicted pods stopped and
-        # gone, the replacements running.
-        agent = start_agent(tmp_path, agent_dir, portal.kubeconfig, reg)
-        wait_for(lambda: (c := ready_condition(core, NODE)) and c.status == "True", "the node Ready again", timeout=60)
-        wait_for(lambda: not [t for t in taints(core, NODE) if t[0] == "node.kubernetes.io/unreachable"], "the taints gone")
-        wait_for(lambda: not first & {p.metadata.name for p in core.list_namespaced_pod(NS).items}, "the evicted pods gone", timeout=60)
-        wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints again", timeout=60)
-
-        # kubectl drain: cordoned, the pods evicted through the eviction
-        # API and stopped; the RC's new pods wait; uncordon places them.
-        before = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
-        drained = subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "drain", NODE, "--ignore-daemonsets", "--timeout=90s"],
-                                 capture_output=True, text=True, timeout=120)
-        assert drained.returncode == 0, drained.stderr
-        assert "evicting pod" in drained.stderr + drained.stdout and "drained" in drained.stdout, drained.stdout + drained.stderr
-        assert core.read_node(NODE).spec.unschedulable
-        remaining = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
-        assert not before & remaining, "drain returned before the pods were gone"
-        wait_for(lambda: len(remaining := core.list_namespaced_pod(NS, label_selector="app=web").items) == 2 and all(not p.spec.node_name for p in remaining), "2 unscheduled replacements")
-        subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "uncordon", NODE], check=True, capture_output=True, timeout=60)
-        wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints after uncordon", timeout=60)
-        renewing.set()
-        renewer.join()
-        core.delete_node("witness")
-        core.delete_namespaced_replication_controller("web", NS)
-        for p in core.list_namespaced_pod(NS).items:
-            core.delete_namespaced_pod(p.metadata.name, NS)
-        wait_for(lambda: not core.list_namespaced_pod(NS).items, "the pods to go", timeout=60)
-    finally:
-        if agent and agent.poll() is None:
-            agent.terminate()
-            agent.wait(timeout=15)
-        if portal:
-            portal.stop()
-        agent_bed.cleanup(agent_dir, tag)
-        if reg:
-            reg.__exit__(None, None, None)
-        cluster.__exit__(None, None, None)
+            # kubectl drain: cordoned, the pods evicted through the eviction
+            # API and stopped; the RC's new pods wait; uncordon places them.
+            before = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
+            drained = subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "drain", NODE, "--ignore-daemonsets", "--timeout=90s"],
+                                     capture_output=True, text=True, timeout=120)
+            assert drained.returncode == 0, drained.stderr
+            assert "evicting pod" in drained.stderr + drained.stdout and "drained" in drained.stdout, drained.stdout + drained.stderr
+            assert core.read_node(NODE).spec.unschedulable
+            remaining = {p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=web").items}
+            assert not before & remaining, "drain returned before the pods were gone"
+            wait_for(lambda: len(remaining := core.list_namespaced_pod(NS, label_selector="app=web").items) == 2 and all(not p.spec.node_name for p in remaining), "2 unscheduled replacements")
+            subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "uncordon", NODE], check=True, capture_output=True, timeout=60)
+            wait_for(lambda: len(ready_endpoints()) == 2, "2 ready endpoints after uncordon", timeout=60)
+            renewing.set()
+            renewer.join()
+            core.delete_node("witness")
+            core.delete_namespaced_replication_controller("web", NS)
+            for p in core.list_namespaced_pod(NS).items:
+                core.delete_namespaced_pod(p.metadata.name, NS)
+            wait_for(lambda: not core.list_namespaced_pod(NS).items, "the pods to go", timeout=60)
+        finally:
+            if agent and agent.poll() is None:
+                agent.terminate()
+                agent.wait(timeout=15)
+            if portal:
+                portal.stop()

@@ -4,7 +4,6 @@ restarted with a kubeconfig while the API server is still down it adopts
 the running containers; once `portal server` starts, its Node and the
 mirror pods appear, with the same containers still running."""
 
-import os
 import pathlib
 import signal
 import subprocess
@@ -15,7 +14,6 @@ import yaml
 
 import agent_bed
 import nodes
-import registry
 from agent_bed import NS, container_pids, wait_for, web_image
 from conftest import BINARY, Portal
 
@@ -55,83 +53,74 @@ def test_standalone_agent_runs_static_pods_and_mirrors_them_once_the_api_server_
     manifests.mkdir()
     server_dir = tmp_path / "server"
     server_dir.mkdir()
-    tag = agent_bed.agent_tag(agent_dir, NODE)
-    cluster = nodes.Cluster(bridge=False).__enter__()
-    reg = agent = portal = None
-    try:
-        reg = registry.Registry(bind="0.0.0.0").__enter__()
+    with agent_bed.bare_node(agent_dir, NODE) as bed:
+        reg = bed.registry
+        agent = portal = None
+        try:
+            image = web_image(bed)
+            (manifests / "web.yaml").write_text(yaml.safe_dump({
+                "metadata": {"name": "web", "labels": {"app": "solo-web"}},
+                "spec": {"containers": [{"name": "web", "image": image}], "terminationGracePeriodSeconds": 1},
+            }))
+            common = [
+                "--data-dir", str(agent_dir), "--node-name", NODE, "--node-ip", nodes.NODE_IP,
+                "--pod-manifest-path", str(manifests), "--pod-cidr", POD_CIDR,
+                "--registry-mirror", f"docker.io=http://{reg.host}",
+            ]
 
-        class Bed:
-            registry = reg
-
-        image = web_image(Bed)
-        (manifests / "web.yaml").write_text(yaml.safe_dump({
-            "metadata": {"name": "web", "labels": {"app": "solo-web"}},
-            "spec": {"containers": [{"name": "web", "image": image}], "terminationGracePeriodSeconds": 1},
-        }))
-        common = [
-            "--data-dir", str(agent_dir), "--node-name", NODE, "--node-ip", nodes.NODE_IP,
-            "--pod-manifest-path", str(manifests), "--pod-cidr", POD_CIDR,
-            "--registry-mirror", f"docker.io=http://{reg.host}",
-        ]
-
-        # 1. No kubeconfig at all: the static pod runs and serves.
-        agent = Agent(tmp_path, common)
-        leases = lambda: [p for p in (agent_dir / "leases").glob("10.*")] if (agent_dir / "leases").is_dir() else []
-        lease = wait_for(lambda: next((p for p in leases() if p.read_text().strip()), None), "a pod address leased", timeout=60)
-        uid = lease.read_text().strip()
-        ip = lease.name
-        assert ip.startswith("10.244.77."), ip
-        wait_for(lambda: http(f"http://{ip}:8080/name.txt") == f"web-{NODE}\n", "the static pod serving on the node", timeout=60)
-        pids = container_pids(agent_dir)
-        assert pids
-        agent.stop()
-        assert container_pids(agent_dir) == pids, "containers outlive the agent"
-
-        # 2. A kubeconfig, but the API server is down: the same containers
-        # are adopted, nothing restarts.
-        portal = Portal(server_dir, api_bind=API_BIND).start()
-        kubeconfig = tmp_path / "agent.kubeconfig"
-        kubeconfig.write_text(pathlib.Path(portal.kubeconfig).read_text())
-        portal.stop()
-        portal = None
-        agent = Agent(tmp_path, [*common, "--kubeconfig", str(kubeconfig)])
-        time.sleep(4)
-        assert agent.process.poll() is None, agent.log()
-        assert container_pids(agent_dir) == pids, "the restarted agent restarted the static pod"
-        assert http(f"http://{ip}:8080/name.txt") == f"web-{NODE}\n"
-        assert "registering the node; retrying" in agent.log()
-
-        # 3. The API server comes: the Node (with the agent's pod range) and
-        # the mirror pod appear, with the pod's address and status.
-        portal = Portal(server_dir, api_bind=API_BIND).start()
-        core = portal.core()
-
-        def mirrored():
-            try:
-                pod = core.read_namespaced_pod(f"web-{NODE}", NS)
-            except Exception:
-                return None
-            statuses = pod.status.container_statuses or []
-            return pod if pod.status.phase == "Running" and statuses and statuses[0].ready and pod.status.pod_ip == ip else None
-
-        pod = wait_for(mirrored, "the mirror pod Running with the pod's address", timeout=60)
-        assert pod.metadata.annotations["kubernetes.io/config.mirror"] == uid
-        assert core.read_node(NODE).spec.pod_cidr == POD_CIDR
-        assert container_pids(agent_dir) == pids, "the API server's coming restarted the static pod"
-        assert http(f"http://{ip}:8080/name.txt") == f"web-{NODE}\n"
-
-        # Its manifest removed: the pod stops and its mirror goes.
-        (manifests / "web.yaml").unlink()
-        wait_for(lambda: not container_pids(agent_dir), "the static pod's containers to stop")
-        wait_for(lambda: not core.list_namespaced_pod(NS).items, "the mirror pod to go")
-    finally:
-        if agent:
+            # 1. No kubeconfig at all: the static pod runs and serves.
+            agent = Agent(tmp_path, common)
+            leases = lambda: [p for p in (agent_dir / "leases").glob("10.*")] if (agent_dir / "leases").is_dir() else []
+            lease = wait_for(lambda: next((p for p in leases() if p.read_text().strip()), None), "a pod address leased", timeout=60)
+            uid = lease.read_text().strip()
+            ip = lease.name
+            assert ip.startswith("10.244.77."), ip
+            wait_for(lambda: http(f"http://{ip}:8080/name.txt") == f"web-{NODE}\n", "the static pod serving on the node", timeout=60)
+            pids = container_pids(agent_dir)
+            assert pids
             agent.stop()
-        if portal:
+            assert container_pids(agent_dir) == pids, "containers outlive the agent"
+
+            # 2. A kubeconfig, but the API server is down: the same containers
+            # are adopted, nothing restarts.
+            portal = Portal(server_dir, api_bind=API_BIND).start()
+            kubeconfig = tmp_path / "agent.kubeconfig"
+            kubeconfig.write_text(pathlib.Path(portal.kubeconfig).read_text())
             portal.stop()
-        agent_bed.cleanup(agent_dir, tag)
-        if reg:
-            reg.__exit__(None, None, None)
-        cluster.__exit__(None, None, None)
-    assert not any(agent_bed.leftovers(agent_dir, tag).values())
+            portal = None
+            agent = Agent(tmp_path, [*common, "--kubeconfig", str(kubeconfig)])
+            time.sleep(4)
+            assert agent.process.poll() is None, agent.log()
+            assert container_pids(agent_dir) == pids, "the restarted agent restarted the static pod"
+            assert http(f"http://{ip}:8080/name.txt") == f"web-{NODE}\n"
+            assert "registering the node; retrying" in agent.log()
+
+            # 3. The API server comes: the Node (with the agent's pod range) and
+            # the mirror pod appear, with the pod's address and status.
+            portal = Portal(server_dir, api_bind=API_BIND).start()
+            core = portal.core()
+
+            def mirrored():
+                try:
+                    pod = core.read_namespaced_pod(f"web-{NODE}", NS)
+                except Exception:
+                    return None
+                statuses = pod.status.container_statuses or []
+                return pod if pod.status.phase == "Running" and statuses and statuses[0].ready and pod.status.pod_ip == ip else None
+
+            pod = wait_for(mirrored, "the mirror pod Running with the pod's address", timeout=60)
+            assert pod.metadata.annotations["kubernetes.io/config.mirror"] == uid
+            assert core.read_node(NODE).spec.pod_cidr == POD_CIDR
+            assert container_pids(agent_dir) == pids, "the API server's coming restarted the static pod"
+            assert http(f"http://{ip}:8080/name.txt") == f"web-{NODE}\n"
+
+            # Its manifest removed: the pod stops and its mirror goes.
+            (manifests / "web.yaml").unlink()
+            wait_for(lambda: not container_pids(agent_dir), "the static pod's containers to stop")
+            wait_for(lambda: not core.list_namespaced_pod(NS).items, "the mirror pod to go")
+        finally:
+            if agent:
+                agent.stop()
+            if portal:
+                portal.stop()
+    assert not any(agent_bed.leftovers(agent_dir, bed.tag).values())

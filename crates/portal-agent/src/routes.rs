@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -30,7 +31,7 @@ const RESYNC: Duration = Duration::from_secs(30);
 
 /// The routes the cluster calls for: each other node's pod range via its
 /// InternalIP (nodes without either are skipped).
-pub fn wanted(nodes: &[Node], me: &str) -> BTreeMap<Ipv4Cidr, Ipv4Addr> {
+pub fn wanted(nodes: &[Arc<Node>], me: &str) -> BTreeMap<Ipv4Cidr, Ipv4Addr> {
     let mine: Option<Ipv4Cidr> = nodes
         .iter()
         .find(|n| n.name_any() == me)
@@ -71,7 +72,7 @@ fn overlaps(a: &Ipv4Cidr, b: &Ipv4Cidr) -> bool {
 /// Keeps the routes in line with the Nodes for as long as the agent runs.
 pub(crate) async fn run(client: Client, me: String) {
     let (nodes, writer) = reflector::store::<Node>();
-    let changed = std::sync::Arc::new(tokio::sync::Notify::new());
+    let changed = Arc::new(tokio::sync::Notify::new());
     // The watch runs on its own (the store fills only while it is polled).
     let notify = changed.clone();
     let watch = watcher(Api::<Node>::all(client), watcher::Config::default())
@@ -87,7 +88,7 @@ pub(crate) async fn run(client: Client, me: String) {
     }
     let mut last: Option<BTreeMap<Ipv4Cidr, Ipv4Addr>> = None;
     loop {
-        let all: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
+        let all = nodes.state();
         let wanted = wanted(&all, &me);
         if last.as_ref() != Some(&wanted) {
             let ranges = pod_ranges(&all);
@@ -146,7 +147,7 @@ async fn sync(wanted: &BTreeMap<Ipv4Cidr, Ipv4Addr>) -> Result<(), String> {
 }
 
 /// Every node's pod range (this one's too).
-fn pod_ranges(nodes: &[Node]) -> Vec<Ipv4Cidr> {
+fn pod_ranges(nodes: &[Arc<Node>]) -> Vec<Ipv4Cidr> {
     let mut ranges: Vec<Ipv4Cidr> = nodes
         .iter()
         .filter_map(|n| n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok())
@@ -257,13 +258,14 @@ async fn ip(args: &[&str]) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn node(name: &str, range: Option<&str>, ip: Option<&str>) -> Node {
+    fn node(name: &str, range: Option<&str>, ip: Option<&str>) -> Arc<Node> {
         let addresses = ip.map(|ip| serde_json::json!([{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": ip}]));
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name},
             "spec": {"podCIDR": range},
             "status": {"addresses": addresses},
         }))
+        .map(Arc::new)
         .unwrap()
     }
 

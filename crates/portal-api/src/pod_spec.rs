@@ -39,17 +39,7 @@ pub fn validate(spec: &Value, path: &str) -> Vec<Cause> {
     ] {
         for (i, container) in entries.iter().enumerate() {
             let at = format!("{path}.{list}[{i}]");
-            let name = container["name"].as_str().unwrap_or("");
-            if name.is_empty() {
-                causes.push(Cause::required(&format!("{at}.name"), ""));
-            } else {
-                for problem in name::dns1123_label(name) {
-                    causes.push(Cause::invalid(&format!("{at}.name"), name, &problem));
-                }
-                if !names.insert(name.to_owned()) {
-                    causes.push(duplicate(&format!("{at}.name"), json!(name)));
-                }
-            }
+            unique_label(&container["name"], &at, &mut names, &mut causes);
             validate_container(
                 container,
                 &at,
@@ -96,22 +86,28 @@ pub fn validate(spec: &Value, path: &str) -> Vec<Cause> {
     causes
 }
 
+/// `{at}.name`: required, a DNS label, not in `seen` (then added to it).
+fn unique_label(name: &Value, at: &str, seen: &mut HashSet<String>, causes: &mut Vec<Cause>) {
+    let field = format!("{at}.name");
+    let name = name.as_str().unwrap_or("");
+    if name.is_empty() {
+        causes.push(Cause::required(&field, ""));
+        return;
+    }
+    for problem in name::dns1123_label(name) {
+        causes.push(Cause::invalid(&field, name, &problem));
+    }
+    if !seen.insert(name.to_owned()) {
+        causes.push(duplicate(&field, json!(name)));
+    }
+}
+
 /// The volumes' names (each a unique DNS label, with exactly one source).
 fn validate_volumes(spec: &Value, path: &str, causes: &mut Vec<Cause>) -> HashSet<String> {
     let mut names = HashSet::new();
     for (i, volume) in items(&spec["volumes"]).iter().enumerate() {
         let at = format!("{path}.volumes[{i}]");
-        let name = volume["name"].as_str().unwrap_or("");
-        if name.is_empty() {
-            causes.push(Cause::required(&format!("{at}.name"), ""));
-        } else {
-            for problem in name::dns1123_label(name) {
-                causes.push(Cause::invalid(&format!("{at}.name"), name, &problem));
-            }
-            if !names.insert(name.to_owned()) {
-                causes.push(duplicate(&format!("{at}.name"), json!(name)));
-            }
-        }
+        unique_label(&volume["name"], &at, &mut names, causes);
         let sources = volume.as_object().map_or(0, |v| {
             v.iter()
                 .filter(|(k, v)| *k != "name" && !v.is_null())

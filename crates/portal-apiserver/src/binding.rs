@@ -1,11 +1,11 @@
 //! `pods/{name}/binding`: how a scheduler assigns a pod to a node. Sets
 //! `spec.nodeName` once; a pod already bound answers 409.
 
-use http::{Response, StatusCode};
+use http::Response;
 use portal_api::Status;
 use serde_json::{json, Value};
 
-use crate::http::{json_response, Body, Query};
+use crate::http::{created_success, Body, Query};
 use crate::write::{guaranteed_update, Part, Proposal};
 use crate::{ApiState, Scope};
 
@@ -49,9 +49,5 @@ pub(crate) async fn bind(
         })
     };
     guaranteed_update(state, scope, name, Part::Main, query, propose).await?;
-    let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
-    Ok(json_response(
-        StatusCode::CREATED,
-        serde_json::to_vec(&success).unwrap_or_default(),
-    ))
+    Ok(created_success())
 }

@@ -4,11 +4,11 @@
 //! `deleteOptions` (graceful, preconditions, dry run), answered as
 //! kube-apiserver answers (201 and a Success Status).
 
-use http::{Response, StatusCode};
+use http::Response;
 use portal_api::Status;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::http::{json_response, Body, Query};
+use crate::http::{created_success, Body, Query};
 use crate::{write, ApiState, Scope};
 
 pub(crate) async fn evict(
@@ -38,9 +38,5 @@ pub(crate) async fn evict(
         options => serde_json::to_vec(options).unwrap_or_default(),
     };
     write::delete(state, scope, name, &options, query).await?;
-    let success = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
-    Ok(json_response(
-        StatusCode::CREATED,
-        serde_json::to_vec(&success).unwrap_or_default(),
-    ))
+    Ok(created_success())
 }

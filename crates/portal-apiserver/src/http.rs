@@ -30,6 +30,16 @@ pub(crate) fn json_response(code: StatusCode, json: impl Into<Bytes>) -> Respons
     response
 }
 
+/// `201 Created` with a Success Status, as kube-apiserver answers a
+/// `create` on a subresource that makes no object (binding, eviction).
+pub(crate) fn created_success() -> Response<Body> {
+    let success = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+    json_response(
+        StatusCode::CREATED,
+        serde_json::to_vec(&success).unwrap_or_default(),
+    )
+}
+
 pub(crate) fn status_response(status: &Status) -> Response<Body> {
     let code = StatusCode::from_u16(status.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     json_response(code, status.to_body())

@@ -22,12 +22,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Pod, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::events;
 
@@ -251,7 +251,6 @@ impl Lifecycle {
             Ok(_) => {
                 tracing::warn!(node = %name, "node stopped reporting: its conditions are Unknown");
                 self.node_event(
-                    &name,
                     node,
                     "NodeNotReady",
                     &format!("Node {name} status is now: NodeNotReady"),
@@ -364,31 +363,21 @@ impl Lifecycle {
             }
         }
         tracing::info!(pod = %format!("{namespace}/{name}"), %node, "evicted from a node that is not ready");
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(name.clone()),
-            namespace: Some(namespace.clone()),
-            uid: Some(uid),
-            ..ObjectReference::default()
-        };
         let message = format!("Marking for deletion Pod {namespace}/{name}");
         self.events
-            .record(&reference, "Normal", "TaintManagerEviction", &message)
+            .record(
+                &pod.object_ref(&()),
+                "Normal",
+                "TaintManagerEviction",
+                &message,
+            )
             .await;
         Ok(())
     }
 
-    async fn node_event(&self, name: &str, node: &Node, reason: &str, message: &str) {
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.to_owned()),
-            uid: node.uid(),
-            ..ObjectReference::default()
-        };
+    async fn node_event(&self, node: &Node, reason: &str, message: &str) {
         self.events
-            .record(&reference, "Normal", reason, message)
+            .record(&node.object_ref(&()), "Normal", reason, message)
             .await;
     }
 }

@@ -466,3 +466,41 @@ def test_partial_object_metadata_for_get_list_and_watch(portal):
     assert event["type"] == "MODIFIED"
     assert event["object"]["kind"] == "PartialObjectMetadata" and event["object"]["metadata"]["labels"] == {"a": "c"}
     assert "spec" not in event["object"]
+
+
+def test_eviction_answers_like_kubernetes(portal):
+    """pods/eviction: 201 and the pod deleted; a missing pod 404; a body
+    that is not an Eviction, or names another pod, 400 (never a 500)."""
+    core = portal.core()
+    core.create_namespaced_pod("default", {"metadata": {"name": "evictee"}, "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    path = "/api/v1/namespaces/default/pods/{}/eviction"
+    eviction = lambda name: json.dumps({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}}).encode()
+    code, status = raw(portal, "POST", path.format("evictee"), b"{not json")
+    assert code == 400 and status["reason"] == "BadRequest", status
+    code, status = raw(portal, "POST", path.format("evictee"), eviction("other"))
+    assert code == 400 and "does not match" in status["message"], status
+    code, status = raw(portal, "POST", path.format("missing"), eviction("missing"))
+    assert code == 404 and status["reason"] == "NotFound", status
+    code, status = raw(portal, "POST", path.format("evictee"), eviction("evictee"))
+    assert (code, status["status"]) == (201, "Success"), status
+    assert not core.list_namespaced_pod("default").items
+
+
+def test_status_bodies_are_byte_for_byte_kubernetes_shaped(portal):
+    context = ssl.create_default_context(cafile=None)
+    context.load_verify_locations(cadata=portal_ca(portal))
+    request = urllib.request.Request(portal.server + "/api/v1/namespaces/default/pods/nope", headers={"Authorization": f"Bearer {portal.token}"})
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(request, context=context, timeout=20)
+    body = missing.value.read().decode()
+    assert body.startswith('{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pods \\"nope\\" not found","reason":"NotFound","details":'), body
+    assert body.endswith(',"code":404}\n'), body
+
+
+def test_a_replication_controller_template_is_validated_as_a_pod(portal):
+    body = {"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "bad"}, "spec": {
+        "replicas": 1, "selector": {"app": "bad"},
+        "template": {"metadata": {"labels": {"app": "bad"}}, "spec": {"containers": [{"name": "c"}]}}}}
+    code, status = raw(portal, "POST", "/api/v1/namespaces/default/replicationcontrollers", json.dumps(body).encode())
+    assert code == 422, status
+    assert status["details"]["causes"][0]["field"] == "spec.template.spec.containers[0].image", status

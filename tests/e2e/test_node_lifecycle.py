@@ -72,27 +72,6 @@ def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path
             assert ("node.kubernetes.io/unreachable", "NoExecute") in wait_for(lambda: taints(core, "ghost") or None, "the silent node tainted")
             core.delete_node("ghost")
 
-            # A second, healthy node (its Lease renewed by the test, tainted so
-            # nothing is scheduled there): with every node lost at once the
-            # controller would suspect itself cut off and evict nothing, as
-            # Kubernetes does.
-            coordination = kubernetes.client.CoordinationV1Api(core.api_client)
-            core.create_node({
-                "metadata": {"name": "witness"},
-                "spec": {"taints": [{"key": "dedicated", "value": "witness", "effect": "NoSchedule"}]},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-            })
-            coordination.create_namespaced_lease("kube-node-lease", {"metadata": {"name": "witness"}, "spec": {"holderIdentity": "witness", "leaseDurationSeconds": 2}})
-            renewing = threading.Event()
-
-            def renew():
-                while not renewing.wait(0.5):
-                    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-                    coordination.patch_namespaced_lease("witness", "kube-node-lease", {"spec": {"renewTime": now}})
-
-            renewer = threading.Thread(target=renew, daemon=True)
-            renewer.start()
-
             template_spec = {
                 "containers": [{"name": "web", "image": image, "ports": [{"containerPort": 8080}]}],
                 "terminationGracePeriodSeconds": 1,
@@ -126,6 +105,30 @@ def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path
             for name in first:
                 ready = next(c for c in core.read_namespaced_pod(name, NS).status.conditions if c.type == "Ready")
                 assert ready.status == "False"
+
+            # Every node lost at once: the controller suspects itself cut
+            # off and evicts nothing, as Kubernetes does (full disruption),
+            # however long the pods' toleration has run out.
+            time.sleep(TOLERATION + 3)
+            assert not any(core.read_namespaced_pod(n, NS).metadata.deletion_timestamp for n in first), "evicted while every node was unready"
+            # A second, healthy node (its Lease renewed by the test, tainted so
+            # nothing is scheduled there): now the lost node is the exception.
+            coordination = kubernetes.client.CoordinationV1Api(core.api_client)
+            core.create_node({
+                "metadata": {"name": "witness"},
+                "spec": {"taints": [{"key": "dedicated", "value": "witness", "effect": "NoSchedule"}]},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            })
+            coordination.create_namespaced_lease("kube-node-lease", {"metadata": {"name": "witness"}, "spec": {"holderIdentity": "witness", "leaseDurationSeconds": 2}})
+            renewing = threading.Event()
+
+            def renew():
+                while not renewing.wait(0.5):
+                    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                    coordination.patch_namespaced_lease("witness", "kube-node-lease", {"spec": {"renewTime": now}})
+
+            renewer = threading.Thread(target=renew, daemon=True)
+            renewer.start()
 
             # After the toleration: evicted, and the RC makes new ones (which
             # cannot be scheduled while the only node is unreachable).

@@ -235,6 +235,15 @@ def test_a_mirror_pod_is_selected_by_a_service_and_comes_back_when_deleted(node)
         agent_bed.wait_programmed(cluster_ip)
         wait_for(lambda: fetch(f"http://{cluster_ip}/name.txt") == f"{name}\n", "traffic through the Service to the static pod")
 
+        # Someone else marks the mirror not Ready (the node lifecycle
+        # controller does while a node is away): the agent writes its own
+        # status back, and the pod is in the Service again.
+        pod_ready = lambda p: next(c.status for c in p.status.conditions if c.type == "Ready")
+        marked = node.core.patch_namespaced_pod_status(name, NS, {"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+        assert pod_ready(marked) == "False"
+        wait_for(lambda: pod_ready(node.pod(name)) == "True", "the agent to write the mirror Ready again")
+        wait_for(listed, "the mirror pod back in the EndpointSlice")
+
         # The API keeps a mirror a mirror.
         refused = subprocess.run(["kubectl", "--kubeconfig", node.portal.kubeconfig, "annotate", "pod", name, "kubernetes.io/config.mirror-"], capture_output=True, text=True, timeout=60)
         assert refused.returncode != 0 and "may not remove or update mirror pod annotation" in refused.stderr, refused.stderr

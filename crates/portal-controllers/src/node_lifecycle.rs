@@ -85,14 +85,26 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
             .iter()
             .filter_map(|l| Some((l.name_any(), l.spec.as_ref()?.renew_time.as_ref()?.0)))
             .collect();
-        let pods = pods.state();
+        let nodes = nodes.state();
+        // Only nodes that are not Ready or carry a NoExecute taint have
+        // pods to look at: in a healthy cluster no pod is touched.
+        let troubled: HashSet<String> = nodes
+            .iter()
+            .filter(|n| readiness_taints(n).is_some() || has_no_execute_taint(n))
+            .map(|n| n.name_any())
+            .collect();
+        let pods = if troubled.is_empty() {
+            Vec::new()
+        } else {
+            pods.state()
+        };
         let mut by_node: HashMap<&str, Vec<&Pod>> = HashMap::new();
         for pod in &pods {
-            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            if let Some(node) = node.filter(|n| troubled.contains(*n)) {
                 by_node.entry(node).or_default().push(pod);
             }
         }
-        let nodes = nodes.state();
         // Every node unreachable at once is more likely this controller
         // cut off than all nodes lost: no evictions then (Kubernetes'
         // full-disruption mode).
@@ -111,8 +123,9 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
                 tracing::warn!(%error, node = %name, "node lifecycle; retrying");
             }
         }
-        // Forget evictions of pods that are gone.
-        let present: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+        // Forget evictions of pods that are gone (or no longer on a
+        // troubled node).
+        let present: HashSet<String> = by_node.values().flatten().filter_map(|p| p.uid()).collect();
         lifecycle.evicted.retain(|uid| present.contains(uid));
     }
 }
@@ -149,6 +162,13 @@ fn last_heard(node: &Node, renewed: Option<jiff::Timestamp>) -> Option<jiff::Tim
         .map(|t| t.0);
     let created = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
     [renewed, heartbeat].into_iter().flatten().max().or(created)
+}
+
+fn has_no_execute_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.effect == "NoExecute"))
 }
 
 /// The taint a node's readiness calls for: none while it is Ready, or

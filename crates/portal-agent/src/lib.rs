@@ -18,6 +18,7 @@ mod cluster;
 pub mod env;
 pub mod files;
 pub mod images;
+pub mod join;
 pub mod metrics;
 mod mirror;
 pub mod network;

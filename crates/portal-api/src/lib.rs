@@ -6,6 +6,7 @@
 pub mod cidr;
 pub mod decode;
 pub mod defaults;
+pub mod join;
 pub mod kinds;
 pub mod meta;
 pub mod name;

@@ -4,6 +4,7 @@
 //! Prometheus metrics.
 
 mod allocator;
+mod auth;
 mod binding;
 mod cache;
 mod connect;
@@ -12,6 +13,7 @@ mod discovery;
 mod eviction;
 mod gc;
 mod http;
+pub mod join;
 mod kubernetes_service;
 mod load_balancer;
 mod metrics;
@@ -123,6 +125,8 @@ pub(crate) struct ApiState {
     pub(crate) address: SocketAddr,
     /// TLS to node agents (`connect`), with this server's client certificate.
     pub(crate) agents: Arc<rustls::ClientConfig>,
+    /// Nodes joining with the node token.
+    pub(crate) joining: Arc<join::Joining>,
 }
 
 impl ApiState {
@@ -177,6 +181,9 @@ pub struct ApiServer {
     /// The API server's `/metrics`; other components may add theirs.
     pub metrics: Arc<Metrics>,
     serving: tokio::task::JoinHandle<()>,
+    /// `https://HOST:PORT`, as in the kubeconfig.
+    server: String,
+    joining: Arc<join::Joining>,
 }
 
 impl ApiServer {
@@ -263,6 +270,13 @@ impl ApiServer {
         let (names, ips) = pki::serving_names(address, &extra);
         let credentials = pki::load_or_create(&config.data_dir, &names, &ips)?;
         let agents = pki::agent_client(&config.data_dir)?;
+        let joining = Arc::new(join::Joining {
+            secret: join::load_or_create_token(&config.data_dir, &credentials.ca_pem)?,
+            ca_pem: credentials.ca_pem.clone(),
+            kubelet_client_ca_pem: agents.ca_pem.clone(),
+            issuer: credentials.issuer.clone(),
+            pins: config.data_dir.join("pki").join("nodes"),
+        });
         let state = Arc::new(ApiState {
             store,
             cache,
@@ -271,6 +285,7 @@ impl ApiServer {
             token: credentials.token.clone(),
             address,
             agents: agents.tls,
+            joining: joining.clone(),
         });
         let acceptor = tokio_rustls::TlsAcceptor::from(credentials.tls.clone());
         let serving = tokio::spawn(serve(listener, acceptor, state, config.connections));
@@ -296,7 +311,18 @@ impl ApiServer {
             kubeconfig,
             metrics,
             serving,
+            server,
+            joining,
         })
+    }
+
+    /// Writes `path`, a kubeconfig with a fresh node certificate for
+    /// `node` (this machine's own agent and proxy act as a node, like
+    /// every other node's).
+    pub fn write_node_kubeconfig(&self, node: &str, path: &std::path::Path) -> Result<(), Error> {
+        let config = join::own_node_kubeconfig(&self.joining, &self.server, node)
+            .map_err(pki::Error::Cert)?;
+        Ok(pki::write_private(path, config.as_bytes())?)
     }
 
     /// Serves until the listener fails.
@@ -351,9 +377,22 @@ async fn serve(
                     return;
                 }
             };
+            // A verified client certificate names the connection's user.
+            let user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(auth::user_of_certificate)
+                .map(Arc::new);
             let service = hyper::service::service_fn(move |request| {
                 let state = state.clone();
-                async move { Ok::<_, std::convert::Infallible>(routes::handle(state, request).await) }
+                let user = user.clone();
+                async move {
+                    Ok::<_, std::convert::Infallible>(
+                        routes::handle(state, request, user.as_deref()).await,
+                    )
+                }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder

@@ -58,11 +58,18 @@ pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
 }
 
 /// The cluster's credentials, loaded or created.
-#[derive(Debug)]
 pub struct Credentials {
     pub ca_pem: String,
     pub token: String,
     pub tls: Arc<rustls::ServerConfig>,
+    /// Signs node certificates (`join`).
+    pub(crate) issuer: Arc<Issuer<'static, KeyPair>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").finish_non_exhaustive()
+    }
 }
 
 fn ca_params() -> Result<CertificateParams> {
@@ -108,6 +115,10 @@ pub fn load_or_create(dir: &Path, names: &[String], ips: &[IpAddr]) -> Result<Cr
         Ok(ca_params()?.self_signed(&ca_key)?.pem())
     })?;
     let issuer = Issuer::new(ca_params()?, ca_key);
+    let ca_der = CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| Error::Pem {
+        path: ca_cert_path.clone(),
+        reason: e.to_string(),
+    })?;
 
     let mut params = CertificateParams::new(names.to_vec())?;
     params
@@ -134,29 +145,34 @@ pub fn load_or_create(dir: &Path, names: &[String], ips: &[IpAddr]) -> Result<Cr
     .trim()
     .to_owned();
 
-    let chain = vec![
-        cert.der().clone(),
-        CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| Error::Pem {
-            path: ca_cert_path.clone(),
-            reason: e.to_string(),
-        })?,
-    ];
+    let chain = vec![cert.der().clone(), ca_der.clone()];
     let private =
         PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| Error::Pem {
             path: pki.join("apiserver.key"),
             reason: e.to_string(),
         })?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_single_cert(chain, private)?;
+    // Client certificates of the cluster CA identify users (nodes); a
+    // client without one may still present the bearer token.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca_der)?;
+    let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| rustls::Error::General(e.to_string()))?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(clients)
+        .with_single_cert(chain, private)?;
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Credentials {
         ca_pem,
         token,
         tls: Arc::new(tls),
+        issuer: Arc::new(issuer),
     })
 }
 
@@ -167,6 +183,7 @@ pub fn load_or_create(dir: &Path, names: &[String], ips: &[IpAddr]) -> Result<Cr
 #[derive(Debug)]
 pub struct AgentClient {
     pub ca_path: PathBuf,
+    pub ca_pem: String,
     pub tls: Arc<rustls::ClientConfig>,
 }
 
@@ -220,6 +237,7 @@ pub fn agent_client(dir: &Path) -> Result<AgentClient> {
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(AgentClient {
         ca_path,
+        ca_pem,
         tls: Arc::new(tls),
     })
 }

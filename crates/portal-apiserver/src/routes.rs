@@ -4,22 +4,27 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use portal_api::patch::PatchType;
 use portal_api::{path, Resource, Status};
 
+use crate::auth::User;
 use crate::http::{json_response, read_body, status_response, text_response, Body, Output, Query};
 use crate::write::Part;
 use crate::{
-    binding, connect, discovery, eviction, openapi, proxy, read, scale, watch, write, ApiState,
-    Scope,
+    auth, binding, connect, discovery, eviction, join, openapi, proxy, read, scale, watch, write,
+    ApiState, Scope,
 };
 
 /// Paths anyone may ask: they reveal nothing and let probes work.
 const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
 
-pub(crate) async fn handle(state: Arc<ApiState>, request: Request<Incoming>) -> Response<Body> {
+pub(crate) async fn handle(
+    state: Arc<ApiState>,
+    request: Request<Incoming>,
+    peer: Option<&User>,
+) -> Response<Body> {
     use tracing::Instrument;
     let started = Instant::now();
     let mut labels = ("", String::new());
@@ -34,7 +39,7 @@ pub(crate) async fn handle(state: Arc<ApiState>, request: Request<Incoming>) -> 
         name = tracing::field::Empty,
         code = tracing::field::Empty,
     );
-    let response = match route(&state, request, &mut labels)
+    let response = match route(&state, request, peer, &mut labels)
         .instrument(span.clone())
         .await
     {
@@ -52,24 +57,6 @@ pub(crate) async fn handle(state: Arc<ApiState>, request: Request<Incoming>) -> 
         started.elapsed(),
     );
     response
-}
-
-/// Constant-time comparison of the bearer token.
-fn authorized(state: &ApiState, headers: &HeaderMap) -> bool {
-    let Some(given) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    let (given, want) = (given.trim().as_bytes(), state.token.as_bytes());
-    given.len() == want.len()
-        && given
-            .iter()
-            .zip(want)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
 }
 
 fn json_value(value: &serde_json::Value) -> Response<Body> {
@@ -93,9 +80,25 @@ fn kube_verb(method: &Method, named: bool, watching: bool) -> &'static str {
     }
 }
 
+/// Kubernetes' authorization verb for a metrics verb.
+fn authorization_verb(verb: &str) -> &'static str {
+    match verb {
+        "GET" => "get",
+        "LIST" => "list",
+        "WATCH" => "watch",
+        "POST" => "create",
+        "PUT" => "update",
+        "PATCH" => "patch",
+        "DELETE" => "delete",
+        "DELETECOLLECTION" => "deletecollection",
+        _ => "",
+    }
+}
+
 async fn route(
     state: &ApiState,
     request: Request<Incoming>,
+    peer: Option<&User>,
     labels: &mut (&'static str, String),
 ) -> Result<Response<Body>, Status> {
     let uri_path = request.uri().path().to_owned();
@@ -112,14 +115,27 @@ async fn route(
         }
         return Ok(text_response(StatusCode::OK, "ok"));
     }
-    if !authorized(state, request.headers()) {
-        return Err(Status::unauthorized());
+    // Joining nodes: the CA is public, the credential exchange has its
+    // own secret.
+    match (request.method(), uri_path.as_str()) {
+        (&Method::GET, portal_api::join::CACERTS_PATH) => {
+            labels.0 = "GET";
+            return Ok(join::cacerts(&state.joining));
+        }
+        (&Method::POST, portal_api::join::CREDENTIAL_PATH) => {
+            labels.0 = "POST";
+            return join::node_credential(state, request).await;
+        }
+        _ => {}
     }
+    let user =
+        auth::authenticate(state, request.headers(), peer).ok_or_else(Status::unauthorized)?;
     let method = request.method().clone();
     if method == Method::GET {
         labels.0 = "GET";
         let parts: Vec<&str> = uri_path.trim_matches('/').split('/').collect();
         match parts.as_slice() {
+            ["metrics"] if !user.is_admin() => return Err(auth::forbidden_path(&user, &uri_path)),
             ["metrics"] => return Ok(text_response(StatusCode::OK, state.metrics.encode())),
             ["version"] => return Ok(json_value(&discovery::version())),
             ["api"] => {
@@ -156,6 +172,9 @@ async fn route(
         }
     }
     if let Some(target) = proxy::parse(&uri_path) {
+        if !user.is_admin() {
+            return Err(auth::forbidden_path(&user, &uri_path));
+        }
         labels.0 = "PROXY";
         labels.1 = format!("{}/proxy", target.1);
         return proxy::serve(state, target, request).await;
@@ -182,6 +201,31 @@ async fn route(
         resource,
         namespace: api_path.namespace.as_deref(),
     };
+    let asked = auth::Attributes {
+        verb: authorization_verb(labels.0),
+        resource,
+        subresource: api_path.subresource.as_deref(),
+        namespace: api_path.namespace.as_deref(),
+        name: api_path.name.as_deref(),
+    };
+    // Logs, exec, attach and port-forward are the admin's only.
+    let allowed = if connect::Connect::parse(asked.subresource.unwrap_or_default()).is_some() {
+        if user.is_admin() {
+            auth::Allowed::Yes
+        } else {
+            let verb = if method == Method::GET {
+                "get"
+            } else {
+                "create"
+            };
+            return Err(auth::forbidden(&user, &auth::Attributes { verb, ..asked }));
+        }
+    } else {
+        auth::authorize(&user, &asked)?
+    };
+    if allowed == auth::Allowed::IfPodOnNode {
+        auth::check_stored_pod(state, &user, &asked).await?;
+    }
     if let (Some(connect), Some(name), Some(namespace)) = (
         api_path
             .subresource
@@ -249,6 +293,9 @@ async fn route(
         (&Method::POST, None, Target::Part(Part::Main)) if !needs_namespace => {
             let body = read_body(request.into_body()).await?;
             let body = write::decode_body(resource, &body, &content_type, &query)?;
+            if allowed == auth::Allowed::IfOwnObject {
+                auth::admit_create(&user, &asked, body.object())?;
+            }
             write::create(state, &scope, body, &query).await
         }
         (&Method::PUT, Some(name), Target::Part(part)) if !needs_namespace => {

@@ -119,12 +119,63 @@ pub(crate) fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// Joining a cluster with its node token (`portal agent`, `portal node`).
+#[derive(clap::Args, Debug)]
+pub(crate) struct JoinArgs {
+    /// The API server to join, e.g. https://192.168.1.10:6443 (with
+    /// --token or --token-file): the node gets its own certificate.
+    #[arg(long, value_name = "URL", requires = "token_given")]
+    pub server: Option<String>,
+    /// The cluster's node token (the server's DIR/node-token).
+    #[arg(
+        long,
+        env = "PORTAL_TOKEN",
+        hide_env_values = true,
+        group = "token_given"
+    )]
+    token: Option<portal_api::join::NodeToken>,
+    /// A file holding the node token.
+    #[arg(long, value_name = "FILE", group = "token_given")]
+    token_file: Option<PathBuf>,
+}
+
+impl JoinArgs {
+    /// Joins when --server is given: the node's kubeconfig and client CA.
+    pub(crate) async fn join(
+        &self,
+        node: &str,
+        dir: &std::path::Path,
+    ) -> Result<Option<portal_agent::join::Joined>, Error> {
+        let Some(server) = &self.server else {
+            return Ok(None);
+        };
+        let token = match (&self.token, &self.token_file) {
+            (Some(token), _) => token.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?
+                .parse()
+                .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?,
+            (None, None) => {
+                return Err(Error::Usage(
+                    "--server needs --token or --token-file".into(),
+                ))
+            }
+        };
+        Ok(Some(
+            portal_agent::join::join(server, &token, node, dir).await?,
+        ))
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub(crate) struct AgentArgs {
-    /// Credentials and address of the API server. Without one the agent
-    /// runs standalone: static pods only (needs --pod-cidr).
-    #[arg(long)]
+    /// Credentials and address of the API server. Without one (or
+    /// --server) the agent runs standalone: static pods only (needs
+    /// --pod-cidr).
+    #[arg(long, conflicts_with = "server")]
     kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    join: JoinArgs,
     /// Keeps images, containers, pod files, logs and address leases.
     #[arg(long, default_value = "/var/lib/portal/agent")]
     data_dir: PathBuf,
@@ -139,27 +190,34 @@ pub(crate) struct AgentArgs {
     #[arg(long, default_value = "127.0.0.1:10248")]
     metrics_bind: SocketAddr,
     /// Client certificates from this CA may use the agent's API: the API
-    /// server's `DIR/pki/kubelet-client-ca.crt`. Without it the agent
-    /// serves no logs, exec, attach or port-forward.
+    /// server's `DIR/pki/kubelet-client-ca.crt` (joining with --server
+    /// fetches it). Without it the agent serves no logs, exec, attach or
+    /// port-forward.
     #[arg(long)]
     client_ca_file: Option<PathBuf>,
 }
 
 pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
-    let client = match &args.kubeconfig {
+    let joined = args
+        .join
+        .join(&args.options.node_name(), &args.data_dir)
+        .await?;
+    let kubeconfig = joined
+        .as_ref()
+        .map(|j| j.kubeconfig.clone())
+        .or(args.kubeconfig.clone());
+    let client = match &kubeconfig {
         Some(path) => Some(portal_client::client_from_kubeconfig(path).await?),
         None => None,
     };
+    let client_ca = args.client_ca_file.or(joined.map(|j| j.client_ca));
     let addr = args.metrics_bind;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Metrics { addr, source })?;
-    let config = args.options.config(
-        args.data_dir,
-        args.node_ip,
-        &args.cluster_domain,
-        args.client_ca_file,
-    );
+    let config = args
+        .options
+        .config(args.data_dir, args.node_ip, &args.cluster_domain, client_ca);
     let agent = portal_agent::start(client, config).await?;
     let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
     tokio::spawn(crate::serve_metrics_and_health(

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod agent;
+mod node;
 
 use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
@@ -38,6 +39,9 @@ enum Command {
     /// Run the node agent (pods of this node), against an API server or
     /// standalone (static pods).
     Agent(Box<agent::AgentArgs>),
+    /// Join a cluster as a worker node: agent and proxy, with the node's
+    /// own credential.
+    Node(Box<node::NodeArgs>),
     /// Manage the node's images.
     Images(agent::ImagesArgs),
     /// One container's supervisor (started by the agent).
@@ -311,6 +315,8 @@ enum Error {
     Proxy(#[from] portal_proxy::Error),
     #[error("node agent: {0}")]
     Agent(#[from] portal_agent::Error),
+    #[error("joining: {0}")]
+    Join(#[from] portal_agent::join::Error),
     #[error("{0}")]
     Usage(String),
     #[error("node {name}: {message}")]
@@ -336,6 +342,11 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     let agent_data = args.data_dir.join("agent");
     let client_ca = args.data_dir.join("pki").join("kubelet-client-ca.crt");
     let cluster_domain = args.dns.cluster_domain.clone();
+    // This machine's agent and proxy act as its node, like any other
+    // node's: a node certificate, not the admin token.
+    let node_kubeconfig = args.data_dir.join("node.kubeconfig");
+    let node_token = args.data_dir.join("node-token");
+    let node_name = args.agent.node_name();
     let config = portal_apiserver::Config {
         data_dir: args.data_dir,
         bind: args.api_bind,
@@ -354,6 +365,12 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         },
     };
     let api = portal_apiserver::ApiServer::start(config).await?;
+    api.write_node_kubeconfig(&node_name, &node_kubeconfig)?;
+    tracing::info!(
+        "other nodes join with: portal node --server https://<this node's address>:{} --token-file {}",
+        api.address.port(),
+        node_token.display()
+    );
     if !disabled.contains(&Component::Controllers) {
         // The controllers are API clients like any other, through the
         // kubeconfig the server just wrote.
@@ -401,7 +418,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         }
     }
     if !disabled.contains(&Component::Proxy) {
-        let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
+        let client = portal_client::client_from_kubeconfig(&node_kubeconfig).await?;
         let node_ip = match node_ip {
             Some(IpAddr::V4(ip)) => Some(ip),
             _ => None,
@@ -415,7 +432,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     }
     if !disabled.contains(&Component::Agent) {
         if agent_wanted {
-            let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
+            let client = portal_client::client_from_kubeconfig(&node_kubeconfig).await?;
             let node_ip = match node_ip {
                 Some(IpAddr::V4(ip)) => Some(ip),
                 _ => None,
@@ -632,6 +649,7 @@ fn main() -> ExitCode {
             Command::Dns(args) => dns(args).await,
             Command::Proxy(args) => proxy(args).await,
             Command::Agent(args) => agent::agent(*args).await,
+            Command::Node(args) => node::node(*args).await,
             Command::Images(args) => agent::images(args).await,
             Command::Shim(_) => Ok(()),
         }

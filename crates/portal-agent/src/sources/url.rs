@@ -101,7 +101,7 @@ async fn fetch(client: &reqwest::Client, source: &ManifestUrl) -> Result<Vec<u8>
 }
 
 /// An error with its causes (reqwest's own message alone says little).
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(inner) = cause {

@@ -39,6 +39,13 @@ pub(crate) struct DecodedBody {
     warnings: Vec<String>,
 }
 
+impl DecodedBody {
+    /// The decoded object, before defaults.
+    pub(crate) fn object(&self) -> &Value {
+        &self.object
+    }
+}
+
 pub(crate) fn decode_body(
     resource: &Resource,
     body: &[u8],

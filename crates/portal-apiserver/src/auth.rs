@@ -1,0 +1,466 @@
+//! Who is asking, and whether they may.
+//!
+//! A request is made by the admin (the bearer token, or a client
+//! certificate of the cluster CA in group `system:masters`), by a node (a
+//! certificate for `system:node:NAME` in `system:nodes`, see [`crate::join`])
+//! or by another certificate user, who may do nothing: Portal serves no
+//! RBAC. A node gets, in small, what Kubernetes' Node authorizer and
+//! NodeRestriction admission give a kubelet and kube-proxy: it reads pods,
+//! Services, Endpoints, EndpointSlices and Nodes; it writes its own Node
+//! and Lease, the status of pods bound to it, its mirror pods and Events;
+//! nothing else (it cannot delete a Service, read a ReplicationController
+//! or exec into a pod).
+
+use http::{header, HeaderMap};
+use portal_api::{Kind, Resource, Status};
+use rustls_pki_types::CertificateDer;
+use serde_json::Value;
+
+use portal_api::join::{NODES_GROUP, NODE_USER_PREFIX};
+
+use crate::join::same_secret;
+use crate::ApiState;
+
+/// The namespace of node Leases.
+const NODE_LEASES: &str = "kube-node-lease";
+/// The annotation that makes a pod a mirror pod.
+const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// An authenticated user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum User {
+    Admin,
+    /// A node, by its name.
+    Node(String),
+    /// Any other certificate user: authenticated, allowed nothing.
+    Other(String),
+}
+
+impl User {
+    fn name(&self) -> String {
+        match self {
+            User::Admin => "admin".to_owned(),
+            User::Node(node) => format!("{NODE_USER_PREFIX}{node}"),
+            User::Other(name) => name.clone(),
+        }
+    }
+
+    pub(crate) fn is_admin(&self) -> bool {
+        *self == User::Admin
+    }
+}
+
+/// The user a verified client certificate names (CN user, O groups).
+pub(crate) fn user_of_certificate(der: &CertificateDer<'_>) -> Option<User> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    let subject = cert.subject();
+    let name = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
+    let groups: Vec<&str> = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok())
+        .collect();
+    if groups.contains(&"system:masters") {
+        return Some(User::Admin);
+    }
+    match name.strip_prefix(NODE_USER_PREFIX) {
+        Some(node) if groups.contains(&NODES_GROUP) && !node.is_empty() => {
+            Some(User::Node(node.to_owned()))
+        }
+        _ => Some(User::Other(name)),
+    }
+}
+
+/// The connection's certificate user, else the admin token's.
+pub(crate) fn authenticate(
+    state: &ApiState,
+    headers: &HeaderMap,
+    peer: Option<&User>,
+) -> Option<User> {
+    if let Some(user) = peer {
+        return Some(user.clone());
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))?;
+    same_secret(given.trim().as_bytes(), state.token.as_bytes()).then_some(User::Admin)
+}
+
+/// What a resource request asks, in Kubernetes' authorization terms.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Attributes<'a> {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`.
+    pub(crate) verb: &'static str,
+    pub(crate) resource: &'static Resource,
+    pub(crate) subresource: Option<&'a str>,
+    pub(crate) namespace: Option<&'a str>,
+    pub(crate) name: Option<&'a str>,
+}
+
+/// Allowed, given what is left to check once more is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Allowed {
+    Yes,
+    /// A node's create: the object must be its own (its Node, its Lease,
+    /// a mirror pod bound to it); see [`admit_create`].
+    IfOwnObject,
+    /// A node's pod delete or status write: the stored pod must be bound
+    /// to it; see [`check_stored_pod`].
+    IfPodOnNode,
+}
+
+/// Whether `user` may make the request.
+pub(crate) fn authorize(user: &User, request: &Attributes<'_>) -> Result<Allowed, Status> {
+    let allowed = match user {
+        User::Admin => Some(Allowed::Yes),
+        User::Node(node) => node_rules(node, request),
+        User::Other(_) => None,
+    };
+    allowed.ok_or_else(|| forbidden(user, request))
+}
+
+/// Kubernetes' Node authorizer and RBAC `system:node`/`system:node-proxier`
+/// rules, for the resources Portal serves.
+fn node_rules(node: &str, r: &Attributes<'_>) -> Option<Allowed> {
+    let reading = matches!(r.verb, "get" | "list" | "watch");
+    let own = r.name == Some(node);
+    let kind = r.resource.kind;
+    match (kind, r.subresource) {
+        (
+            Kind::Pod | Kind::Service | Kind::Endpoints | Kind::EndpointSlice | Kind::Node,
+            None | Some("status"),
+        ) if reading => Some(Allowed::Yes),
+        (Kind::Node, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
+        (Kind::Node, None | Some("status")) if own && matches!(r.verb, "update" | "patch") => {
+            Some(Allowed::Yes)
+        }
+        (Kind::Lease, None) if r.namespace == Some(NODE_LEASES) => match r.verb {
+            "create" => Some(Allowed::IfOwnObject),
+            "get" | "update" | "patch" if own => Some(Allowed::Yes),
+            _ => None,
+        },
+        (Kind::Event, None) if matches!(r.verb, "create" | "update" | "patch") => {
+            Some(Allowed::Yes)
+        }
+        (Kind::Pod, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
+        (Kind::Pod, None) if r.verb == "delete" => Some(Allowed::IfPodOnNode),
+        (Kind::Pod, Some("status")) if matches!(r.verb, "update" | "patch") => {
+            Some(Allowed::IfPodOnNode)
+        }
+        _ => None,
+    }
+}
+
+/// Kubernetes' message: `services "web" is forbidden: User
+/// "system:node:n2" cannot delete resource "services" in API group "" in
+/// the namespace "default"`.
+pub(crate) fn forbidden(user: &User, r: &Attributes<'_>) -> Status {
+    let plural = r.resource.plural;
+    let what = match r.name {
+        Some(name) => format!("{plural} {name:?}"),
+        None => plural.to_owned(),
+    };
+    let resource = match r.subresource {
+        Some(sub) => format!("{plural}/{sub}"),
+        None => plural.to_owned(),
+    };
+    let scope = match r.namespace {
+        Some(namespace) => format!("in the namespace {namespace:?}"),
+        None => "at the cluster scope".to_owned(),
+    };
+    let mut status = Status::forbidden(format!(
+        "{what} is forbidden: User {:?} cannot {} resource {resource:?} in API group {:?} {scope}",
+        user.name(),
+        r.verb,
+        r.resource.group,
+    ));
+    status.details = Some(Box::new(portal_api::status::Details {
+        name: r.name.map(str::to_owned),
+        group: (!r.resource.group.is_empty()).then(|| r.resource.group.to_owned()),
+        kind: Some(plural.to_owned()),
+        ..Default::default()
+    }));
+    status
+}
+
+/// For a non-resource path (`/metrics`): only the admin.
+pub(crate) fn forbidden_path(user: &User, path: &str) -> Status {
+    Status::forbidden(format!(
+        "forbidden: User {:?} cannot get path {path:?}",
+        user.name()
+    ))
+}
+
+/// NodeRestriction for a node's create: its own Node or Lease, or a
+/// mirror pod bound to it and owned by nothing but its Node.
+pub(crate) fn admit_create(user: &User, r: &Attributes<'_>, object: &Value) -> Result<(), Status> {
+    let User::Node(node) = user else {
+        return Ok(());
+    };
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let refuse = |why: String| {
+        let mut status = Status::forbidden(format!(
+            "{} {name:?} is forbidden: {why}",
+            r.resource.plural
+        ));
+        status.details = Some(Box::new(portal_api::status::Details {
+            name: Some(name.to_owned()),
+            kind: Some(r.resource.plural.to_owned()),
+            ..Default::default()
+        }));
+        status
+    };
+    match r.resource.kind {
+        Kind::Node | Kind::Lease if name == node => Ok(()),
+        Kind::Node | Kind::Lease => Err(refuse(format!(
+            "node {node:?} can only create its own {}",
+            r.resource.kind_name
+        ))),
+        Kind::Pod => {
+            if object
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(MIRROR_ANNOTATION))
+                .is_none()
+            {
+                return Err(refuse(format!(
+                    "pod does not have {MIRROR_ANNOTATION:?} annotation, node {node:?} can only create mirror pods"
+                )));
+            }
+            if object.pointer("/spec/nodeName").and_then(Value::as_str) != Some(node) {
+                return Err(refuse(format!(
+                    "node {node:?} can only create pods with spec.nodeName set to itself"
+                )));
+            }
+            let owners = object
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice);
+            let own_node = |o: &Value| {
+                o.get("kind").and_then(Value::as_str) == Some("Node")
+                    && o.get("name").and_then(Value::as_str) == Some(node)
+            };
+            if owners.len() > 1 || !owners.iter().all(own_node) {
+                return Err(refuse(format!(
+                    "node {node:?} can only create pods with a single owner reference set to itself"
+                )));
+            }
+            Ok(())
+        }
+        _ => Err(forbidden(user, r)),
+    }
+}
+
+/// NodeRestriction for a node's pod delete or status write: the pod must
+/// be bound to it. A pod that is not there is left to the handler (404).
+pub(crate) async fn check_stored_pod(
+    state: &ApiState,
+    user: &User,
+    r: &Attributes<'_>,
+) -> Result<(), Status> {
+    let (User::Node(node), Some(name)) = (user, r.name) else {
+        return Ok(());
+    };
+    let key = r.resource.key(r.namespace, name);
+    let Some(pod) = crate::read::stored(state, &key).await? else {
+        return Ok(());
+    };
+    let bound = pod.value.pointer("/spec/nodeName").and_then(Value::as_str);
+    if bound == Some(node.as_str()) {
+        return Ok(());
+    }
+    let action = if r.verb == "delete" {
+        "delete"
+    } else {
+        "update pod status for"
+    };
+    Err(Status::forbidden(format!(
+        "pods {name:?} is forbidden: node {node:?} can only {action} pods with spec.nodeName set to itself"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask<'a>(
+        verb: &'static str,
+        resource: &'static Resource,
+        namespace: Option<&'a str>,
+        name: Option<&'a str>,
+    ) -> Attributes<'a> {
+        Attributes {
+            verb,
+            resource,
+            subresource: None,
+            namespace,
+            name,
+        }
+    }
+
+    #[test]
+    fn a_node_reads_what_it_needs_and_writes_only_its_own() {
+        let node = User::Node("n2".into());
+        let allowed = |r: Attributes<'_>| authorize(&node, &r).ok();
+        assert_eq!(
+            allowed(ask("watch", Resource::of(Kind::Pod), None, None)),
+            Some(Allowed::Yes)
+        );
+        assert_eq!(
+            allowed(ask("list", Resource::of(Kind::Service), None, None)),
+            Some(Allowed::Yes)
+        );
+        assert_eq!(
+            allowed(ask("patch", Resource::of(Kind::Node), None, Some("n2"))),
+            Some(Allowed::Yes)
+        );
+        assert_eq!(
+            allowed(ask("patch", Resource::of(Kind::Node), None, Some("n1"))),
+            None
+        );
+        assert_eq!(
+            allowed(ask(
+                "delete",
+                Resource::of(Kind::Service),
+                Some("default"),
+                Some("web")
+            )),
+            None
+        );
+        assert_eq!(
+            allowed(ask(
+                "list",
+                Resource::of(Kind::ReplicationController),
+                None,
+                None
+            )),
+            None
+        );
+        assert_eq!(
+            allowed(ask(
+                "create",
+                Resource::of(Kind::Pod),
+                Some("default"),
+                None
+            )),
+            Some(Allowed::IfOwnObject)
+        );
+        assert_eq!(
+            allowed(ask(
+                "delete",
+                Resource::of(Kind::Pod),
+                Some("default"),
+                Some("p")
+            )),
+            Some(Allowed::IfPodOnNode)
+        );
+        assert_eq!(
+            allowed(ask(
+                "update",
+                Resource::of(Kind::Lease),
+                Some("kube-node-lease"),
+                Some("n2")
+            )),
+            Some(Allowed::Yes)
+        );
+        assert_eq!(
+            allowed(ask(
+                "update",
+                Resource::of(Kind::Lease),
+                Some("kube-node-lease"),
+                Some("n1")
+            )),
+            None
+        );
+        assert_eq!(
+            allowed(ask(
+                "update",
+                Resource::of(Kind::Lease),
+                Some("default"),
+                Some("n2")
+            )),
+            None
+        );
+        assert_eq!(
+            authorize(
+                &User::Other("bob".into()),
+                &ask("get", Resource::of(Kind::Pod), Some("default"), Some("p"))
+            )
+            .ok(),
+            None
+        );
+    }
+
+    #[test]
+    fn forbidden_reads_as_kubernetes_says_it() {
+        let status = forbidden(
+            &User::Node("n2".into()),
+            &ask(
+                "delete",
+                Resource::of(Kind::Service),
+                Some("default"),
+                Some("web"),
+            ),
+        );
+        assert_eq!(status.code, 403);
+        assert_eq!(
+            status.message,
+            r#"services "web" is forbidden: User "system:node:n2" cannot delete resource "services" in API group "" in the namespace "default""#
+        );
+        let status = forbidden(
+            &User::Node("n2".into()),
+            &ask(
+                "list",
+                Resource::of(Kind::ReplicationController),
+                None,
+                None,
+            ),
+        );
+        assert_eq!(
+            status.message,
+            r#"replicationcontrollers is forbidden: User "system:node:n2" cannot list resource "replicationcontrollers" in API group "" at the cluster scope"#
+        );
+    }
+
+    #[test]
+    fn a_node_creates_only_its_own_mirror_pods() {
+        let node = User::Node("n2".into());
+        let r = ask("create", Resource::of(Kind::Pod), Some("default"), None);
+        let mirror = serde_json::json!({
+            "metadata": {"name": "web-n2", "annotations": {MIRROR_ANNOTATION: "h"},
+                         "ownerReferences": [{"kind": "Node", "name": "n2"}]},
+            "spec": {"nodeName": "n2"}});
+        assert!(admit_create(&node, &r, &mirror).is_ok());
+        let mut plain = mirror.clone();
+        plain["metadata"]["annotations"] = serde_json::json!({});
+        assert!(admit_create(&node, &r, &plain).is_err());
+        let mut elsewhere = mirror.clone();
+        elsewhere["spec"]["nodeName"] = "n1".into();
+        assert!(admit_create(&node, &r, &elsewhere).is_err());
+        let mut owned = mirror;
+        owned["metadata"]["ownerReferences"] = serde_json::json!([{"kind": "Node", "name": "n1"}]);
+        assert!(admit_create(&node, &r, &owned).is_err());
+        let lease = ask(
+            "create",
+            Resource::of(Kind::Lease),
+            Some("kube-node-lease"),
+            None,
+        );
+        assert!(admit_create(
+            &node,
+            &lease,
+            &serde_json::json!({"metadata": {"name": "n2"}})
+        )
+        .is_ok());
+        assert!(admit_create(
+            &node,
+            &lease,
+            &serde_json::json!({"metadata": {"name": "n1"}})
+        )
+        .is_err());
+    }
+}

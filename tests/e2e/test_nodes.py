@@ -3,14 +3,11 @@ controllers, proxy, its agent); the second, on the same link, runs
 `portal agent` against it. Each agent routes the other node's pod range
 via the other node's address (host-gw), so a pod on one node reaches a pod
 on the other directly, keeping its own address; a Node that goes takes its
-route with it. The second node joins with the admin kubeconfig (node
-credentials are not built yet)."""
+route with it. The second node joins with the node token."""
 
-import pathlib
 import signal
 import subprocess
 
-import yaml
 
 import agent_bed
 import nodes
@@ -45,17 +42,14 @@ def test_pods_on_two_nodes_reach_each_other_directly(tmp_path):
         world = node.cluster.world
         b_dir = tmp_path / "b"
         b_tag = agent_bed.agent_tag(b_dir, "node-b")
-        config = yaml.safe_load(pathlib.Path(node.portal.kubeconfig).read_text())
-        port = config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1]
-        config["clusters"][0]["cluster"]["server"] = f"https://{nodes.NODE_IP}:{port}"
-        kubeconfig = tmp_path / "b.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(config))
+        port = node.portal.server.rsplit(":", 1)[1]
         registry_port = node.registry.host.rsplit(":", 1)[1]
         # Into the namespace by setns, not `ip netns exec`: that also makes
         # a mount namespace with a fresh /sys, without the cgroup mounts
         # runc needs.
         agent = subprocess.Popen(
-            [BINARY, "agent", "--kubeconfig", str(kubeconfig), "--data-dir", str(b_dir),
+            [BINARY, "agent", "--server", f"https://{nodes.NODE_IP}:{port}",
+             "--token-file", str(tmp_path / "a" / "node-token"), "--data-dir", str(b_dir),
              "--node-name", "node-b", "--node-ip", nodes.WORLD_IP,
              "--registry-mirror", f"docker.io=http://{nodes.NODE_IP}:{registry_port}",
              "--insecure-registry", f"{nodes.NODE_IP}:{registry_port}"],

@@ -1,0 +1,355 @@
+"""A real cluster (issue 17): three node namespaces on one LAN the test
+makes; `portal server` on node-1, `portal node` (agent + proxy) joined
+with the node token on node-2 and node-3. Nodes join with their own
+certificates (a wrong token, another CA or a taken name is refused; a node
+credential is no admin's); an RC spreads over the three; pods reach
+Services and each other across nodes with their own addresses; node ports
+answer on every node; a lost node's pods leave the Service, are evicted
+and replaced, and the node comes back clean; drain moves pods off a node.
+
+The tests share one cluster and run in order."""
+
+import json
+import subprocess
+import time
+
+import kubernetes
+import pytest
+import yaml
+
+import agent_bed
+import registry
+from agent_bed import NS, wait_for
+from conftest import BINARY, Portal
+from lan import Lan
+
+GRACE = "4s"
+LEASE_SECONDS = "2"
+TOLERATION = 6
+NAMES = {1: "node-1", 2: "node-2", 3: "node-3"}
+
+SERVE = b"#!/bin/sh\nhostname > /www/name.txt\nexec httpd -f -p 8080 -h /www\n"
+PEER = b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n%s\\n' \"$REMOTE_ADDR\"\n"
+
+
+class Bed:
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.lan = Lan(3)
+        self.registry = None
+        self.portal = None
+        self.workers = {}
+
+    def __enter__(self):
+        try:
+            self.lan.__enter__()
+            self.registry = registry.Registry(bind="0.0.0.0").__enter__()
+            registry.push_busybox(self.registry, "library/peer", "1", cmd=["/bin/serve"],
+                                  files={"bin/serve": SERVE, "www/cgi-bin/peer": PEER})
+            self.image = "peer:1"  # each node pulls it through its mirror
+            (self.tmp / "n1").mkdir()
+            self.portal = Portal(self.tmp / "n1", [
+                "--node-ip", self.lan.address(1), "--node-name", NAMES[1], "--proxy-mode", "nftables",
+                "--registry-mirror", f"docker.io=http://{self.registry.host}",
+                "--node-monitor-grace-period", GRACE, "--node-lease-duration-seconds", LEASE_SECONDS,
+            ], proxy=True, agent=True, api_bind="0.0.0.0:0").start()
+            self.core = self.portal.core()
+            self.port = self.portal.server.rsplit(":", 1)[1]
+            self.server = f"https://{self.lan.address(1)}:{self.port}"
+            self.token_file = self.tmp / "n1" / "node-token"
+            for i in (2, 3):
+                self.start_worker(i)
+            for i in (1, 2, 3):
+                wait_for(lambda i=i: self.ready(NAMES[i]), f"{NAMES[i]} Ready", timeout=90)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def worker_args(self, i, data_dir=None, token_file=None, name=None):
+        registry_port = self.registry.host.rsplit(":", 1)[1]
+        mirror = f"{self.lan.address(1)}:{registry_port}"
+        return [
+            BINARY, "node", "--server", self.server, "--token-file", str(token_file or self.token_file),
+            "--node-name", name or NAMES[i], "--node-ip", self.lan.address(i),
+            "--data-dir", str(data_dir or self.tmp / f"n{i}"), "--proxy-mode", "nftables",
+            "--registry-mirror", f"docker.io=http://{mirror}", "--insecure-registry", mirror,
+            "--node-lease-duration-seconds", LEASE_SECONDS,
+        ]
+
+    def start_worker(self, i):
+        self.workers[i] = self.lan.start(i, self.worker_args(i), self.tmp / f"node-{i}.log")
+
+    def ready(self, name):
+        try:
+            node = self.core.read_node(name)
+        except Exception:
+            return False
+        conditions = (node.status and node.status.conditions) or []
+        return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+    def agent_dir(self, i):
+        return self.tmp / "n1" / "agent" if i == 1 else self.tmp / f"n{i}" / "agent"
+
+    def kubectl(self, *args, kubeconfig=None, check=True):
+        result = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig or self.portal.kubeconfig), *args],
+                                capture_output=True, text=True, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
+        return result
+
+    def pods(self, selector):
+        return [p for p in self.core.list_namespaced_pod(NS, label_selector=selector).items if not p.metadata.deletion_timestamp]
+
+    def running(self, selector, count):
+        pods = self.pods(selector)
+        ok = [p for p in pods if p.status.phase == "Running" and all(s.ready for s in p.status.container_statuses or [])]
+        return ok if len(ok) == count == len(pods) else None
+
+    def pod_output(self, name, timeout=90):
+        wait_for(lambda: self.core.read_namespaced_pod(name, NS).status.phase in ("Succeeded", "Failed"), f"{name} to finish", timeout=timeout)
+        # Through the API server to the agent of whichever node ran it.
+        return self.kubectl("logs", name).stdout
+
+    def __exit__(self, *exc):
+        try:
+            for i, process in self.workers.items():
+                if process.poll() is None:
+                    process.terminate()
+                    try:
+                        process.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+                        process.wait()
+            if self.portal:
+                self.portal.stop()
+        finally:
+            for i in (1, 2, 3):
+                agent_bed.cleanup(self.agent_dir(i), agent_bed.agent_tag(self.agent_dir(i), NAMES[i]))
+            if self.registry:
+                self.registry.__exit__(None, None, None)
+            self.lan.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    with Bed(tmp_path_factory.mktemp("cluster")) as bed:
+        yield bed
+        bed.core.delete_collection_namespaced_pod(NS)
+        try:
+            wait_for(lambda: not bed.core.list_namespaced_pod(NS).items, "every pod gone", timeout=60)
+        except AssertionError:
+            # A node lost by a failed test never confirms: forced.
+            bed.core.delete_collection_namespaced_pod(NS, grace_period_seconds=0)
+            raise
+    for i in (1, 2, 3):
+        tag = agent_bed.agent_tag(bed.agent_dir(i), NAMES[i])
+        left = agent_bed.leftovers(bed.agent_dir(i), tag)
+        assert not any(v for k, v in left.items() if k != "links"), f"{NAMES[i]} left {left}"
+
+
+def fetch(bed, where, url, count=1, timeout=2):
+    """GETs `url` `count` times from node `where` ("lan": outside every
+    node); the bodies, None for failures."""
+    script = (
+        "import json, sys, urllib.request\n"
+        "out = []\n"
+        f"for _ in range({count}):\n"
+        "    try:\n"
+        f"        out.append(urllib.request.urlopen({url!r}, timeout={timeout}).read().decode().strip())\n"
+        "    except Exception:\n"
+        "        out.append(None)\n"
+        "print(json.dumps(out))\n"
+    )
+    return json.loads(bed.lan.run(where, "python3", "-c", script, timeout=count * (timeout + 1) + 10).stdout)
+
+
+def test_joining_needs_the_token_and_the_cluster_ca(bed):
+    nodes = {n.metadata.name: n for n in bed.core.list_node().items}
+    assert sorted(nodes) == ["node-1", "node-2", "node-3"]
+    for i in (2, 3):
+        # Its own credential, no admin token on the node.
+        config = yaml.safe_load((bed.tmp / f"n{i}" / "node.kubeconfig").read_text())
+        user = config["users"][0]
+        assert user["name"] == f"system:node:{NAMES[i]}"
+        assert "client-certificate-data" in user["user"] and "token" not in user["user"]
+        assert nodes[NAMES[i]].spec.pod_cidr
+    token = bed.token_file.read_text().strip()
+    cases = {
+        "wrong secret": (token.rsplit(":", 1)[0] + ":not-the-secret", "401"),
+        "another CA": ("K10" + "0" * 64 + "::node:" + token.rsplit(":", 1)[1], "not the one the token pins"),
+        "a taken name": (token, "already joined with another key"),
+    }
+    for what, (text, said) in cases.items():
+        data_dir = bed.tmp / f"intruder-{what.replace(' ', '-')}"
+        data_dir.mkdir()
+        token_file = data_dir / "token"
+        token_file.write_text(text)
+        # A taken name: node-3's name from another machine (another key).
+        name = NAMES[3] if what == "a taken name" else "intruder"
+        result = bed.lan.run(3, *bed.worker_args(3, data_dir=data_dir, token_file=token_file, name=name), check=False, timeout=60)
+        assert result.returncode != 0, f"{what}: joined"
+        assert said in result.stderr + result.stdout, f"{what}: {result.stderr[-2000:]}"
+        assert not (data_dir / "node.kubeconfig").exists()
+    assert "intruder" not in {n.metadata.name for n in bed.core.list_node().items}
+
+
+def test_a_node_credential_is_no_admin(bed):
+    bed.core.create_namespaced_service(NS, {"metadata": {"name": "keep"}, "spec": {"selector": {"app": "keep"}, "ports": [{"port": 80}]}})
+    node_config = bed.tmp / "n2" / "node.kubeconfig"
+    # What a node needs works...
+    assert bed.kubectl("get", "pods", "-A", kubeconfig=node_config).returncode == 0
+    assert "keep" in bed.kubectl("get", "svc", kubeconfig=node_config).stdout
+    # ...what an admin may do does not.
+    result = bed.kubectl("delete", "svc", "keep", kubeconfig=node_config, check=False)
+    assert result.returncode != 0
+    assert 'services "keep" is forbidden: User "system:node:node-2" cannot delete resource "services"' in result.stderr
+    result = bed.kubectl("get", "rc", kubeconfig=node_config, check=False)
+    assert "forbidden" in result.stderr
+    result = bed.kubectl("label", "node", "node-1", "stolen=yes", kubeconfig=node_config, check=False)
+    assert "forbidden" in result.stderr
+    result = bed.kubectl("run", "sneaky", "--image", "peer:1", kubeconfig=node_config, check=False)
+    assert "can only create mirror pods" in result.stderr
+    assert bed.core.read_namespaced_service("keep", NS)
+    bed.core.delete_namespaced_service("keep", NS)
+
+
+def web_rc(bed, replicas=6):
+    tolerations = [{"key": f"node.kubernetes.io/{t}", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION}
+                   for t in ("unreachable", "not-ready")]
+    return {"metadata": {"name": "web"}, "spec": {"replicas": replicas, "selector": {"app": "web"}, "template": {
+        "metadata": {"labels": {"app": "web"}},
+        "spec": {"terminationGracePeriodSeconds": 1, "tolerations": tolerations,
+                 "containers": [{"name": "web", "image": bed.image, "ports": [{"containerPort": 8080}],
+                                 "readinessProbe": {"httpGet": {"path": "/name.txt", "port": 8080}, "periodSeconds": 1}}]}}}}
+
+
+def by_node(pods):
+    counts = {}
+    for pod in pods:
+        counts[pod.spec.node_name] = counts.get(pod.spec.node_name, 0) + 1
+    return counts
+
+
+def test_spread_and_reach_across_nodes(bed):
+    core = bed.core
+    core.create_namespaced_replication_controller(NS, web_rc(bed))
+    core.create_namespaced_service(NS, {"metadata": {"name": "web"}, "spec": {
+        "type": "NodePort", "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    pods = wait_for(lambda: bed.running("app=web", 6), "6 web pods running", timeout=120)
+    assert by_node(pods) == {"node-1": 2, "node-2": 2, "node-3": 2}
+
+    # "far": pods on node-1 and node-2 only; a client pod on node-3.
+    for i in (1, 2):
+        core.create_namespaced_pod(NS, {"metadata": {"name": f"far-{i}", "labels": {"app": "far"}}, "spec": {
+            "nodeName": NAMES[i], "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "far", "image": bed.image}]}})
+    core.create_namespaced_service(NS, {"metadata": {"name": "far"}, "spec": {"selector": {"app": "far"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    far = wait_for(lambda: bed.running("app=far", 2), "the far pods", timeout=90)
+    far_ip = core.read_namespaced_service("far", NS).spec.cluster_ip
+    wait_for(lambda: len([e for s in core.list_namespaced_endpoints(NS, field_selector="metadata.name=far").items for s in (s.subsets or []) for e in (s.addresses or [])]) == 2, "far's endpoints")
+    direct = far[0].status.pod_ip
+    script = (
+        # Until node-3's proxy has the endpoints (it rejects before).
+        f"for i in $(seq 1 40); do timeout 5 wget -qO- http://{far_ip}/name.txt >/dev/null && break; sleep 0.5; done; "
+        f"for target in {far_ip} far far.{NS}.svc.cluster.local; do for i in 1 2 3 4 5 6 7 8; do "
+        "  echo \"$target $(timeout 5 wget -qO- http://$target/name.txt)\"; done; done; "
+        f"echo \"direct $(timeout 5 wget -qO- http://{direct}:8080/cgi-bin/peer)\"; "
+        f"echo \"viaservice $(timeout 5 wget -qO- http://far/cgi-bin/peer)\"; "
+        "echo \"me $(hostname -i)\""
+    )
+    core.create_namespaced_pod(NS, {"metadata": {"name": "client"}, "spec": {
+        "nodeName": NAMES[3], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "client", "image": bed.image, "command": ["sh", "-c", script]}]}})
+    out = bed.pod_output("client")
+    lines = [line.split(" ", 1) for line in out.splitlines() if " " in line]
+    me = next(v for k, v in lines if k == "me").strip()
+    client_ip = core.read_namespaced_pod("client", NS).status.pod_ip
+    assert me == client_ip
+    for target in (far_ip, "far", f"far.{NS}.svc.cluster.local"):
+        seen = {v.strip() for k, v in lines if k == target}
+        assert seen <= {"far-1", "far-2"} and seen, f"{target}: {seen}\n{out}"
+    assert {v.strip() for k, v in lines if k in (far_ip, "far")} == {"far-1", "far-2"}, out
+    # httpd listens on IPv6 too: IPv4 peers read as [::ffff:a.b.c.d].
+    peer = lambda key: next(v for k, v in lines if k == key).strip().removeprefix("[::ffff:").rstrip("]")
+    assert peer("direct") == client_ip, out
+    assert peer("viaservice") == client_ip, out
+    for name in ("client", "far-1", "far-2"):
+        core.delete_namespaced_pod(name, NS)
+    core.delete_namespaced_service("far", NS)
+
+
+def test_node_ports_answer_on_every_node(bed):
+    node_port = bed.core.read_namespaced_service("web", NS).spec.ports[0].node_port
+    names = {p.metadata.name for p in bed.pods("app=web")}
+    for i in (1, 2, 3):
+        answers = wait_for(lambda i=i: [a for a in fetch(bed, "lan", f"http://{bed.lan.address(i)}:{node_port}/name.txt", count=6) if a] or None,
+                           f"node port on {NAMES[i]}")
+        assert set(answers) <= names, answers
+
+
+def test_a_lost_node_leaves_the_service_and_its_pods_move(bed):
+    core = bed.core
+    cluster_ip = core.read_namespaced_service("web", NS).spec.cluster_ip
+    on_two = {p.metadata.name for p in bed.pods("app=web") if p.spec.node_name == "node-2"}
+    assert len(on_two) == 2
+    # Requests through the Service from node-3, every 0.1 s, while node-2 is lost.
+    probe = (
+        "import json, time, urllib.request\n"
+        "start = time.monotonic(); out = []\n"
+        "while time.monotonic() - start < 20:\n"
+        "    t = time.monotonic() - start\n"
+        "    try:\n"
+        f"        urllib.request.urlopen('http://{cluster_ip}/name.txt', timeout=0.5).read(); out.append((t, True))\n"
+        "    except Exception:\n"
+        "        out.append((t, False))\n"
+        "    time.sleep(0.1)\n"
+        "print(json.dumps(out))\n"
+    )
+    watcher = subprocess.Popen(["ip", "netns", "exec", bed.lan.netns(3), "python3", "-c", probe], stdout=subprocess.PIPE, text=True)
+    time.sleep(1)
+    bed.workers[2].kill()
+    bed.lan.cut(2)
+    lost = 1.0
+    samples = json.loads(watcher.communicate(timeout=60)[0])
+    failures = [t for t, ok in samples if not ok]
+    assert failures, "the lost node's endpoints should fail before they leave the Service"
+    last_failure = max(failures) - lost
+    print(f"node lost -> Service serving only live endpoints: {last_failure:.1f}s (grace {GRACE})")
+    assert all(ok for t, ok in samples if t > max(failures)), "after the endpoints left, every request succeeded"
+    assert last_failure < 15, f"the Service still failed {last_failure:.1f}s after the node was lost"
+    slices = kubernetes.client.DiscoveryV1Api(core.api_client).list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=web").items
+    ready = [e for s in slices for e in s.endpoints or [] if e.conditions.ready]
+    assert ready and all(e.node_name != "node-2" for e in ready)
+
+    # After the toleration: evicted, replaced on node-1 and node-3.
+    pods = wait_for(lambda: bed.running("app=web", 6), "6 web pods running again", timeout=60)
+    assert set(by_node(pods)) == {"node-1", "node-3"}
+    assert not on_two & {p.metadata.name for p in pods}
+
+    # node-2 back: Ready, untainted, and none of its old pods left.
+    bed.lan.mend(2)
+    bed.start_worker(2)
+    wait_for(lambda: bed.ready("node-2"), "node-2 Ready again", timeout=60)
+    wait_for(lambda: not core.read_node("node-2").spec.taints, "node-2's taints gone", timeout=30)
+    wait_for(lambda: not on_two & {p.metadata.name for p in core.list_namespaced_pod(NS).items}, "node-2's old pods cleaned up", timeout=60)
+    assert len(bed.running("app=web", 6)) == 6
+
+
+def test_drain_moves_pods_and_uncordon_takes_them_again(bed):
+    core = bed.core
+    on_three = {p.metadata.name for p in bed.pods("app=web") if p.spec.node_name == "node-3"}
+    assert on_three
+    bed.kubectl("drain", "node-3", "--ignore-daemonsets", "--timeout=90s")
+    assert core.read_node("node-3").spec.unschedulable
+    pods = wait_for(lambda: bed.running("app=web", 6), "6 web pods after the drain", timeout=90)
+    assert "node-3" not in by_node(pods)
+    bed.kubectl("uncordon", "node-3")
+    assert not core.read_node("node-3").spec.unschedulable
+    # Schedulable again: a pod that must go there does.
+    core.create_namespaced_pod(NS, {"metadata": {"name": "back"}, "spec": {
+        "nodeSelector": {"kubernetes.io/hostname": "node-3"}, "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "back", "image": bed.image}]}})
+    wait_for(lambda: core.read_namespaced_pod("back", NS).status.phase == "Running", "a pod on node-3 again", timeout=60)
+    core.delete_namespaced_replication_controller("web", NS)
+    core.delete_namespaced_service("web", NS)

@@ -135,6 +135,7 @@ class Bed:
 def bed(tmp_path_factory):
     with Bed(tmp_path_factory.mktemp("cluster")) as bed:
         yield bed
+        bed.core.delete_collection_namespaced_replication_controller(NS)
         bed.core.delete_collection_namespaced_pod(NS)
         try:
             wait_for(lambda: not bed.core.list_namespaced_pod(NS).items, "every pod gone", timeout=60)
@@ -286,6 +287,65 @@ def test_node_ports_answer_on_every_node(bed):
         answers = wait_for(lambda i=i: [a for a in fetch(bed, "lan", f"http://{bed.lan.address(i)}:{node_port}/name.txt", count=6) if a] or None,
                            f"node port on {NAMES[i]}")
         assert set(answers) <= names, answers
+
+
+def status_of(bed, where, url, timeout=2):
+    """(HTTP status, body) of one GET from node `where`; (None, error) when
+    nothing answered."""
+    script = (
+        "import json, urllib.request, urllib.error\n"
+        "try:\n"
+        f"    r = urllib.request.urlopen({url!r}, timeout={timeout}); print(json.dumps([r.status, r.read().decode()]))\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(json.dumps([e.code, e.read().decode()]))\n"
+        "except Exception as e:\n"
+        "    print(json.dumps([None, str(e)]))\n"
+    )
+    return tuple(json.loads(bed.lan.run(where, "python3", "-c", script, timeout=timeout + 10).stdout))
+
+
+def test_local_traffic_policies(bed):
+    """externalTrafficPolicy: Local: a node port serves only on the node
+    with an endpoint, the backend sees the client's own address, and the
+    health check node port says which node can serve; internalTrafficPolicy:
+    Local: the cluster IP reaches only this node's endpoints."""
+    core = bed.core
+    core.create_namespaced_pod(NS, {"metadata": {"name": "lp", "labels": {"app": "lp"}}, "spec": {
+        "nodeName": NAMES[1], "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "lp", "image": bed.image}]}})
+    wait_for(lambda: bed.running("app=lp", 1), "the lp pod", timeout=60)
+    core.create_namespaced_service(NS, {"metadata": {"name": "lp"}, "spec": {
+        "type": "LoadBalancer", "externalTrafficPolicy": "Local", "selector": {"app": "lp"},
+        "ports": [{"port": 80, "targetPort": 8080}]}})
+    spec = core.read_namespaced_service("lp", NS).spec
+    node_port, health = spec.ports[0].node_port, spec.health_check_node_port
+    assert health and health != node_port
+    one, two = bed.lan.address(1), bed.lan.address(2)
+    # On node-1 (the endpoint's): served, with the client's own address.
+    peer = wait_for(lambda: fetch(bed, "lan", f"http://{one}:{node_port}/cgi-bin/peer")[0], "lp's node port on node-1")
+    assert peer.removeprefix("[::ffff:").rstrip("]") == "192.168.99.254"
+    def answered(address, want=None):
+        result = status_of(bed, "lan", f"http://{address}:{health}/")
+        return result if result[0] is not None and want in (None, result[0]) else None
+
+    code, body = wait_for(lambda: answered(one, 200), "node-1's health check")
+    assert json.loads(body) == {"service": {"namespace": NS, "name": "lp"}, "localEndpoints": 1, "serviceProxyHealthy": True}
+    # On node-2 (none there): unhealthy, and the node port does not serve.
+    code, body = wait_for(lambda: answered(two), "node-2's health check")
+    assert code == 503 and json.loads(body)["localEndpoints"] == 0
+    assert fetch(bed, "lan", f"http://{two}:{node_port}/name.txt", count=2) == [None, None]
+
+    # internalTrafficPolicy: Local.
+    core.create_namespaced_service(NS, {"metadata": {"name": "ilp"}, "spec": {
+        "internalTrafficPolicy": "Local", "selector": {"app": "lp"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    cluster_ip = core.read_namespaced_service("ilp", NS).spec.cluster_ip
+    wait_for(lambda: fetch(bed, 1, f"http://{cluster_ip}/name.txt")[0] == "lp", "ilp from node-1")
+    # node-3 has no endpoint: dropped there (give its proxy time to program).
+    time.sleep(2)
+    assert fetch(bed, 3, f"http://{cluster_ip}/name.txt", count=2) == [None, None]
+    core.delete_namespaced_service("ilp", NS)
+    core.delete_namespaced_service("lp", NS)
+    core.delete_namespaced_pod("lp", NS)
 
 
 def test_a_lost_node_leaves_the_service_and_its_pods_move(bed):

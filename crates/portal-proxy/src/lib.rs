@@ -7,6 +7,7 @@
 
 mod command;
 mod feed;
+mod health;
 pub mod metrics;
 pub mod model;
 pub mod nftables;
@@ -38,6 +39,9 @@ pub struct Config {
     /// This node's address: userspace listeners bind it, and the kernel
     /// redirects Service traffic to them there.
     pub node_ip: Option<Ipv4Addr>,
+    /// This node's name: its endpoints are the local ones of traffic
+    /// policies (`Local`); none treats no endpoint as local.
+    pub node_name: Option<String>,
     pub min_sync_period: Duration,
     pub sync_period: Duration,
 }
@@ -98,7 +102,9 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
         }
     };
     let metrics = Arc::new(Metrics::new(config.sync_period));
-    let tracker = Arc::new(Mutex::new(tracker::Tracker::default()));
+    let tracker = Arc::new(Mutex::new(tracker::Tracker::for_node(
+        config.node_name.clone(),
+    )));
     let wake = Arc::new(Notify::new());
     let (listed_tx, listed) = watch::channel(false);
     let feed = feed::Feed {
@@ -117,6 +123,7 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
             min_sync_period: config.min_sync_period,
             sync_period: config.sync_period,
         },
+        health::HealthChecks::new(Ipv4Addr::UNSPECIFIED, metrics.clone()),
     ));
     tracing::info!(?mode, "service proxy started");
     Ok(Proxy { mode, metrics })

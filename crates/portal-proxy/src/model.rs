@@ -76,6 +76,18 @@ pub struct ServicePort {
     pub affinity: Option<u32>,
     /// Ready endpoints, sorted and without duplicates.
     pub endpoints: Vec<SocketAddrV4>,
+    /// Those of `endpoints` on this node (the proxy's `--node-name`).
+    pub local_endpoints: Vec<SocketAddrV4>,
+    /// `internalTrafficPolicy: Local`: cluster-IP traffic goes to this
+    /// node's endpoints only, and is dropped when there are none.
+    pub internal_local: bool,
+    /// `externalTrafficPolicy: Local`: node-port, external and
+    /// load-balancer traffic goes to this node's endpoints only, keeping
+    /// the client's address (dropped when there are none here).
+    pub external_local: bool,
+    /// Where this node answers load balancers' health checks for the
+    /// Service (`healthCheckNodePort`, with `externalTrafficPolicy: Local`).
+    pub health_check_node_port: Option<u16>,
 }
 
 impl ServicePort {
@@ -137,6 +149,13 @@ pub fn service_ports(key: &ServiceKey, service: &Service) -> Vec<ServicePort> {
             .filter(|t| *t > 0)
             .unwrap_or(DEFAULT_AFFINITY_SECONDS)
     });
+    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let health_check_node_port = spec
+        .health_check_node_port
+        .filter(|_| external_local)
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p > 0);
     spec.ports
         .iter()
         .flatten()
@@ -159,6 +178,10 @@ pub fn service_ports(key: &ServiceKey, service: &Service) -> Vec<ServicePort> {
                 load_balancer_ips: load_balancer_ips.clone(),
                 affinity,
                 endpoints: Vec::new(),
+                local_endpoints: Vec::new(),
+                internal_local,
+                external_local,
+                health_check_node_port,
             })
         })
         .collect()
@@ -190,7 +213,8 @@ fn slice_endpoints(
     port: &ServicePort,
     unnamed: bool,
     wanted: Wanted,
-) -> Vec<SocketAddrV4> {
+    node: Option<&str>,
+) -> Vec<(SocketAddrV4, bool)> {
     let wanted_name = if unnamed { "" } else { port.port_name.as_str() };
     let Some(number) = slice.ports.iter().flatten().find_map(|p| {
         let name = p.name.as_deref().unwrap_or("");
@@ -218,17 +242,22 @@ fn slice_endpoints(
                 Wanted::ServingTerminating => serving && terminating,
             }
         })
-        .flat_map(|e| e.addresses.iter())
-        .filter_map(|a| a.parse::<Ipv4Addr>().ok())
-        .map(|ip| SocketAddrV4::new(ip, number))
+        .flat_map(|e| {
+            let local = node.is_some() && e.node_name.as_deref() == node;
+            e.addresses.iter().map(move |a| (a, local))
+        })
+        .filter_map(|(a, local)| Some((a.parse::<Ipv4Addr>().ok()?, local)))
+        .map(|(ip, local)| (SocketAddrV4::new(ip, number), local))
         .collect()
 }
 
-/// A Service's ports joined with the ready endpoints of its slices.
+/// A Service's ports joined with the ready endpoints of its slices; `node`
+/// (this proxy's node) tells which are local.
 pub fn join<'a>(
     key: &ServiceKey,
     service: &Service,
     slices: impl Iterator<Item = &'a EndpointSlice> + Clone,
+    node: Option<&str>,
 ) -> Vec<ServicePort> {
     let named_in_spec = |name: &str| {
         service
@@ -240,10 +269,10 @@ pub fn join<'a>(
     let mut ports = service_ports(key, service);
     for port in &mut ports {
         let unnamed = !named_in_spec(&port.port_name);
-        let pick = |wanted| -> Vec<SocketAddrV4> {
+        let pick = |wanted| -> Vec<(SocketAddrV4, bool)> {
             slices
                 .clone()
-                .flat_map(|slice| slice_endpoints(slice, port, unnamed, wanted))
+                .flat_map(|slice| slice_endpoints(slice, port, unnamed, wanted, node))
                 .collect()
         };
         let mut endpoints = pick(Wanted::Ready);
@@ -251,8 +280,13 @@ pub fn join<'a>(
             endpoints = pick(Wanted::ServingTerminating);
         }
         endpoints.sort_unstable();
-        endpoints.dedup();
-        port.endpoints = endpoints;
+        endpoints.dedup_by_key(|(address, _)| *address);
+        port.local_endpoints = endpoints
+            .iter()
+            .filter(|(_, local)| *local)
+            .map(|(address, _)| *address)
+            .collect();
+        port.endpoints = endpoints.into_iter().map(|(address, _)| address).collect();
     }
     ports
 }
@@ -319,7 +353,7 @@ mod tests {
             serde_json::json!([{"name": "http", "port": 9090, "protocol": "TCP"}]),
             serde_json::json!([{"addresses": ["10.244.0.8"], "conditions": {"ready": true}}]),
         );
-        let ports = join(&key(), &web, [&a, &b].into_iter());
+        let ports = join(&key(), &web, [&a, &b].into_iter(), None);
         assert_eq!(ports.len(), 2, "SCTP is not proxied");
         let http = &ports[0];
         assert_eq!(http.id(), "default/web/tcp/http");
@@ -352,7 +386,7 @@ mod tests {
             serde_json::json!([{"port": 8080, "protocol": "TCP"}]),
             serde_json::json!([{"addresses": ["10.244.0.5"]}]),
         );
-        let ports = join(&key(), &web, std::iter::once(&s));
+        let ports = join(&key(), &web, std::iter::once(&s), None);
         assert_eq!(ports[0].id(), "default/web/tcp/80");
         assert_eq!(ports[0].endpoints.len(), 1);
     }
@@ -366,7 +400,7 @@ mod tests {
         let ports = serde_json::json!([{"port": 8080, "protocol": "TCP"}]);
         let only_stopping = slice(ports.clone(), serde_json::json!([stopping, gone]));
         let addresses = |s: &EndpointSlice| -> Vec<String> {
-            join(&key(), &web, std::iter::once(s))[0]
+            join(&key(), &web, std::iter::once(s), None)[0]
                 .endpoints
                 .iter()
                 .map(|e| e.ip().to_string())
@@ -375,6 +409,36 @@ mod tests {
         assert_eq!(addresses(&only_stopping), ["10.244.0.5"]);
         let mixed = slice(ports, serde_json::json!([stopping, ready]));
         assert_eq!(addresses(&mixed), ["10.244.0.7"]);
+    }
+
+    #[test]
+    fn traffic_policies_know_this_nodes_endpoints() {
+        let web = service(serde_json::json!({
+            "clusterIP": "10.96.0.20", "type": "LoadBalancer", "healthCheckNodePort": 32000,
+            "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Local",
+            "ports": [{"port": 80, "nodePort": 30080}],
+        }));
+        let s = slice(
+            serde_json::json!([{"port": 8080, "protocol": "TCP"}]),
+            serde_json::json!([
+                {"addresses": ["10.244.1.5"], "nodeName": "n1"},
+                {"addresses": ["10.244.2.5"], "nodeName": "n2"},
+            ]),
+        );
+        let port = &join(&key(), &web, std::iter::once(&s), Some("n2"))[0];
+        assert_eq!(port.endpoints.len(), 2);
+        assert_eq!(
+            port.local_endpoints,
+            vec![SocketAddrV4::new(Ipv4Addr::new(10, 244, 2, 5), 8080)]
+        );
+        assert!(port.internal_local && port.external_local);
+        assert_eq!(port.health_check_node_port, Some(32000));
+        let cluster = service(
+            serde_json::json!({"clusterIP": "10.96.0.20", "healthCheckNodePort": 32000, "ports": [{"port": 80}]}),
+        );
+        let port = &join(&key(), &cluster, std::iter::once(&s), None)[0];
+        assert!(port.local_endpoints.is_empty() && !port.internal_local && !port.external_local);
+        assert_eq!(port.health_check_node_port, None);
     }
 
     #[test]

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
+
+use crate::health::HealthChecks;
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
@@ -44,6 +46,7 @@ pub(crate) async fn run(
     mut backend: Box<dyn Backend>,
     metrics: Arc<Metrics>,
     timing: Timing,
+    mut health: HealthChecks,
 ) {
     let _ = listed.wait_for(|done| *done).await;
     let mut full = true;
@@ -82,6 +85,7 @@ pub(crate) async fn run(
             changes
         };
         let was_full = full;
+        health.update(&changes, was_full);
         let span = tracing::debug_span!(
             "proxy_sync",
             kind = if was_full { "full" } else { "partial" },

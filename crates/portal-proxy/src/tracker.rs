@@ -36,6 +36,8 @@ pub struct Tracker {
     triggers: Vec<jiff::Timestamp>,
     service_changes: u64,
     endpoint_changes: u64,
+    /// This proxy's node: its endpoints are the local ones.
+    node: Option<String>,
 }
 
 impl Default for Tracker {
@@ -49,6 +51,17 @@ impl Default for Tracker {
             triggers: Vec::new(),
             service_changes: 0,
             endpoint_changes: 0,
+            node: None,
+        }
+    }
+}
+
+impl Tracker {
+    /// A tracker for the proxy of node `node`.
+    pub fn for_node(node: Option<String>) -> Self {
+        Tracker {
+            node,
+            ..Tracker::default()
         }
     }
 }
@@ -187,7 +200,7 @@ impl Tracker {
             .into_iter()
             .flatten()
             .filter_map(|slot| self.slices.get(slot).map(|(_, slice)| slice));
-        model::join(key, service, slices)
+        model::join(key, service, slices, self.node.as_deref())
     }
 }
 

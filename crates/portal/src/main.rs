@@ -98,6 +98,7 @@ impl ProxyMode {
     fn config(
         self,
         node_ip: Option<std::net::Ipv4Addr>,
+        node_name: Option<String>,
         timing: &ProxyTiming,
     ) -> portal_proxy::Config {
         portal_proxy::Config {
@@ -107,6 +108,7 @@ impl ProxyMode {
                 Self::Userspace => portal_proxy::Mode::Userspace,
             },
             node_ip,
+            node_name,
             min_sync_period: timing.min_sync_period,
             sync_period: timing.sync_period,
         }
@@ -423,8 +425,12 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             Some(IpAddr::V4(ip)) => Some(ip),
             _ => None,
         };
-        let proxy =
-            portal_proxy::start(client, args.proxy_mode.config(node_ip, &args.proxy)).await?;
+        let proxy = portal_proxy::start(
+            client,
+            args.proxy_mode
+                .config(node_ip, Some(node_name.clone()), &args.proxy),
+        )
+        .await?;
         let (metrics, health) = (proxy.metrics.clone(), proxy.metrics.clone());
         api.metrics.add_source(move |out| metrics.encode_into(out));
         api.metrics
@@ -536,7 +542,12 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Metrics { addr, source })?;
-    let proxy = portal_proxy::start(client, args.mode.config(node_ip, &args.timing)).await?;
+    let proxy = portal_proxy::start(
+        client,
+        args.mode
+            .config(node_ip, args.node_name.clone(), &args.timing),
+    )
+    .await?;
     let (metrics, health) = (proxy.metrics.clone(), proxy.metrics.clone());
     tokio::spawn(serve_metrics_and_health(
         listener,

@@ -59,7 +59,8 @@ pub(crate) async fn node(args: NodeArgs) -> Result<(), Error> {
     let client = portal_client::client_from_kubeconfig(&joined.kubeconfig).await?;
     let proxy = portal_proxy::start(
         client.clone(),
-        args.proxy_mode.config(Some(node_ip), &args.proxy),
+        args.proxy_mode
+            .config(Some(node_ip), Some(name.clone()), &args.proxy),
     )
     .await?;
     let config = args.agent.config(

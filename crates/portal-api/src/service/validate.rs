@@ -208,6 +208,50 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
             &format!("may not be set to 'None' for {kind} services"),
         ));
     }
+    // Kubernetes' validateServiceExternalTrafficPolicy.
+    let health_check = &spec["healthCheckNodePort"];
+    let local = spec["externalTrafficPolicy"].as_str() == Some("Local");
+    if health_check.as_i64().is_some_and(|p| p != 0) && !(kind == "LoadBalancer" && local) {
+        causes.push(Cause::invalid(
+            "spec.healthCheckNodePort",
+            health_check.clone(),
+            "may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'",
+        ));
+    }
+    if health_check
+        .as_i64()
+        .is_some_and(|p| !(0..=65535).contains(&p))
+    {
+        causes.push(Cause::invalid(
+            "spec.healthCheckNodePort",
+            health_check.clone(),
+            "must be between 1 and 65535, inclusive",
+        ));
+    }
+    match spec["externalTrafficPolicy"].as_str() {
+        None | Some("Cluster") => {}
+        Some("Local")
+            if matches!(kind, "NodePort" | "LoadBalancer")
+                || !spec["externalIPs"].as_array().is_none_or(Vec::is_empty) => {}
+        Some("Local") => causes.push(Cause::invalid(
+            "spec.externalTrafficPolicy",
+            "Local",
+            "may only be set for externally-accessible services",
+        )),
+        Some(other) => causes.push(unsupported(
+            "spec.externalTrafficPolicy",
+            other,
+            "\"Cluster\", \"Local\"",
+        )),
+    }
+    match spec["internalTrafficPolicy"].as_str() {
+        None | Some("Cluster") | Some("Local") => {}
+        Some(other) => causes.push(unsupported(
+            "spec.internalTrafficPolicy",
+            other,
+            "\"Cluster\", \"Local\"",
+        )),
+    }
     if kind == "ExternalName" {
         if !cluster_ip.is_empty() {
             causes.push(Cause::forbidden(

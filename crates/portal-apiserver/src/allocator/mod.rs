@@ -85,12 +85,33 @@ fn port_key(port: &Value) -> (i64, String) {
     )
 }
 
-/// The node ports a Service holds.
+/// The node ports a Service holds: its ports' and its health check's.
 pub(crate) fn node_ports_of(svc: &Value) -> Vec<i64> {
-    if !wants_node_ports(svc) {
-        return Vec::new();
+    let mut ports = if wants_node_ports(svc) {
+        node_ports_written(svc)
+    } else {
+        Vec::new()
+    };
+    if let Some(port) = health_check_port_of(svc) {
+        ports.push(port);
+        ports.sort_unstable();
+        ports.dedup();
     }
-    node_ports_written(svc)
+    ports
+}
+
+/// A LoadBalancer Service with `externalTrafficPolicy: Local` has a
+/// health check node port (`healthCheckNodePort`).
+fn needs_health_check(svc: &Value) -> bool {
+    svc["spec"]["type"].as_str() == Some("LoadBalancer")
+        && svc["spec"]["externalTrafficPolicy"].as_str() == Some("Local")
+}
+
+fn health_check_port_of(svc: &Value) -> Option<i64> {
+    needs_health_check(svc)
+        .then(|| svc["spec"]["healthCheckNodePort"].as_i64())
+        .flatten()
+        .filter(|p| *p != 0)
 }
 
 /// The node ports written in a Service, whatever its type.
@@ -254,6 +275,65 @@ impl Allocators {
         Ok(())
     }
 
+    /// The health check node port of a Service that needs one (requested
+    /// or allocated), unless already `held`; dropped from one that does not.
+    fn take_health_check<'a>(
+        &'a self,
+        r: &mut Reservation<'a>,
+        svc: &mut Value,
+        owner: &str,
+        held: &[i64],
+    ) -> Result<(), Cause> {
+        const FIELD: &str = "spec.healthCheckNodePort";
+        if !needs_health_check(svc) {
+            if let Some(spec) = svc["spec"].as_object_mut() {
+                spec.remove("healthCheckNodePort");
+            }
+            return Ok(());
+        }
+        let requested = svc["spec"]["healthCheckNodePort"].as_i64().unwrap_or(0);
+        if requested != 0 && held.contains(&requested) {
+            return Ok(());
+        }
+        let range = self.node_ports.range.describe();
+        let value = if requested != 0 {
+            match self.node_ports.reserve(&requested.to_string()) {
+                Ok(offset) => {
+                    r.taken.push((&self.node_ports, offset));
+                    requested
+                }
+                Err(Refusal::OutOfRange) => {
+                    let detail = format!("provided port is not in the valid range. The range of valid ports is {range}");
+                    return Err(Cause::invalid(FIELD, requested, &detail));
+                }
+                Err(_) => {
+                    return Err(Cause::invalid(
+                        FIELD,
+                        requested,
+                        "provided port is already allocated",
+                    ))
+                }
+            }
+        } else {
+            match self.node_ports.reserve_any() {
+                Ok((offset, value)) => {
+                    r.taken.push((&self.node_ports, offset));
+                    value.parse().unwrap_or(0)
+                }
+                Err(_) => {
+                    let detail = format!("failed to allocate a nodePort: range is full ({range})");
+                    return Err(Cause::invalid(FIELD, 0, &detail));
+                }
+            }
+        };
+        r.ops.push(Op::Create {
+            key: self.node_ports.key(&value.to_string()),
+            value: record(owner),
+        });
+        svc["spec"]["healthCheckNodePort"] = json!(value);
+        Ok(())
+    }
+
     /// Allocations of a new object (only Services have any).
     pub(crate) fn for_create<'a>(
         &'a self,
@@ -273,6 +353,16 @@ impl Allocators {
             }
             if wants_node_ports(svc) {
                 self.take_node_ports(&mut r, svc, &owner, &[])?;
+            }
+            let mine = node_ports_of(svc);
+            self.take_health_check(&mut r, svc, &owner, &[])?;
+            // The same port for a port and the health check: refused.
+            if let Some(port) = health_check_port_of(svc).filter(|p| mine.contains(p)) {
+                return Err(Cause::invalid(
+                    "spec.healthCheckNodePort",
+                    port,
+                    "provided port is already allocated",
+                ));
             }
             Ok(())
         })();
@@ -344,6 +434,22 @@ impl Allocators {
                 new["spec"]["clusterIP"] = json!(ip);
             }
         }
+        // No longer Local (or no longer a LoadBalancer): the health check
+        // port the client sent back unchanged goes with it.
+        if needs_health_check(old)
+            && !needs_health_check(new)
+            && new["spec"]["healthCheckNodePort"] == old["spec"]["healthCheckNodePort"]
+        {
+            if let Some(spec) = new["spec"].as_object_mut() {
+                spec.remove("healthCheckNodePort");
+            }
+        }
+        if needs_health_check(old) && needs_health_check(new) {
+            let given = new["spec"]["healthCheckNodePort"].as_i64().unwrap_or(0);
+            if let (0, Some(held)) = (given, health_check_port_of(old)) {
+                new["spec"]["healthCheckNodePort"] = json!(held);
+            }
+        }
         if wants_node_ports(new) && wants_node_ports(old) {
             let old_ports = old["spec"]["ports"].as_array().cloned().unwrap_or_default();
             for port in ports_mut(new) {
@@ -398,6 +504,7 @@ impl Allocators {
                     }
                 }
             }
+            self.take_health_check(&mut r, new, &owner, &held)?;
             let kept = node_ports_of(new);
             for port in held.into_iter().filter(|p| !kept.contains(p)) {
                 r.ops.push(Op::Delete {
@@ -535,6 +642,36 @@ mod tests {
         r.abort(None);
         let freed = a.for_delete(resource, &new);
         assert_eq!(freed.ops.len(), 1, "only the cluster IP is held");
+    }
+
+    #[test]
+    fn a_local_load_balancer_gets_a_health_check_port_and_gives_it_back() {
+        let a = allocators();
+        let mut lb = svc(
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                                "ports": [{"port": 80, "protocol": "TCP"}]}),
+        );
+        let r = a.for_create(Resource::of(Kind::Service), &mut lb).unwrap();
+        r.commit();
+        let hc = lb["spec"]["healthCheckNodePort"].as_i64().unwrap();
+        let node_port = lb["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+        assert_ne!(hc, node_port);
+        assert_eq!(node_ports_of(&lb), {
+            let mut both = vec![hc, node_port];
+            both.sort_unstable();
+            both
+        });
+        // Cluster policy: the health check port is released.
+        let mut cluster = lb.clone();
+        cluster["spec"]["externalTrafficPolicy"] = json!("Cluster");
+        Allocators::keep_allocated(Resource::of(Kind::Service), &mut cluster, &lb);
+        assert!(cluster["spec"].get("healthCheckNodePort").is_none());
+        let r = a
+            .for_update(Resource::of(Kind::Service), &mut cluster, &lb)
+            .unwrap();
+        assert!(r.freed.iter().any(|(_, port)| *port == hc.to_string()));
+        r.commit();
+        assert_eq!(node_ports_of(&cluster), vec![node_port]);
     }
 
     #[test]

@@ -56,6 +56,11 @@ pub(crate) enum Rule {
         protocol: Protocol,
         affinity: Option<String>,
     },
+    /// The rule, for packets sent from this node itself (`fib saddr type
+    /// local`).
+    FromNode(Box<Rule>),
+    /// `drop`: a Local traffic policy with no endpoint on this node.
+    Drop,
 }
 
 impl Rule {
@@ -86,6 +91,11 @@ impl Rule {
                 }
                 let _ = write!(out, "meta l4proto {} dnat to {to}", protocol.as_str());
             }
+            Self::FromNode(rule) => {
+                out.push_str("fib saddr type local ");
+                rule.render(out);
+            }
+            Self::Drop => out.push_str("drop"),
         }
     }
 }
@@ -146,11 +156,78 @@ fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
         return;
     }
     let svc = format!("svc-{id}");
+    let chain = pick_chain(rules, port, &id, &port.endpoints, "");
+    rules.chains.insert(svc.clone(), chain);
+    // This node's endpoints, for Local traffic policies; none drops.
+    let local = format!("local-{id}");
+    let wants_local = port.internal_local || (port.external_local && port.is_external());
+    let local_verdict = match (wants_local, port.local_endpoints.is_empty()) {
+        (false, _) => None,
+        (true, true) => Some("drop".to_owned()),
+        (true, false) => {
+            let chain = pick_chain(rules, port, &id, &port.local_endpoints, "local/");
+            rules.chains.insert(local.clone(), chain);
+            Some(format!("goto {local}"))
+        }
+    };
+    let internal = match &local_verdict {
+        Some(verdict) if port.internal_local => verdict.clone(),
+        _ => format!("goto {svc}"),
+    };
+    let external = if !port.is_external() || external == External::Keep {
+        format!("goto {svc}")
+    } else {
+        let ext = format!("ext-{id}");
+        let chain = match &local_verdict {
+            // The client's address is kept: only this node's endpoints,
+            // no masquerade. The node's own connections (to its node
+            // port or a load-balancer address) still go anywhere,
+            // masqueraded (kube-proxy does the same).
+            Some(verdict) if port.external_local => vec![
+                Rule::FromNode(Box::new(Rule::MarkForMasquerade)),
+                Rule::FromNode(Box::new(Rule::Goto(svc.clone()))),
+                match verdict.strip_prefix("goto ") {
+                    Some(chain) => Rule::Goto(chain.to_owned()),
+                    None => Rule::Drop,
+                },
+            ],
+            _ => vec![Rule::MarkForMasquerade, Rule::Goto(svc.clone())],
+        };
+        rules.chains.insert(ext.clone(), chain);
+        format!("goto {ext}")
+    };
+    for (map, ip) in addresses {
+        let verdict = if map == CLUSTER_IPS {
+            &internal
+        } else {
+            &external
+        };
+        rules
+            .elements
+            .insert((map, key(ip, port.port)), verdict.clone());
+    }
+    if let Some(node_port) = port.node_port {
+        rules
+            .elements
+            .insert((NODE_PORTS, format!("{protocol} . {node_port}")), external);
+    }
+}
+
+/// A chain that picks one of `endpoints` (sticky first, with affinity);
+/// `scope` keeps the affinity sets of the local chain apart.
+fn pick_chain(
+    rules: &mut ServiceRules,
+    port: &ServicePort,
+    id: &str,
+    endpoints: &[SocketAddrV4],
+    scope: &str,
+) -> Vec<Rule> {
     let mut chain = Vec::new();
     let timeout = port.affinity.unwrap_or_default();
-    let affinity_set = |to: &SocketAddrV4| format!("aff-{id}/{}/{}/{timeout}", to.ip(), to.port());
+    let affinity_set =
+        |to: &SocketAddrV4| format!("aff-{id}/{scope}{}/{}/{timeout}", to.ip(), to.port());
     if port.affinity.is_some() {
-        for to in &port.endpoints {
+        for to in endpoints {
             let set = affinity_set(to);
             rules.sets.insert(set.clone(), timeout);
             chain.push(Rule::Sticky {
@@ -160,8 +237,8 @@ fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
             });
         }
     }
-    let n = port.endpoints.len();
-    for (i, to) in port.endpoints.iter().enumerate() {
+    let n = endpoints.len();
+    for (i, to) in endpoints.iter().enumerate() {
         chain.push(Rule::Pick {
             of: n - i,
             to: *to,
@@ -170,29 +247,7 @@ fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
         });
         rules.hairpin.insert(*to.ip());
     }
-    rules.chains.insert(svc.clone(), chain);
-    let target = if port.is_external() && external == External::Masquerade {
-        let ext = format!("ext-{id}");
-        rules.chains.insert(
-            ext.clone(),
-            vec![Rule::MarkForMasquerade, Rule::Goto(svc.clone())],
-        );
-        ext
-    } else {
-        svc.clone()
-    };
-    for (map, ip) in addresses {
-        let chain = if map == CLUSTER_IPS { &svc } else { &target };
-        rules
-            .elements
-            .insert((map, key(ip, port.port)), format!("goto {chain}"));
-    }
-    if let Some(node_port) = port.node_port {
-        rules.elements.insert(
-            (NODE_PORTS, format!("{protocol} . {node_port}")),
-            format!("goto {target}"),
-        );
-    }
+    chain
 }
 
 /// `add rule ip portal CHAIN RULE` lines for a chain's rules.

@@ -29,6 +29,10 @@ fn web(endpoints: &[&str]) -> ServicePort {
         load_balancer_ips: Vec::new(),
         affinity: None,
         endpoints: endpoints.iter().map(|e| ep(e)).collect(),
+        local_endpoints: Vec::new(),
+        internal_local: false,
+        external_local: false,
+        health_check_node_port: None,
     }
 }
 
@@ -66,6 +70,7 @@ fn packet(dst: &str, port: u16) -> Packet {
         protocol: Protocol::Tcp,
         port,
         local: false,
+        from_node: false,
     }
 }
 
@@ -190,6 +195,53 @@ fn no_endpoints_rejects_and_the_first_endpoint_replaces_the_reject() {
     assert_eq!(
         traced(&proxy, packet("10.96.0.20", 80)),
         dnat(&["10.244.0.5:8080"], false)
+    );
+}
+
+#[test]
+fn local_traffic_policies_use_this_nodes_endpoints_or_drop() {
+    let mut proxy = Nftables::fake(FakeNft::default());
+    let mut port = web(&["10.244.1.5:8080", "10.244.2.5:8080"]);
+    port.node_port = Some(30080);
+    port.load_balancer_ips = vec![ip("198.51.100.1")];
+    port.external_local = true;
+    port.local_endpoints = vec![ep("10.244.2.5:8080")];
+    assert!(proxy.sync(&changes(&[port.clone()]), true).is_ok());
+    let outside = |dst: &str, port: u16| Packet {
+        src: ip("203.0.113.7"),
+        local: true,
+        ..packet(dst, port)
+    };
+    // From outside: this node's endpoint only, the client's address kept.
+    let local_only = dnat(&["10.244.2.5:8080"], false);
+    assert_eq!(traced(&proxy, outside("192.168.1.2", 30080)), local_only);
+    assert_eq!(traced(&proxy, outside("198.51.100.1", 80)), local_only);
+    // From the node itself: anywhere, masqueraded; the cluster IP: anywhere.
+    let anywhere = Packet {
+        from_node: true,
+        ..outside("192.168.1.2", 30080)
+    };
+    assert_eq!(
+        traced(&proxy, anywhere),
+        dnat(&["10.244.1.5:8080", "10.244.2.5:8080"], true)
+    );
+    assert_eq!(
+        traced(&proxy, packet("10.96.0.20", 80)),
+        dnat(&["10.244.1.5:8080", "10.244.2.5:8080"], false)
+    );
+    // No endpoint here: external traffic is dropped, not rejected.
+    port.local_endpoints.clear();
+    assert!(proxy.sync(&changes(&[port.clone()]), false).is_ok());
+    assert_eq!(traced(&proxy, outside("192.168.1.2", 30080)), Outcome::Drop);
+    // internalTrafficPolicy: Local: the cluster IP too.
+    port.internal_local = true;
+    assert!(proxy.sync(&changes(&[port.clone()]), false).is_ok());
+    assert_eq!(traced(&proxy, packet("10.96.0.20", 80)), Outcome::Drop);
+    port.local_endpoints = vec![ep("10.244.2.5:8080")];
+    assert!(proxy.sync(&changes(&[port]), false).is_ok());
+    assert_eq!(
+        traced(&proxy, packet("10.96.0.20", 80)),
+        dnat(&["10.244.2.5:8080"], false)
     );
 }
 

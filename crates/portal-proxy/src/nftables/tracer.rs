@@ -19,6 +19,8 @@ pub(crate) struct Packet {
     pub port: u16,
     /// `dst` is an address of this node (`fib daddr type local`).
     pub local: bool,
+    /// `src` is an address of this node (`fib saddr type local`).
+    pub from_node: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub(crate) enum Outcome {
     },
     /// Refused: the Service has no ready endpoints.
     Reject,
+    /// Dropped: a Local traffic policy and no endpoint on this node.
+    Drop,
     /// Not a Service address: the packet goes on unchanged.
     Untouched,
 }
@@ -73,18 +77,26 @@ pub(crate) fn trace<'a>(
             Outcome::Untouched
         };
     };
-    let mut chain = verdict.strip_prefix("goto ").unwrap_or(verdict);
+    let Some(mut chain) = verdict.strip_prefix("goto ") else {
+        return Outcome::Drop;
+    };
     let (mut endpoints, mut masquerade) = (BTreeSet::new(), false);
     'walk: loop {
         for rule in chains.get(chain).copied().unwrap_or_default() {
+            let rule = match rule {
+                Rule::FromNode(_) if !packet.from_node => continue,
+                Rule::FromNode(inner) => inner.as_ref(),
+                rule => rule,
+            };
             match rule {
                 Rule::MarkForMasquerade => masquerade = true,
                 Rule::Goto(next) => {
                     chain = next;
                     continue 'walk;
                 }
+                Rule::Drop => return Outcome::Drop,
                 // Affinity sets start empty.
-                Rule::Sticky { .. } => {}
+                Rule::Sticky { .. } | Rule::FromNode(_) => {}
                 Rule::Pick { of, to, .. } => {
                     endpoints.insert(*to);
                     if *of == 1 {

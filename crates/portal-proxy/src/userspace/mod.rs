@@ -207,6 +207,11 @@ impl Userspace {
                             affinity: None,
                             // The listener on the node port serves it directly.
                             node_port: None,
+                            // The listener picks (traffic policies are not
+                            // applied in userspace mode).
+                            local_endpoints: Vec::new(),
+                            internal_local: false,
+                            external_local: false,
                             ..p.clone()
                         })
                     })

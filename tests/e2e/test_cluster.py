@@ -348,6 +348,31 @@ def test_local_traffic_policies(bed):
     core.delete_namespaced_pod("lp", NS)
 
 
+def test_requests_fit_allocatable(bed):
+    """Each node offers its CPUs: pods asking three quarters of one go one
+    per node; the fourth waits, with Kubernetes' reason."""
+    core = bed.core
+    cpus = {n.metadata.name: n.status.allocatable["cpu"] for n in core.list_node().items}
+    millis = min(int(float(c) * 1000) for c in cpus.values())
+    core.create_namespaced_replication_controller(NS, {"metadata": {"name": "big"}, "spec": {
+        "replicas": 4, "selector": {"app": "big"}, "template": {"metadata": {"labels": {"app": "big"}}, "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "big", "image": bed.image, "resources": {"requests": {"cpu": f"{millis * 3 // 4}m"}}}]}}}})
+    wait_for(lambda: len([p for p in bed.pods("app=big") if p.spec.node_name]) == 3 and len(bed.pods("app=big")) == 4, "three big pods placed")
+    pods = bed.pods("app=big")
+    placed = [p for p in pods if p.spec.node_name]
+    assert sorted(p.spec.node_name for p in placed) == ["node-1", "node-2", "node-3"]
+    waiting = next(p for p in pods if not p.spec.node_name)
+    def reason():
+        events = core.list_namespaced_event(NS, field_selector=f"involvedObject.name={waiting.metadata.name}").items
+        return next((e.message for e in events if e.reason == "FailedScheduling"), None)
+    assert wait_for(reason, "FailedScheduling") == "0/3 nodes are available: 3 Insufficient cpu."
+    time.sleep(1)
+    assert not core.read_namespaced_pod(waiting.metadata.name, NS).spec.node_name
+    core.delete_namespaced_replication_controller("big", NS)
+    wait_for(lambda: not bed.pods("app=big"), "the big pods gone", timeout=60)
+
+
 def test_a_lost_node_leaves_the_service_and_its_pods_move(bed):
     core = bed.core
     cluster_ip = core.read_namespaced_service("web", NS).spec.cluster_ip

@@ -25,7 +25,6 @@ pub mod network;
 pub mod node;
 mod pods;
 pub mod prober;
-mod quantity;
 pub mod routes;
 pub mod runtime;
 pub mod server;

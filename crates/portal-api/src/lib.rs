@@ -14,6 +14,7 @@ pub mod patch;
 pub mod path;
 pub mod pod_spec;
 pub mod protobuf;
+pub mod quantity;
 pub mod resource;
 pub mod selector;
 pub mod service;

@@ -12,6 +12,7 @@ pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod pods;
 pub mod replication;
+pub mod requests;
 pub mod scheduler;
 
 use kube::Client;

@@ -16,7 +16,8 @@ pub fn reflector(client: Client) -> SharedReflector<Pod> {
 
 /// Keeps what the controllers read: identity, labels, owners, deletion and
 /// creation times; the node, scheduler, hostname and subdomain; container
-/// names and ports (named target ports); phase, conditions and addresses.
+/// names, ports (named target ports) and resources (scheduling); phase,
+/// conditions and addresses.
 pub fn project(pod: &mut Pod) {
     let metadata = &mut pod.metadata;
     metadata.managed_fields = None;
@@ -37,9 +38,22 @@ pub fn project(pod: &mut Pod) {
                 .map(|c| Container {
                     name: c.name,
                     ports: c.ports,
+                    // What the scheduler counts against allocatable.
+                    resources: c.resources,
                     ..Container::default()
                 })
                 .collect(),
+            init_containers: spec.init_containers.map(|inits| {
+                inits
+                    .into_iter()
+                    .map(|c| Container {
+                        name: c.name,
+                        resources: c.resources,
+                        ..Container::default()
+                    })
+                    .collect()
+            }),
+            overhead: spec.overhead,
             ..PodSpec::default()
         });
     }

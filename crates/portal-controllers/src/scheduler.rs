@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 use portal_client::Settled;
 
 use crate::events;
+use crate::requests::Resources;
 
 const COMPONENT: &str = "default-scheduler";
 /// How soon an unschedulable pod is first tried again; the wait doubles up
@@ -34,10 +35,27 @@ struct Context {
     events: events::Recorder,
     nodes: Store<Node>,
     pods: Store<Pod>,
-    /// Bindings made but not yet seen in `pods`: pod key → (node, owner).
-    assumed: Mutex<HashMap<String, (String, Option<String>)>>,
+    /// Bindings made but not yet seen in `pods`.
+    assumed: Mutex<HashMap<String, Assumed>>,
     /// Pods no node fits: when to try again, and the wait after that.
     backoff: Arc<Mutex<HashMap<String, (Instant, Duration)>>>,
+}
+
+/// A binding made but not yet seen in the pod cache.
+#[derive(Clone, Debug)]
+struct Assumed {
+    node: String,
+    owner: Option<String>,
+    asks: Resources,
+}
+
+/// What is on a node: pods of the owner being placed, all pods, and the
+/// resources they ask.
+#[derive(Clone, Copy, Debug, Default)]
+struct Load {
+    same_owner: usize,
+    pods: usize,
+    used: Resources,
 }
 
 fn key(pod: &Pod) -> String {
@@ -51,8 +69,20 @@ fn owner_uid(pod: &Pod) -> Option<String> {
         .map(|o| o.uid.clone())
 }
 
-/// Why the pod cannot go to the node (`None`: it fits), in the words of
-/// Kubernetes' `FailedScheduling` messages.
+/// Why the pod cannot go to the node (empty: it fits), in the words of
+/// Kubernetes' `FailedScheduling` messages: the first check that fails
+/// gives its reasons, as Kubernetes' filter plugins do.
+fn misfits(node: &Node, pod: &Pod, used: Resources) -> Vec<String> {
+    if let Some(reason) = misfit(node, pod) {
+        return vec![reason];
+    }
+    match Resources::allocatable(node) {
+        Some(offered) => Resources::insufficient(Resources::of_pod(pod), used, offered),
+        None => Vec::new(),
+    }
+}
+
+/// The checks before resources: readiness, cordon, selector, taints.
 fn misfit(node: &Node, pod: &Pod) -> Option<String> {
     let ready = node
         .status
@@ -97,10 +127,14 @@ fn misfit(node: &Node, pod: &Pod) -> Option<String> {
 
 /// `0/3 nodes are available: 1 node(s) were unschedulable, 2 node(s) had
 /// untolerated taint {…}.`
-fn unavailable_message(nodes: &[Arc<Node>], pod: &Pod) -> String {
+fn unavailable_message(nodes: &[Arc<Node>], pod: &Pod, load: &HashMap<String, Load>) -> String {
     let mut reasons: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for node in nodes {
-        if let Some(reason) = misfit(node, pod) {
+        let used = load
+            .get(&node.name_any())
+            .map(|l| l.used)
+            .unwrap_or_default();
+        for reason in misfits(node, pod, used) {
             *reasons.entry(reason).or_default() += 1;
         }
     }
@@ -172,32 +206,39 @@ fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(ctx.retries.after_failure(pod.as_ref()))
 }
 
-/// Per node: (pods of this owner, all pods), counting assumed bindings.
+/// What is on each node, counting assumed bindings; pods that ended
+/// (Succeeded, Failed) hold no resources.
 fn load(
     ctx: &Context,
-    assumed: &mut HashMap<String, (String, Option<String>)>,
+    assumed: &mut HashMap<String, Assumed>,
     owner: Option<&str>,
-) -> HashMap<String, (usize, usize)> {
-    let mut load: HashMap<String, (usize, usize)> = HashMap::new();
+) -> HashMap<String, Load> {
+    let mut load: HashMap<String, Load> = HashMap::new();
     let mut seen_bound = std::collections::HashSet::new();
     for pod in ctx.pods.state() {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             continue;
         };
         seen_bound.insert(key(&pod));
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
         let entry = load.entry(node).or_default();
-        entry.1 += 1;
+        entry.pods += 1;
+        entry.used = entry.used + Resources::of_pod(&pod);
         if owner.is_some() && owner_uid(&pod).as_deref() == owner {
-            entry.0 += 1;
+            entry.same_owner += 1;
         }
     }
     // Bindings the reflector now shows need no assuming any more.
     assumed.retain(|k, _| !seen_bound.contains(k));
-    for (node, pod_owner) in assumed.values() {
-        let entry = load.entry(node.clone()).or_default();
-        entry.1 += 1;
-        if owner.is_some() && pod_owner.as_deref() == owner {
-            entry.0 += 1;
+    for binding in assumed.values() {
+        let entry = load.entry(binding.node.clone()).or_default();
+        entry.pods += 1;
+        entry.used = entry.used + binding.asks;
+        if owner.is_some() && binding.owner.as_deref() == owner {
+            entry.same_owner += 1;
         }
     }
     load
@@ -219,7 +260,37 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let nodes = ctx.nodes.state();
-    let fitting: Vec<&Arc<Node>> = nodes.iter().filter(|n| misfit(n, &pod).is_none()).collect();
+    let owner = owner_uid(&pod);
+    // Choosing and assuming are one step: pods reconciled concurrently must
+    // each see the others' choices.
+    let (chosen, load) = {
+        let mut assumed = ctx.assumed.lock();
+        let load = load(&ctx, &mut assumed, owner.as_deref());
+        let used = |node: &Node| {
+            load.get(&node.name_any())
+                .map(|l| l.used)
+                .unwrap_or_default()
+        };
+        let fitting: Vec<&Arc<Node>> = nodes
+            .iter()
+            .filter(|n| misfits(n, &pod, used(n)).is_empty())
+            .collect();
+        let chosen = fitting.iter().map(|n| n.name_any()).min_by_key(|n| {
+            let l = load.get(n).copied().unwrap_or_default();
+            (l.same_owner, l.pods, n.clone())
+        });
+        if let Some(node) = &chosen {
+            assumed.insert(
+                key(&pod),
+                Assumed {
+                    node: node.clone(),
+                    owner: owner.clone(),
+                    asks: Resources::of_pod(&pod),
+                },
+            );
+        }
+        (chosen, load)
+    };
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
@@ -228,7 +299,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         uid: pod.metadata.uid.clone(),
         ..ObjectReference::default()
     };
-    if fitting.is_empty() {
+    let Some(chosen) = chosen else {
         // Pod updates (status, labels) re-trigger the reconcile; only the
         // backoff's deadline or a node change makes a new attempt.
         let now = Instant::now();
@@ -246,31 +317,14 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         if let Some(wait) = wait {
             return Ok(Action::requeue(wait));
         }
-        let message = unavailable_message(&nodes, &pod);
+        let message = unavailable_message(&nodes, &pod, &load);
         ctx.events
             .record(&reference, "Warning", "FailedScheduling", &message)
             .await;
         let wait = ctx.backoff.lock().get(&key(&pod)).map_or(RETRY, |b| b.1);
         return Ok(Action::requeue(wait));
-    }
-    ctx.backoff.lock().remove(&key(&pod));
-    let owner = owner_uid(&pod);
-    // Choosing and assuming are one step: pods reconciled concurrently must
-    // each see the others' choices.
-    let chosen = {
-        let mut assumed = ctx.assumed.lock();
-        let load = load(&ctx, &mut assumed, owner.as_deref());
-        let chosen = fitting
-            .iter()
-            .map(|n| n.name_any())
-            .min_by_key(|n| {
-                let (same, all) = load.get(n).copied().unwrap_or_default();
-                (same, all, n.clone())
-            })
-            .unwrap_or_default();
-        assumed.insert(key(&pod), (chosen.clone(), owner.clone()));
-        chosen
     };
+    ctx.backoff.lock().remove(&key(&pod));
     let binding = serde_json::json!({
         "apiVersion": "v1", "kind": "Binding",
         "metadata": {"name": pod.name_any(), "namespace": pod.namespace()},
@@ -339,7 +393,7 @@ mod tests {
         ];
         let plain = pod(serde_json::json!({"containers": [{"name": "c"}]}));
         assert_eq!(
-            unavailable_message(&nodes, &plain),
+            unavailable_message(&nodes, &plain, &HashMap::new()),
             "0/3 nodes are available: 2 node(s) had untolerated taint {dedicated: db}, 1 node(s) were unschedulable."
         );
         let tolerant = pod(serde_json::json!({"containers": [{"name": "c"}],
@@ -352,6 +406,29 @@ mod tests {
         assert_eq!(
             misfit(&nodes[0], &elsewhere).as_deref(),
             Some("node(s) didn't match Pod's node affinity/selector")
+        );
+    }
+
+    #[test]
+    fn requests_must_fit_what_is_left_of_allocatable() {
+        let mut nodes = vec![node("a", serde_json::json!({})), node("b", serde_json::json!({}))];
+        for n in &mut nodes {
+            let n = Arc::make_mut(n);
+            n.status.get_or_insert_with(Default::default).allocatable = serde_json::from_value(
+                serde_json::json!({"cpu": "2", "memory": "1Gi", "pods": "110"}),
+            )
+            .ok();
+        }
+        let big = pod(serde_json::json!({"containers": [{"name": "c",
+            "resources": {"requests": {"cpu": "1500m", "memory": "100Mi"}}}]}));
+        assert!(misfits(&nodes[0], &big, Resources::default()).is_empty());
+        let mut load = HashMap::new();
+        let half = Resources { milli_cpu: 1000, memory: 0, pods: 1 };
+        load.insert("a".to_owned(), Load { used: half, ..Load::default() });
+        load.insert("b".to_owned(), Load { used: half, ..Load::default() });
+        assert_eq!(
+            unavailable_message(&nodes, &big, &load),
+            "0/2 nodes are available: 2 Insufficient cpu."
         );
     }
 }

@@ -309,13 +309,13 @@ fn process<R: Runtime>(
     };
     let memory_limit = match limit("memory") {
         Some(text) => Some(
-            crate::quantity::bytes(&text)
+            portal_api::quantity::bytes(&text)
                 .ok_or(format!("memory limit {text:?} is not a quantity"))?,
         ),
         None => None,
     };
-    let cpu_limit_millis = limit("cpu").and_then(|t| crate::quantity::millicores(&t));
-    let cpu_request_millis = request("cpu").and_then(|t| crate::quantity::millicores(&t));
+    let cpu_limit_millis = limit("cpu").and_then(|t| portal_api::quantity::millicores(&t));
+    let cpu_request_millis = request("cpu").and_then(|t| portal_api::quantity::millicores(&t));
     let mut mounts = Vec::new();
     if let Some(hosts) = &files.hosts {
         mounts.push((hosts.clone(), "/etc/hosts".to_owned(), false));

@@ -33,12 +33,12 @@ fn parse(text: &str, scale: f64) -> Option<i64> {
 }
 
 /// Bytes of a memory quantity.
-pub(crate) fn bytes(text: &str) -> Option<i64> {
+pub fn bytes(text: &str) -> Option<i64> {
     parse(text, 1.0)
 }
 
 /// Millicores of a CPU quantity.
-pub(crate) fn millicores(text: &str) -> Option<i64> {
+pub fn millicores(text: &str) -> Option<i64> {
     parse(text, 1000.0)
 }
 

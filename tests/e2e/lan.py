@@ -26,16 +26,20 @@ _counter = itertools.count()
 
 
 class Lan:
-    def __init__(self, count=3):
+    """`routed=True`: no shared link; node i alone on 192.168.(100+i).0/24,
+    the LAN namespace routing between them (nodes that need an overlay)."""
+
+    def __init__(self, count=3, routed=False):
         self.tag = f"pl{os.getpid()}x{next(_counter)}"
         self.count = count
+        self.routed = routed
         self.lan = f"{self.tag}-lan"
         self.namespaces = []
         self.processes = []
         self._home = None
 
     def address(self, i):
-        return f"{SUBNET}.{i}"
+        return f"192.168.{100 + i}.1" if self.routed else f"{SUBNET}.{i}"
 
     def netns(self, i):
         return f"{self.tag}-n{i}"
@@ -59,17 +63,27 @@ class Lan:
             sh(*in_lan, "ip", *args)
         # The LAN's own address: "outside" every node, for node-port checks.
         sh(*in_lan, "ip", "addr", "add", f"{SUBNET}.254/24", "dev", "br0")
+        if self.routed:
+            sh(*in_lan, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         for i in range(1, self.count + 1):
             ns = self.netns(i)
             sh("ip", "netns", "add", ns)
             self.namespaces.append(ns)
-            sh("ip", "link", "add", f"{self.tag}p{i}", "netns", self.lan, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            sh(*in_lan, "ip", "link", "set", f"{self.tag}p{i}", "master", "br0", "up")
+            port = f"{self.tag}p{i}"
+            sh("ip", "link", "add", port, "netns", self.lan, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            if self.routed:
+                router = f"192.168.{100 + i}.254"
+                sh(*in_lan, "ip", "addr", "add", f"{router}/24", "dev", port)
+                sh(*in_lan, "ip", "link", "set", port, "up")
+                default = ["route", "add", "default", "via", router]
+            else:
+                sh(*in_lan, "ip", "link", "set", port, "master", "br0", "up")
+                default = ["route", "add", "default", "dev", "eth0"]
             for args in (
                 ["link", "set", "lo", "up"],
                 ["addr", "add", f"{self.address(i)}/24", "dev", "eth0"],
                 ["link", "set", "eth0", "up"],
-                ["route", "add", "default", "dev", "eth0"],
+                default,
             ):
                 sh("ip", "netns", "exec", ns, "ip", *args)
         self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)

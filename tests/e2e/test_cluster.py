@@ -33,9 +33,10 @@ PEER = b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n%s\\n' \"$REMOTE
 
 
 class Bed:
-    def __init__(self, tmp):
+    def __init__(self, tmp, routed=False, extra=()):
         self.tmp = tmp
-        self.lan = Lan(3)
+        self.lan = Lan(3, routed=routed)
+        self.extra = list(extra)
         self.registry = None
         self.portal = None
         self.workers = {}
@@ -52,6 +53,7 @@ class Bed:
                 "--node-ip", self.lan.address(1), "--node-name", NAMES[1], "--proxy-mode", "nftables",
                 "--registry-mirror", f"docker.io=http://{self.registry.host}",
                 "--node-monitor-grace-period", GRACE, "--node-lease-duration-seconds", LEASE_SECONDS,
+                *self.extra,
             ], proxy=True, agent=True, api_bind="0.0.0.0:0").start()
             self.core = self.portal.core()
             self.port = self.portal.server.rsplit(":", 1)[1]
@@ -74,7 +76,7 @@ class Bed:
             "--node-name", name or NAMES[i], "--node-ip", self.lan.address(i),
             "--data-dir", str(data_dir or self.tmp / f"n{i}"), "--proxy-mode", "nftables",
             "--registry-mirror", f"docker.io=http://{mirror}", "--insecure-registry", mirror,
-            "--node-lease-duration-seconds", LEASE_SECONDS,
+            "--node-lease-duration-seconds", LEASE_SECONDS, *self.extra,
         ]
 
     def start_worker(self, i):
@@ -240,7 +242,13 @@ def test_spread_and_reach_across_nodes(bed):
     pods = wait_for(lambda: bed.running("app=web", 6), "6 web pods running", timeout=120)
     assert by_node(pods) == {"node-1": 2, "node-2": 2, "node-3": 2}
 
-    # "far": pods on node-1 and node-2 only; a client pod on node-3.
+    reach_across_nodes(bed)
+
+
+def reach_across_nodes(bed):
+    """A client pod on node-3 reaches "far" (pods on node-1 and node-2) by
+    cluster IP and by names, and a far pod directly, with its own address."""
+    core = bed.core
     for i in (1, 2):
         core.create_namespaced_pod(NS, {"metadata": {"name": f"far-{i}", "labels": {"app": "far"}}, "spec": {
             "nodeName": NAMES[i], "terminationGracePeriodSeconds": 1,
@@ -438,3 +446,20 @@ def test_drain_moves_pods_and_uncordon_takes_them_again(bed):
     wait_for(lambda: core.read_namespaced_pod("back", NS).status.phase == "Running", "a pod on node-3 again", timeout=60)
     core.delete_namespaced_replication_controller("web", NS)
     core.delete_namespaced_service("web", NS)
+
+
+def test_vxlan_overlay_across_subnets(tmp_path):
+    """Nodes on three subnets (no shared link, host-gw cannot route): with
+    `--pod-network vxlan` the same client-to-Service test passes, through
+    the overlay device."""
+    with Bed(tmp_path, routed=True, extra=["--pod-network", "vxlan"]) as bed:
+        try:
+            for i in (1, 2, 3):
+                wait_for(lambda i=i: bed.lan.run(i, "ip", "-4", "route", "show", "proto", "117").stdout.count("dev portal.vxlan") == 2,
+                         f"{NAMES[i]}'s overlay routes")
+            reach_across_nodes(bed)
+            macs = {n.metadata.name: n.metadata.annotations.get("portal.dev/vxlan-mac") for n in bed.core.list_node().items}
+            assert all(macs.values()) and len(set(macs.values())) == 3, macs
+        finally:
+            bed.core.delete_collection_namespaced_pod(NS)
+            wait_for(lambda: not bed.core.list_namespaced_pod(NS).items, "every pod gone", timeout=60)

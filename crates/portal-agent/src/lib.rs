@@ -31,6 +31,7 @@ pub mod server;
 pub mod shim;
 pub mod sources;
 pub mod status;
+pub mod vxlan;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -76,6 +77,8 @@ pub enum Error {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub node_name: String,
+    /// How pods reach other nodes' pods.
+    pub pod_network: routes::PodNetwork,
     /// The node's address; default: its first global IPv4 address.
     pub node_ip: Option<Ipv4Addr>,
     /// Keeps images, containers, pod files, logs and address leases.
@@ -288,7 +291,12 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
             metrics.clone(),
         ));
         tokio::spawn(sources::api::run(context.clone(), client.clone()));
-        tokio::spawn(routes::run(client.clone(), context.me.name.clone()));
+        tokio::spawn(routes::run(
+            client.clone(),
+            context.me.name.clone(),
+            config.pod_network,
+            context.me.ip,
+        ));
         tokio::spawn(mirror::run(context.clone(), client));
     } else {
         drop(writer);

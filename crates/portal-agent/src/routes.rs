@@ -8,8 +8,9 @@
 //!
 //! The routes carry a protocol number of their own ([`PROTO`]), so the
 //! agent finds the ones it made (also after a restart) and never touches
-//! anyone else's. Nodes must share a link (a LAN); an overlay for nodes
-//! that do not is not built yet.
+//! anyone else's. With host-gw nodes must share a link (a LAN); nodes that
+//! do not use the VXLAN overlay ([`crate::vxlan`], `--pod-network vxlan`),
+//! whose routes go through the VXLAN device instead.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -21,6 +22,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use portal_api::cidr::Ipv4Cidr;
+
+use crate::vxlan;
 use tokio::process::Command;
 
 /// The `proto` of the routes the agent makes (`ip route show proto 117`).
@@ -28,6 +31,24 @@ pub const PROTO: &str = "117";
 /// The routes are checked at least this often (a route removed by hand
 /// comes back).
 const RESYNC: Duration = Duration::from_secs(30);
+
+/// How pods reach other nodes' pods.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodNetwork {
+    /// Routes via the other nodes' addresses (one link).
+    #[default]
+    HostGw,
+    /// A VXLAN overlay (any routed network between nodes).
+    Vxlan,
+}
+
+/// A route to one node's pod range: via an address, on a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Route {
+    via: Ipv4Addr,
+    /// The VXLAN device (the gateway is on it, `onlink`).
+    overlay: bool,
+}
 
 /// The routes the cluster calls for: each other node's pod range via its
 /// InternalIP (nodes without either are skipped).
@@ -69,13 +90,31 @@ fn overlaps(a: &Ipv4Cidr, b: &Ipv4Cidr) -> bool {
     first(b).is_some_and(|n| a.contains(n)) || first(a).is_some_and(|n| b.contains(n))
 }
 
+/// The overlay's peers: the nodes of `routes` that published their MAC.
+pub fn peers(
+    nodes: &[Arc<Node>],
+    routes: &BTreeMap<Ipv4Cidr, Ipv4Addr>,
+) -> BTreeMap<Ipv4Cidr, vxlan::Peer> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let range: Ipv4Cidr = n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok()?;
+            let vtep = *routes.get(&range)?;
+            let mac = n.annotations().get(vxlan::MAC_ANNOTATION)?.clone();
+            let gateway = range.nth(0)?;
+            Some((range, vxlan::Peer { gateway, mac, vtep }))
+        })
+        .collect()
+}
+
 /// Keeps the routes in line with the Nodes for as long as the agent runs.
-pub(crate) async fn run(client: Client, me: String) {
+pub(crate) async fn run(client: Client, me: String, network: PodNetwork, node_ip: Ipv4Addr) {
     let (nodes, writer) = reflector::store::<Node>();
     let changed = Arc::new(tokio::sync::Notify::new());
     // The watch runs on its own (the store fills only while it is polled).
     let notify = changed.clone();
-    let watch = watcher(Api::<Node>::all(client), watcher::Config::default())
+    let node_api = Api::<Node>::all(client);
+    let watch = watcher(node_api.clone(), watcher::Config::default())
         .default_backoff()
         .reflect(writer)
         .touched_objects();
@@ -86,14 +125,45 @@ pub(crate) async fn run(client: Client, me: String) {
     if nodes.wait_until_ready().await.is_err() {
         return;
     }
-    let mut last: Option<BTreeMap<Ipv4Cidr, Ipv4Addr>> = None;
+    let mut last: Option<BTreeMap<Ipv4Cidr, Route>> = None;
     loop {
         let all = nodes.state();
-        let wanted = wanted(&all, &me);
-        if last.as_ref() != Some(&wanted) {
+        let mut wanted: BTreeMap<Ipv4Cidr, Route> = wanted(&all, &me)
+            .into_iter()
+            .map(|(range, via)| {
+                (
+                    range,
+                    Route {
+                        via,
+                        overlay: false,
+                    },
+                )
+            })
+            .collect();
+        let mut overlay = Ok(());
+        if network == PodNetwork::Vxlan {
+            let addresses = wanted.iter().map(|(r, route)| (*r, route.via)).collect();
+            let peers = peers(&all, &addresses);
+            overlay = self::overlay(&node_api, &all, &me, node_ip, &peers).await;
+            // Only nodes the overlay reaches are routed, through it.
+            wanted = peers
+                .iter()
+                .map(|(range, peer)| {
+                    let route = Route {
+                        via: peer.gateway,
+                        overlay: true,
+                    };
+                    (*range, route)
+                })
+                .collect();
+        }
+        if last.as_ref() != Some(&wanted) || overlay.is_err() {
             let ranges = pod_ranges(&all);
             // Egress keeps working whatever happened to the routes.
-            let routed = sync(&wanted).await;
+            let routed = match overlay {
+                Ok(()) => sync(&wanted).await,
+                Err(error) => Err(error),
+            };
             let masqueraded = masquerade(&ranges).await;
             match (routed, masqueraded) {
                 (Ok(()), Ok(())) => last = Some(wanted),
@@ -109,13 +179,49 @@ pub(crate) async fn run(client: Client, me: String) {
     }
 }
 
+/// The VXLAN device of this node (once its pod range is known), its MAC
+/// on its Node, and the peers' entries.
+async fn overlay(
+    api: &Api<Node>,
+    nodes: &[Arc<Node>],
+    me: &str,
+    node_ip: Ipv4Addr,
+    peers: &BTreeMap<Ipv4Cidr, vxlan::Peer>,
+) -> Result<(), String> {
+    let Some(node) = nodes.iter().find(|n| n.name_any() == me) else {
+        return Err("this node is not registered yet".into());
+    };
+    let Some(first) = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_cidr.as_deref())
+        .and_then(|r| r.parse::<Ipv4Cidr>().ok())
+        .and_then(|r| r.nth(0))
+    else {
+        return Err("this node has no pod range yet".into());
+    };
+    let mac = vxlan::ensure(node_ip, first).await?;
+    if node.annotations().get(vxlan::MAC_ANNOTATION) != Some(&mac) {
+        let patch = serde_json::json!({"metadata": {"annotations": {vxlan::MAC_ANNOTATION: mac}}});
+        api.patch(
+            me,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| format!("publishing the VXLAN MAC: {e}"))?;
+    }
+    let peers: Vec<vxlan::Peer> = peers.values().cloned().collect();
+    vxlan::sync(&peers).await
+}
+
 /// Makes the kernel's routes of [`PROTO`] exactly `wanted`.
-async fn sync(wanted: &BTreeMap<Ipv4Cidr, Ipv4Addr>) -> Result<(), String> {
+async fn sync(wanted: &BTreeMap<Ipv4Cidr, Route>) -> Result<(), String> {
     let current = current().await?;
     // One bad route (a gateway not on this link) does not hold up the others.
     let mut failed = Vec::new();
-    for (range, via) in wanted {
-        let (range, via) = (range.to_string(), via.to_string());
+    for (range, route) in wanted {
+        let (range, via) = (range.to_string(), route.via.to_string());
         let verb = match current.get(&range) {
             Some(gateway) if *gateway == via => continue,
             // Only a route of ours is replaced: `add` fails rather than
@@ -123,7 +229,11 @@ async fn sync(wanted: &BTreeMap<Ipv4Cidr, Ipv4Addr>) -> Result<(), String> {
             Some(_) => "replace",
             None => "add",
         };
-        match ip(&["route", verb, &range, "via", &via, "proto", PROTO]).await {
+        let mut args = vec!["route", verb, &range, "via", &via, "proto", PROTO];
+        if route.overlay {
+            args.extend(["dev", vxlan::DEVICE, "onlink"]);
+        }
+        match ip(&args).await {
             Ok(()) => tracing::info!(pods = %range, %via, "route to another node's pods"),
             Err(error) => failed.push(error),
         }

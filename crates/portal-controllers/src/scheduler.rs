@@ -411,7 +411,10 @@ mod tests {
 
     #[test]
     fn requests_must_fit_what_is_left_of_allocatable() {
-        let mut nodes = vec![node("a", serde_json::json!({})), node("b", serde_json::json!({}))];
+        let mut nodes = vec![
+            node("a", serde_json::json!({})),
+            node("b", serde_json::json!({})),
+        ];
         for n in &mut nodes {
             let n = Arc::make_mut(n);
             n.status.get_or_insert_with(Default::default).allocatable = serde_json::from_value(
@@ -423,9 +426,25 @@ mod tests {
             "resources": {"requests": {"cpu": "1500m", "memory": "100Mi"}}}]}));
         assert!(misfits(&nodes[0], &big, Resources::default()).is_empty());
         let mut load = HashMap::new();
-        let half = Resources { milli_cpu: 1000, memory: 0, pods: 1 };
-        load.insert("a".to_owned(), Load { used: half, ..Load::default() });
-        load.insert("b".to_owned(), Load { used: half, ..Load::default() });
+        let half = Resources {
+            milli_cpu: 1000,
+            memory: 0,
+            pods: 1,
+        };
+        load.insert(
+            "a".to_owned(),
+            Load {
+                used: half,
+                ..Load::default()
+            },
+        );
+        load.insert(
+            "b".to_owned(),
+            Load {
+                used: half,
+                ..Load::default()
+            },
+        );
         assert_eq!(
             unavailable_message(&nodes, &big, &load),
             "0/2 nodes are available: 2 Insufficient cpu."

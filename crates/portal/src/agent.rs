@@ -53,10 +53,21 @@ pub(crate) struct AgentOptions {
     /// no API server (default: node IPAM's, kept across restarts).
     #[arg(long, value_name = "CIDR")]
     pub pod_cidr: Option<portal_apiserver::Ipv4Cidr>,
+    /// How pods reach other nodes' pods: routes via the nodes' addresses
+    /// (host-gw: nodes on one link) or a VXLAN overlay (any routed network).
+    #[arg(long, value_enum, default_value = "host-gw")]
+    pub pod_network: PodNetwork,
     /// How long the node's Lease lasts; it is renewed every quarter of it
     /// (keep that well below the controllers' --node-monitor-grace-period).
     #[arg(long, default_value_t = portal_agent::node::LEASE_SECONDS, value_parser = clap::value_parser!(i32).range(1..=3600))]
     pub node_lease_duration_seconds: i32,
+}
+
+/// `--pod-network`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PodNetwork {
+    HostGw,
+    Vxlan,
 }
 
 /// `NAME:VALUE`, as kubelet's `--manifest-url-header`.
@@ -84,6 +95,10 @@ impl AgentOptions {
     ) -> portal_agent::Config {
         portal_agent::Config {
             node_name: self.node_name(),
+            pod_network: match self.pod_network {
+                PodNetwork::HostGw => portal_agent::routes::PodNetwork::HostGw,
+                PodNetwork::Vxlan => portal_agent::routes::PodNetwork::Vxlan,
+            },
             node_ip,
             data_dir,
             cluster_domain: cluster_domain.to_owned(),

@@ -182,6 +182,7 @@ def test_joining_needs_the_token_and_the_cluster_ca(bed):
         "wrong secret": (token.rsplit(":", 1)[0] + ":not-the-secret", "401"),
         "another CA": ("K10" + "0" * 64 + "::node:" + token.rsplit(":", 1)[1], "not the one the token pins"),
         "a taken name": (token, "already joined with another key"),
+        "the server's own name": (token, "already joined with another key"),
     }
     for what, (text, said) in cases.items():
         data_dir = bed.tmp / f"intruder-{what.replace(' ', '-')}"
@@ -189,7 +190,7 @@ def test_joining_needs_the_token_and_the_cluster_ca(bed):
         token_file = data_dir / "token"
         token_file.write_text(text)
         # A taken name: node-3's name from another machine (another key).
-        name = NAMES[3] if what == "a taken name" else "intruder"
+        name = {"a taken name": NAMES[3], "the server's own name": NAMES[1]}.get(what, "intruder")
         result = bed.lan.run(3, *bed.worker_args(3, data_dir=data_dir, token_file=token_file, name=name), check=False, timeout=60)
         assert result.returncode != 0, f"{what}: joined"
         assert said in result.stderr + result.stdout, f"{what}: {result.stderr[-2000:]}"
@@ -213,6 +214,14 @@ def test_a_node_credential_is_no_admin(bed):
     assert "forbidden" in result.stderr
     result = bed.kubectl("run", "sneaky", "--image", "peer:1", kubeconfig=node_config, check=False)
     assert "can only create mirror pods" in result.stderr
+    # Its own Node: labels yes; taints (they keep pods away) and its pod
+    # range (every node routes it) no.
+    bed.kubectl("label", "node", "node-2", "mine=yes", kubeconfig=node_config)
+    result = bed.kubectl("taint", "node", "node-2", "evil=yes:NoSchedule", kubeconfig=node_config, check=False)
+    assert 'node "node-2" is not allowed to modify taints' in result.stderr, result.stderr
+    result = bed.kubectl("patch", "node", "node-2", "-p", '{"spec":{"podCIDR":"10.244.99.0/24","podCIDRs":["10.244.99.0/24"]}}', kubeconfig=node_config, check=False)
+    assert "may not change podCIDR" in result.stderr, result.stderr
+    bed.kubectl("label", "node", "node-2", "mine-")
     assert bed.core.read_namespaced_service("keep", NS)
     bed.core.delete_namespaced_service("keep", NS)
 

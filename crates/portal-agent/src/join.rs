@@ -147,6 +147,14 @@ async fn join_once(
         .await
         .map_err(unreachable)?;
     let status = response.status();
+    // The server's trouble (a store error, overload) is passing: retried,
+    // or an earlier credential used; a refusal is the operator's to fix.
+    if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        return Err(Error::Unreachable {
+            server: server.to_owned(),
+            message: format!("answered {status}"),
+        });
+    }
     if !status.is_success() {
         let mut message = response.text().await.unwrap_or_default();
         message.truncate(MAX_MESSAGE);

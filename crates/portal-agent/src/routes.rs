@@ -90,20 +90,34 @@ fn overlaps(a: &Ipv4Cidr, b: &Ipv4Cidr) -> bool {
     first(b).is_some_and(|n| a.contains(n)) || first(a).is_some_and(|n| b.contains(n))
 }
 
-/// The overlay's peers: the nodes of `routes` that published their MAC.
+/// The overlay's peers: the nodes of `routes` that published a MAC. Two
+/// nodes claiming one MAC are both left out (frames for it would go to
+/// whichever was written last).
 pub fn peers(
     nodes: &[Arc<Node>],
     routes: &BTreeMap<Ipv4Cidr, Ipv4Addr>,
 ) -> BTreeMap<Ipv4Cidr, vxlan::Peer> {
-    nodes
+    let candidates: Vec<(Ipv4Cidr, vxlan::Peer)> = nodes
         .iter()
         .filter_map(|n| {
             let range: Ipv4Cidr = n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok()?;
             let vtep = *routes.get(&range)?;
-            let mac = n.annotations().get(vxlan::MAC_ANNOTATION)?.clone();
+            let mac = n.annotations().get(vxlan::MAC_ANNOTATION)?;
+            let mac = vxlan::parse_mac(mac)?;
             let gateway = range.nth(0)?;
             Some((range, vxlan::Peer { gateway, mac, vtep }))
         })
+        .collect();
+    candidates
+        .iter()
+        .filter(|(_, peer)| {
+            let unique = candidates.iter().filter(|(_, p)| p.mac == peer.mac).count() == 1;
+            if !unique {
+                tracing::warn!(mac = %peer.mac, "two nodes publish one VXLAN MAC: neither is reached");
+            }
+            unique
+        })
+        .cloned()
         .collect()
 }
 
@@ -125,56 +139,95 @@ pub(crate) async fn run(client: Client, me: String, network: PodNetwork, node_ip
     if nodes.wait_until_ready().await.is_err() {
         return;
     }
-    let mut last: Option<BTreeMap<Ipv4Cidr, Route>> = None;
+    // What was last made so: only a change (or the periodic check) costs
+    // any `ip` calls, whatever the Nodes' heartbeats.
+    let mut last: Option<Plan> = None;
     loop {
         let all = nodes.state();
-        let mut wanted: BTreeMap<Ipv4Cidr, Route> = wanted(&all, &me)
-            .into_iter()
-            .map(|(range, via)| {
-                (
-                    range,
-                    Route {
-                        via,
-                        overlay: false,
-                    },
-                )
-            })
-            .collect();
-        let mut overlay = Ok(());
-        if network == PodNetwork::Vxlan {
-            let addresses = wanted.iter().map(|(r, route)| (*r, route.via)).collect();
-            let peers = peers(&all, &addresses);
-            overlay = self::overlay(&node_api, &all, &me, node_ip, &peers).await;
-            // Only nodes the overlay reaches are routed, through it.
-            wanted = peers
-                .iter()
-                .map(|(range, peer)| {
-                    let route = Route {
-                        via: peer.gateway,
-                        overlay: true,
-                    };
-                    (*range, route)
-                })
-                .collect();
-        }
-        if last.as_ref() != Some(&wanted) || overlay.is_err() {
-            let ranges = pod_ranges(&all);
-            // Egress keeps working whatever happened to the routes.
-            let routed = match overlay {
-                Ok(()) => sync(&wanted).await,
-                Err(error) => Err(error),
-            };
-            let masqueraded = masquerade(&ranges).await;
-            match (routed, masqueraded) {
-                (Ok(()), Ok(())) => last = Some(wanted),
-                (Err(error), _) | (_, Err(error)) => {
-                    tracing::warn!(%error, "routes to other nodes' pods; retrying")
+        let plan = Plan::of(&all, &me, network);
+        if last.as_ref() != Some(&plan) {
+            let mut problems = Vec::new();
+            if network == PodNetwork::Vxlan {
+                let peers: Vec<vxlan::Peer> = plan.peers.values().cloned().collect();
+                if let Err(error) = overlay(&node_api, &all, &me, node_ip, &peers).await {
+                    problems.push(error);
                 }
+            }
+            // One bad peer or route holds up nothing else; egress keeps
+            // working whatever happened to the routes.
+            if let Err(error) = sync(&plan.routes).await {
+                problems.push(error);
+            }
+            if let Err(error) = masquerade(&pod_ranges(&all)).await {
+                problems.push(error);
+            }
+            if problems.is_empty() {
+                last = Some(plan);
+            } else {
+                tracing::warn!(error = %problems.join("; "), "routes to other nodes' pods; retrying");
+                last = None;
             }
         }
         tokio::select! {
             () = changed.notified() => {}
             () = tokio::time::sleep(RESYNC) => last = None,
+        }
+    }
+}
+
+/// Everything the routes task makes from the Nodes.
+#[derive(Debug, PartialEq, Eq)]
+struct Plan {
+    routes: BTreeMap<Ipv4Cidr, Route>,
+    peers: BTreeMap<Ipv4Cidr, vxlan::Peer>,
+    /// This node's range and published MAC (the overlay's own part).
+    mine: Option<(Option<String>, Option<String>)>,
+}
+
+impl Plan {
+    fn of(nodes: &[Arc<Node>], me: &str, network: PodNetwork) -> Plan {
+        let hosts = wanted(nodes, me);
+        if network == PodNetwork::HostGw {
+            let routes = hosts
+                .into_iter()
+                .map(|(range, via)| {
+                    (
+                        range,
+                        Route {
+                            via,
+                            overlay: false,
+                        },
+                    )
+                })
+                .collect();
+            return Plan {
+                routes,
+                peers: BTreeMap::new(),
+                mine: None,
+            };
+        }
+        let peers = peers(nodes, &hosts);
+        // Only nodes the overlay reaches are routed, through it.
+        let routes = peers
+            .iter()
+            .map(|(range, peer)| {
+                let route = Route {
+                    via: peer.gateway,
+                    overlay: true,
+                };
+                (*range, route)
+            })
+            .collect();
+        let mine = nodes.iter().find(|n| n.name_any() == me).map(|n| {
+            (
+                n.spec.as_ref().and_then(|s| s.pod_cidr.clone()),
+                n.annotations().get(vxlan::MAC_ANNOTATION).cloned(),
+            )
+        });
+        Plan {
+            routes,
+            peers,
+            mine: Some(mine.unwrap_or_default()),
         }
     }
 }
@@ -186,7 +239,7 @@ async fn overlay(
     nodes: &[Arc<Node>],
     me: &str,
     node_ip: Ipv4Addr,
-    peers: &BTreeMap<Ipv4Cidr, vxlan::Peer>,
+    peers: &[vxlan::Peer],
 ) -> Result<(), String> {
     let Some(node) = nodes.iter().find(|n| n.name_any() == me) else {
         return Err("this node is not registered yet".into());
@@ -211,8 +264,7 @@ async fn overlay(
         .await
         .map_err(|e| format!("publishing the VXLAN MAC: {e}"))?;
     }
-    let peers: Vec<vxlan::Peer> = peers.values().cloned().collect();
-    vxlan::sync(&peers).await
+    vxlan::sync(peers).await
 }
 
 /// Makes the kernel's routes of [`PROTO`] exactly `wanted`.

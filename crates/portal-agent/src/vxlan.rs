@@ -69,6 +69,16 @@ pub(crate) async fn ensure(local: Ipv4Addr, first: Ipv4Addr) -> Result<String, S
         .ok_or_else(|| format!("{DEVICE} has no MAC address"))
 }
 
+/// A MAC address as `ip` prints it (six lower-case hex pairs), or none.
+pub fn parse_mac(text: &str) -> Option<String> {
+    let parts: Vec<&str> = text.trim().split(':').collect();
+    let valid = parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()));
+    valid.then(|| text.trim().to_ascii_lowercase())
+}
+
 /// One other node, as the overlay needs it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Peer {

@@ -50,8 +50,26 @@ impl User {
     }
 }
 
-/// The user a verified client certificate names (CN user, O groups).
-pub(crate) fn user_of_certificate(der: &CertificateDer<'_>) -> Option<User> {
+/// The user a verified client certificate names (CN user, O groups). A
+/// node's certificate counts only while its key is the one the node
+/// joined with (`joining`): re-joined or revoked nodes' older ones do not.
+pub(crate) fn user_of_certificate(
+    der: &CertificateDer<'_>,
+    joining: &crate::join::Joining,
+) -> Option<User> {
+    let user = certificate_user(der)?;
+    if let User::Node(node) = &user {
+        let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+        let key = &cert.public_key().subject_public_key.data;
+        if !joining.current(node, key) {
+            tracing::info!(%node, "a node certificate that is no longer current: refused");
+            return None;
+        }
+    }
+    Some(user)
+}
+
+fn certificate_user(der: &CertificateDer<'_>) -> Option<User> {
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
     let subject = cert.subject();
     let name = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
@@ -109,6 +127,9 @@ pub(crate) enum Allowed {
     /// A node's pod delete or status write: the stored pod must be bound
     /// to it; see [`check_stored_pod`].
     IfPodOnNode,
+    /// A node's write of its own Node: its taints are not its to change
+    /// (they keep pods away from it); see [`check_taints_kept`].
+    IfTaintsKept,
 }
 
 /// Whether `user` may make the request.
@@ -133,8 +154,11 @@ fn node_rules(node: &str, r: &Attributes<'_>) -> Option<Allowed> {
             None | Some("status"),
         ) if reading => Some(Allowed::Yes),
         (Kind::Node, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
-        (Kind::Node, None | Some("status")) if own && matches!(r.verb, "update" | "patch") => {
+        (Kind::Node, Some("status")) if own && matches!(r.verb, "update" | "patch") => {
             Some(Allowed::Yes)
+        }
+        (Kind::Node, None) if own && matches!(r.verb, "update" | "patch") => {
+            Some(Allowed::IfTaintsKept)
         }
         (Kind::Lease, None) if r.namespace == Some(NODE_LEASES) => match r.verb {
             "create" => Some(Allowed::IfOwnObject),
@@ -255,6 +279,63 @@ pub(crate) fn admit_create(user: &User, r: &Attributes<'_>, object: &Value) -> R
     }
 }
 
+/// NodeRestriction for a node's write of its own Node: a patch may not
+/// mention its taints, and a replacement must carry the stored ones.
+pub(crate) async fn check_taints_kept(
+    state: &ApiState,
+    user: &User,
+    r: &Attributes<'_>,
+    body: &[u8],
+) -> Result<(), Status> {
+    let (User::Node(node), Some(name)) = (user, r.name) else {
+        return Ok(());
+    };
+    let refuse = || {
+        Status::forbidden(format!(
+            "nodes {name:?} is forbidden: node {node:?} is not allowed to modify taints"
+        ))
+    };
+    let Ok(sent) = serde_json::from_slice::<Value>(body) else {
+        // Not JSON (YAML, protobuf): decoded later; a node sends JSON.
+        return Err(refuse());
+    };
+    let touches = match (&sent, r.verb) {
+        // JSON patch: any operation on the taints.
+        (Value::Array(ops), "patch") => ops.iter().any(|op| {
+            ["path", "from"].iter().any(|field| {
+                op.get(*field)
+                    .and_then(Value::as_str)
+                    .is_some_and(|p| p == "/spec" || p.starts_with("/spec/taints"))
+            })
+        }),
+        // Merge and strategic merge patches.
+        (object, "patch") => {
+            object.pointer("/spec/taints").is_some()
+                || object.get("spec").is_some_and(Value::is_null)
+        }
+        // A replacement: the stored taints, unchanged.
+        (object, _) => {
+            let key = r.resource.key(None, name);
+            let stored = crate::read::stored(state, &key).await?;
+            let had = stored
+                .as_ref()
+                .and_then(|s| s.value.pointer("/spec/taints"))
+                .cloned();
+            let has = object.pointer("/spec/taints").cloned();
+            let empty = |t: &Option<Value>| {
+                t.as_ref()
+                    .is_none_or(|v| v.as_array().is_some_and(Vec::is_empty) || v.is_null())
+            };
+            had != has && !(empty(&had) && empty(&has))
+        }
+    };
+    if touches {
+        Err(refuse())
+    } else {
+        Ok(())
+    }
+}
+
 /// NodeRestriction for a node's pod delete or status write: the pod must
 /// be bound to it. A pod that is not there is left to the handler (404).
 pub(crate) async fn check_stored_pod(
@@ -316,7 +397,7 @@ mod tests {
         );
         assert_eq!(
             allowed(ask("patch", Resource::of(Kind::Node), None, Some("n2"))),
-            Some(Allowed::Yes)
+            Some(Allowed::IfTaintsKept)
         );
         assert_eq!(
             allowed(ask("patch", Resource::of(Kind::Node), None, Some("n1"))),

@@ -43,6 +43,8 @@ pub(crate) struct Joining {
     pub(crate) issuer: Arc<Issuer<'static, KeyPair>>,
     /// `DIR/pki/nodes`: the public key each node name joined with.
     pub(crate) pins: PathBuf,
+    /// Held while a join decides on its name.
+    pub(crate) pinning: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Joining {
@@ -137,26 +139,49 @@ pub(crate) async fn node_credential(
     ))
 }
 
-/// Remembers the key a node name joined with; another key for a name
-/// whose Node exists is refused.
+/// Remembers the key a node name joined with. A name whose Node exists
+/// keeps its key: another one (or one for a Node registered without
+/// joining, like this server's own before it pinned) is refused.
 async fn pin(state: &crate::ApiState, node: &str, key_hash: &str) -> Result<(), Status> {
-    let path = state.joining.pins.join(node);
-    match std::fs::read_to_string(&path) {
-        Ok(pinned) if pinned.trim() == key_hash => return Ok(()),
-        Ok(_) => {
-            let key = portal_api::Resource::of(portal_api::Kind::Node).key(None, node);
-            if crate::read::stored(state, &key).await?.is_some() {
-                return Err(Status::forbidden(format!(
-                    "node {node:?} already joined with another key; delete the Node to join under that name again"
-                )));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Status::internal(format!("{}: {e}", path.display()))),
+    let joining = &state.joining;
+    // One join at a time: two machines racing for a new name must not both win.
+    let _one = joining.pinning.lock().await;
+    if joining.pinned(node).as_deref() == Some(key_hash) {
+        return Ok(());
     }
-    std::fs::create_dir_all(&state.joining.pins)
-        .and_then(|()| std::fs::write(&path, key_hash))
-        .map_err(|e| Status::internal(format!("{}: {e}", path.display())))
+    let key = portal_api::Resource::of(portal_api::Kind::Node).key(None, node);
+    if crate::read::stored(state, &key).await?.is_some() {
+        return Err(Status::forbidden(format!(
+            "node {node:?} already joined with another key; delete the Node to join under that name again"
+        )));
+    }
+    joining
+        .write_pin(node, key_hash)
+        .map_err(|e| Status::internal(e.to_string()))
+}
+
+impl Joining {
+    /// The key hash `node` joined with, if it did.
+    pub(crate) fn pinned(&self, node: &str) -> Option<String> {
+        std::fs::read_to_string(self.pins.join(node))
+            .ok()
+            .map(|text| text.trim().to_owned())
+    }
+
+    fn write_pin(&self, node: &str, key_hash: &str) -> Result<(), pki::Error> {
+        std::fs::create_dir_all(&self.pins).map_err(|source| pki::Error::Io {
+            path: self.pins.clone(),
+            source,
+        })?;
+        write_private(&self.pins.join(node), key_hash.as_bytes())
+    }
+
+    /// Whether a node certificate with this public key is still the one
+    /// its node joined with: a node that joined again, or whose record
+    /// was removed (`DIR/pki/nodes/NAME`), loses its old certificates.
+    pub(crate) fn current(&self, node: &str, public_key: &[u8]) -> bool {
+        self.pinned(node).as_deref() == Some(portal_api::join::ca_hash_bytes(public_key).as_str())
+    }
 }
 
 /// The node certificate for `csr`'s key: only the key is taken from the
@@ -196,9 +221,12 @@ pub(crate) fn own_node_kubeconfig(
     joining: &Joining,
     server: &str,
     node: &str,
-) -> Result<String, rcgen::Error> {
+) -> Result<String, pki::Error> {
     let key = KeyPair::generate()?;
     let cert = node_params(node)?.signed_by(&key, joining.issuer.as_ref())?;
+    // This node's name is its own: no machine with the token takes it.
+    let hash = portal_api::join::ca_hash_bytes(key.public_key_raw());
+    joining.write_pin(node, &hash)?;
     Ok(portal_api::join::node_kubeconfig(
         server,
         &joining.ca_pem,
@@ -237,6 +265,7 @@ mod tests {
             secret: "s".into(),
             issuer: Arc::new(Issuer::new(ca, ca_key)),
             pins: PathBuf::new(),
+            pinning: tokio::sync::Mutex::new(()),
         };
         let node_key = KeyPair::generate().unwrap();
         let mut asked = CertificateParams::new(vec!["evil".to_owned()]).unwrap();
@@ -248,7 +277,19 @@ mod tests {
         let pem = sign(&joining, "n2", csr).unwrap();
         use rustls_pki_types::pem::PemObject;
         let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
-        let user = crate::auth::user_of_certificate(&der).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let joining = Joining {
+            pins: dir.path().to_owned(),
+            ..joining
+        };
+        // Not pinned: not a user.
+        assert_eq!(crate::auth::user_of_certificate(&der, &joining), None);
+        let hash = portal_api::join::ca_hash_bytes(node_key.public_key_raw());
+        joining.write_pin("n2", &hash).unwrap();
+        let user = crate::auth::user_of_certificate(&der, &joining).unwrap();
         assert_eq!(user, crate::auth::User::Node("n2".into()));
+        // Joined again with another key: the old certificate is done.
+        joining.write_pin("n2", "another").unwrap();
+        assert_eq!(crate::auth::user_of_certificate(&der, &joining), None);
     }
 }

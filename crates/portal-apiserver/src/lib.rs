@@ -276,6 +276,7 @@ impl ApiServer {
             kubelet_client_ca_pem: agents.ca_pem.clone(),
             issuer: credentials.issuer.clone(),
             pins: config.data_dir.join("pki").join("nodes"),
+            pinning: tokio::sync::Mutex::new(()),
         });
         let state = Arc::new(ApiState {
             store,
@@ -320,8 +321,7 @@ impl ApiServer {
     /// `node` (this machine's own agent and proxy act as a node, like
     /// every other node's).
     pub fn write_node_kubeconfig(&self, node: &str, path: &std::path::Path) -> Result<(), Error> {
-        let config = join::own_node_kubeconfig(&self.joining, &self.server, node)
-            .map_err(pki::Error::Cert)?;
+        let config = join::own_node_kubeconfig(&self.joining, &self.server, node)?;
         Ok(pki::write_private(path, config.as_bytes())?)
     }
 
@@ -383,7 +383,7 @@ async fn serve(
                 .1
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .and_then(auth::user_of_certificate)
+                .and_then(|cert| auth::user_of_certificate(cert, &state.joining))
                 .map(Arc::new);
             let service = hyper::service::service_fn(move |request| {
                 let state = state.clone();

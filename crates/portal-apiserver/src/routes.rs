@@ -300,12 +300,18 @@ async fn route(
         }
         (&Method::PUT, Some(name), Target::Part(part)) if !needs_namespace => {
             let body = read_body(request.into_body()).await?;
+            if allowed == auth::Allowed::IfTaintsKept {
+                auth::check_taints_kept(state, &user, &asked, &body).await?;
+            }
             let body = write::decode_body(resource, &body, &content_type, &query)?;
             write::update(state, &scope, name, part, body, &query).await
         }
         (&Method::PATCH, Some(name), Target::Part(part)) if !needs_namespace => {
             let patch_type = patch_type(&content_type)?;
             let body = read_body(request.into_body()).await?;
+            if allowed == auth::Allowed::IfTaintsKept {
+                auth::check_taints_kept(state, &user, &asked, &body).await?;
+            }
             write::patch(state, &scope, name, part, patch_type, &body, &query).await
         }
         (&Method::DELETE, Some(name), Target::Part(Part::Main)) if !needs_namespace => {

@@ -35,7 +35,7 @@ struct Context {
     events: events::Recorder,
     nodes: Store<Node>,
     pods: Store<Pod>,
-    /// Bindings made but not yet seen in `pods`.
+    /// Bindings made but not yet seen in `pods`, by pod UID.
     assumed: Mutex<HashMap<String, Assumed>>,
     /// Pods no node fits: when to try again, and the wait after that.
     backoff: Arc<Mutex<HashMap<String, (Instant, Duration)>>>,
@@ -56,6 +56,10 @@ struct Load {
     same_owner: usize,
     pods: usize,
     used: Resources,
+}
+
+fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_else(|| key(pod))
 }
 
 fn key(pod: &Pod) -> String {
@@ -214,12 +218,12 @@ fn load(
     owner: Option<&str>,
 ) -> HashMap<String, Load> {
     let mut load: HashMap<String, Load> = HashMap::new();
-    let mut seen_bound = std::collections::HashSet::new();
+    let mut pending = std::collections::HashSet::new();
     for pod in ctx.pods.state() {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            pending.insert(uid(&pod));
             continue;
         };
-        seen_bound.insert(key(&pod));
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {
             continue;
@@ -231,8 +235,9 @@ fn load(
             entry.same_owner += 1;
         }
     }
-    // Bindings the reflector now shows need no assuming any more.
-    assumed.retain(|k, _| !seen_bound.contains(k));
+    // Only pods the cache still shows pending are assumed: once it shows
+    // them bound they count from there, and deleted ones count nowhere.
+    assumed.retain(|uid, _| pending.contains(uid));
     for binding in assumed.values() {
         let entry = load.entry(binding.node.clone()).or_default();
         entry.pods += 1;
@@ -255,7 +260,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         .as_ref()
         .and_then(|s| s.scheduler_name.as_deref())
         .unwrap_or(COMPONENT);
-    let assumed = ctx.assumed.lock().contains_key(&key(&pod));
+    let assumed = ctx.assumed.lock().contains_key(&uid(&pod));
     if bound || pod.metadata.deletion_timestamp.is_some() || scheduler != COMPONENT || assumed {
         return Ok(Action::await_change());
     }
@@ -281,7 +286,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         });
         if let Some(node) = &chosen {
             assumed.insert(
-                key(&pod),
+                uid(&pod),
                 Assumed {
                     node: node.clone(),
                     owner: owner.clone(),
@@ -343,11 +348,11 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         Ok(_) => {}
         // Bound meanwhile (another scheduler, or a retry): nothing to do.
         Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
-            ctx.assumed.lock().remove(&key(&pod));
+            ctx.assumed.lock().remove(&uid(&pod));
             return Ok(Action::await_change());
         }
         Err(e) => {
-            ctx.assumed.lock().remove(&key(&pod));
+            ctx.assumed.lock().remove(&uid(&pod));
             return Err(e.into());
         }
     }

@@ -22,6 +22,8 @@ use crate::tracker::Changes;
 const MAX_REQUEST: usize = 8 * 1024;
 /// How long a client may take to send it.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Checks answered at once per port; more wait for their turn.
+const MAX_CONCURRENT: usize = 64;
 
 /// What one health check port answers for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,10 +69,21 @@ impl HealthChecks {
                 self.stop(&key);
             }
         }
-        for (key, ports) in &changes.services {
-            match health_check(ports) {
-                Some((port, answer)) => self.serve(key, port, answer),
-                None => self.stop(key),
+        // Stops first: a port one Service gave up may go to another in the
+        // same sync.
+        let wanted: Vec<(&ServiceKey, Option<(u16, Answer)>)> = changes
+            .services
+            .iter()
+            .map(|(key, ports)| (key, health_check(ports)))
+            .collect();
+        for (key, check) in &wanted {
+            if check.as_ref().map(|(port, _)| *port) != self.port_of.get(*key).copied() {
+                self.stop(key);
+            }
+        }
+        for (key, check) in wanted {
+            if let Some((port, answer)) = check {
+                self.serve(key, port, answer);
             }
         }
     }
@@ -142,7 +155,11 @@ async fn accept(
     answer: Arc<Mutex<Answer>>,
     metrics: Arc<Metrics>,
 ) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
     loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
@@ -150,6 +167,7 @@ async fn accept(
         let answer = answer.lock().clone();
         let healthy = metrics.healthy();
         tokio::spawn(async move {
+            let _permit = permit;
             if read_head(&mut stream).await {
                 let _ = stream.write_all(&response(&answer, healthy)).await;
                 let _ = stream.shutdown().await;

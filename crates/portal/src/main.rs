@@ -59,8 +59,9 @@ struct ProxyArgs {
     /// so traffic keeps flowing, until this.
     #[arg(long)]
     cleanup: bool,
-    /// This node's name; its InternalIP is the node address unless
-    /// `--node-ip` is given.
+    /// This node's name (default: the host name): its endpoints are the
+    /// local ones of `Local` traffic policies, and its InternalIP is the
+    /// node address unless `--node-ip` is given.
     #[arg(long)]
     node_name: Option<String>,
     /// This node's address (userspace listeners bind it).
@@ -544,8 +545,12 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
         .map_err(|source| Error::Metrics { addr, source })?;
     let proxy = portal_proxy::start(
         client,
-        args.mode
-            .config(node_ip, args.node_name.clone(), &args.timing),
+        args.mode.config(
+            node_ip,
+            // kube-proxy's default: the host name names this node's endpoints.
+            Some(args.node_name.clone().unwrap_or_else(agent::hostname)),
+            &args.timing,
+        ),
     )
     .await?;
     let (metrics, health) = (proxy.metrics.clone(), proxy.metrics.clone());

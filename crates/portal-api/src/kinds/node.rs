@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::{no_validation, nothing, Definition};
+use super::{nothing, Definition};
 use crate::decode::typed;
 use crate::patch::ListStrategy;
 use crate::resource::{Kind, NameRule, Resource};
@@ -26,7 +26,7 @@ pub(super) const DEFINITION: Definition = Definition {
     },
     decode: typed::<k8s_openapi::api::core::v1::Node>,
     defaults: nothing,
-    validate: no_validation,
+    validate,
     prepare_create: nothing,
     kept_on_update: &[],
     tracks_generation: false,
@@ -40,6 +40,38 @@ pub(super) const DEFINITION: Definition = Definition {
     protobuf: None,
     subresources: &[],
 };
+
+/// Kubernetes' `ValidateNodeUpdate` for the pod range: it may be set once,
+/// never changed (every node routes it; IPAM counts it taken).
+fn validate(node: &Value, old: Option<&Value>) -> Vec<crate::Cause> {
+    let Some(old) = old else {
+        return Vec::new();
+    };
+    let ranges = |n: &Value| {
+        let single = n["spec"]["podCIDR"].as_str().filter(|r| !r.is_empty());
+        let many: Vec<String> = n["spec"]["podCIDRs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        (single.map(str::to_owned), many)
+    };
+    let (old_single, old_many) = ranges(old);
+    let (new_single, new_many) = ranges(node);
+    let changed = (old_single.is_some() && old_single != new_single)
+        || (!old_many.is_empty() && old_many != new_many);
+    if changed {
+        return vec![crate::Cause::forbidden(
+            "spec.podCIDRs",
+            "node updates may not change podCIDR except from \"\" to valid",
+        )];
+    }
+    Vec::new()
+}
 
 fn list_strategy(path: &[&str]) -> ListStrategy {
     match path {

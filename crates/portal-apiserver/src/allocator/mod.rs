@@ -354,7 +354,11 @@ impl Allocators {
             if wants_node_ports(svc) {
                 self.take_node_ports(&mut r, svc, &owner, &[])?;
             }
-            let mine = node_ports_of(svc);
+            let mine = if wants_node_ports(svc) {
+                node_ports_written(svc)
+            } else {
+                Vec::new()
+            };
             self.take_health_check(&mut r, svc, &owner, &[])?;
             // The same port for a port and the health check: refused.
             if let Some(port) = health_check_port_of(svc).filter(|p| mine.contains(p)) {
@@ -672,6 +676,22 @@ mod tests {
         assert!(r.freed.iter().any(|(_, port)| *port == hc.to_string()));
         r.commit();
         assert_eq!(node_ports_of(&cluster), vec![node_port]);
+        // Asked for by number: given, unless a port of the Service has it.
+        let mut asked = svc(
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "healthCheckNodePort": 30007, "ports": [{"port": 80, "protocol": "TCP"}]}),
+        );
+        a.for_create(Resource::of(Kind::Service), &mut asked)
+            .unwrap()
+            .commit();
+        assert_eq!(asked["spec"]["healthCheckNodePort"], json!(30007));
+        let mut same = svc(
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "healthCheckNodePort": 30008, "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30008}]}),
+        );
+        assert!(a
+            .for_create(Resource::of(Kind::Service), &mut same)
+            .is_err());
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub(crate) const NO_ENDPOINT_NODE_PORTS: &str = "no-endpoint-node-ports";
 pub(crate) const HAIRPIN: &str = "hairpin";
 pub(crate) const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
 pub(crate) const REJECT: &str = "reject-no-endpoints";
+/// The bridge Portal's agent plugs this node's pods into.
+pub(crate) const POD_BRIDGE: &str = "portal0";
 
 /// One rule of a Service port's chain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +61,9 @@ pub(crate) enum Rule {
     /// The rule, for packets sent from this node itself (`fib saddr type
     /// local`).
     FromNode(Box<Rule>),
+    /// The rule, for packets from this node's pods (they arrive on the
+    /// agent's pod bridge, kube-proxy's `--detect-local-mode=BridgeInterface`).
+    FromPods(Box<Rule>),
     /// `drop`: a Local traffic policy with no endpoint on this node.
     Drop,
 }
@@ -93,6 +98,10 @@ impl Rule {
             }
             Self::FromNode(rule) => {
                 out.push_str("fib saddr type local ");
+                rule.render(out);
+            }
+            Self::FromPods(rule) => {
+                let _ = write!(out, "iifname \"{POD_BRIDGE}\" ");
                 rule.render(out);
             }
             Self::Drop => out.push_str("drop"),
@@ -180,10 +189,11 @@ fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
         let ext = format!("ext-{id}");
         let chain = match &local_verdict {
             // The client's address is kept: only this node's endpoints,
-            // no masquerade. The node's own connections (to its node
-            // port or a load-balancer address) still go anywhere,
-            // masqueraded (kube-proxy does the same).
+            // no masquerade. This node's pods and the node itself still
+            // reach every endpoint (the node's connections masqueraded),
+            // as with kube-proxy.
             Some(verdict) if port.external_local => vec![
+                Rule::FromPods(Box::new(Rule::Goto(svc.clone()))),
                 Rule::FromNode(Box::new(Rule::MarkForMasquerade)),
                 Rule::FromNode(Box::new(Rule::Goto(svc.clone()))),
                 match verdict.strip_prefix("goto ") {

@@ -71,6 +71,7 @@ fn packet(dst: &str, port: u16) -> Packet {
         port,
         local: false,
         from_node: false,
+        from_pod: false,
     }
 }
 
@@ -229,10 +230,19 @@ fn local_traffic_policies_use_this_nodes_endpoints_or_drop() {
         traced(&proxy, packet("10.96.0.20", 80)),
         dnat(&["10.244.1.5:8080", "10.244.2.5:8080"], false)
     );
-    // No endpoint here: external traffic is dropped, not rejected.
+    // No endpoint here: external traffic is dropped, not rejected; this
+    // node's pods still reach the others, with their own address.
     port.local_endpoints.clear();
     assert!(proxy.sync(&changes(&[port.clone()]), false).is_ok());
     assert_eq!(traced(&proxy, outside("192.168.1.2", 30080)), Outcome::Drop);
+    let from_pod = Packet {
+        from_pod: true,
+        ..packet("198.51.100.1", 80)
+    };
+    assert_eq!(
+        traced(&proxy, from_pod),
+        dnat(&["10.244.1.5:8080", "10.244.2.5:8080"], false)
+    );
     // internalTrafficPolicy: Local: the cluster IP too.
     port.internal_local = true;
     assert!(proxy.sync(&changes(&[port.clone()]), false).is_ok());

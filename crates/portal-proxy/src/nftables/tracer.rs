@@ -21,6 +21,8 @@ pub(crate) struct Packet {
     pub local: bool,
     /// `src` is an address of this node (`fib saddr type local`).
     pub from_node: bool,
+    /// Sent by a pod of this node (arrives on the pod bridge).
+    pub from_pod: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -85,7 +87,8 @@ pub(crate) fn trace<'a>(
         for rule in chains.get(chain).copied().unwrap_or_default() {
             let rule = match rule {
                 Rule::FromNode(_) if !packet.from_node => continue,
-                Rule::FromNode(inner) => inner.as_ref(),
+                Rule::FromPods(_) if !packet.from_pod => continue,
+                Rule::FromNode(inner) | Rule::FromPods(inner) => inner.as_ref(),
                 rule => rule,
             };
             match rule {
@@ -96,7 +99,7 @@ pub(crate) fn trace<'a>(
                 }
                 Rule::Drop => return Outcome::Drop,
                 // Affinity sets start empty.
-                Rule::Sticky { .. } | Rule::FromNode(_) => {}
+                Rule::Sticky { .. } | Rule::FromNode(_) | Rule::FromPods(_) => {}
                 Rule::Pick { of, to, .. } => {
                     endpoints.insert(*to);
                     if *of == 1 {

@@ -19,7 +19,8 @@
 //! and pods: nothing is written while all is well.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint, Toleration};
@@ -65,7 +66,30 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
         .default_backoff()
         .reflect(lease_writer);
     tokio::spawn(futures_util::StreamExt::for_each(node_watch, |_| async {}));
-    tokio::spawn(futures_util::StreamExt::for_each(lease_watch, |_| async {}));
+    // When each renewal arrived, on this controller's clock: silence is
+    // measured from there, not from the next look (up to a period later).
+    let arrivals: Arrivals = Arc::default();
+    let arrived = arrivals.clone();
+    tokio::spawn(futures_util::StreamExt::for_each(
+        lease_watch.touched_objects(),
+        move |lease| {
+            if let Ok(lease) = lease {
+                let renewed = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.renew_time.as_ref())
+                    .map(|t| t.0);
+                let mut arrived = arrived.lock();
+                let entry = arrived
+                    .entry(lease.name_any())
+                    .or_insert((renewed, Instant::now()));
+                if entry.0 != renewed {
+                    *entry = (renewed, Instant::now());
+                }
+            }
+            async {}
+        },
+    ));
     let _ = nodes.wait_until_ready().await;
     let _ = leases.wait_until_ready().await;
     let _ = pods.wait_until_ready().await;
@@ -75,10 +99,9 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
         config,
         evicted: HashSet::new(),
         heard: HashMap::new(),
+        arrivals,
     };
-    let mut tick = tokio::time::interval(PERIOD);
     loop {
-        tick.tick().await;
         let now = jiff::Timestamp::now();
         let leases: HashMap<String, jiff::Timestamp> = leases
             .state()
@@ -127,8 +150,22 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
         // troubled node).
         let present: HashSet<String> = by_node.values().flatten().filter_map(|p| p.uid()).collect();
         lifecycle.evicted.retain(|uid| present.contains(uid));
+        // The next look: in a period, or as a node's grace period runs
+        // out if that is sooner (losing a node costs the grace period,
+        // not a period more).
+        let next = lifecycle
+            .heard
+            .values()
+            .map(|(_, seen)| *seen + lifecycle.config.grace_period)
+            .filter(|due| *due > Instant::now())
+            .min()
+            .map_or(PERIOD, |due| (due - Instant::now()).min(PERIOD));
+        tokio::time::sleep(next + Duration::from_millis(5)).await;
     }
 }
+
+/// Per Lease: its last renewal time and when that arrived here.
+type Arrivals = Arc<parking_lot::Mutex<HashMap<String, (Option<jiff::Timestamp>, Instant)>>>;
 
 struct Lifecycle {
     client: Client,
@@ -142,7 +179,8 @@ struct Lifecycle {
     /// times it writes (as Kubernetes' `nodeHealthMap`). A node first
     /// seen gets the whole grace period from then (a restarted control
     /// plane does not find every node silent at once).
-    heard: HashMap<String, (Option<jiff::Timestamp>, std::time::Instant)>,
+    heard: HashMap<String, (Option<jiff::Timestamp>, Instant)>,
+    arrivals: Arrivals,
 }
 
 fn condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
@@ -192,7 +230,13 @@ impl Lifecycle {
     ) -> Result<(), kube::Error> {
         let name = node.name_any();
         let sign = last_heard(node, renewed);
-        let seen = std::time::Instant::now();
+        // The renewal's arrival when the sign is that renewal; else now.
+        let seen = self
+            .arrivals
+            .lock()
+            .get(&name)
+            .filter(|(lease, _)| lease.is_some() && *lease == sign)
+            .map_or_else(Instant::now, |(_, at)| *at);
         let entry = self.heard.entry(name.clone()).or_insert((sign, seen));
         if entry.0 != sign {
             *entry = (sign, seen);

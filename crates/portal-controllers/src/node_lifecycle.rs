@@ -51,6 +51,9 @@ pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
 /// How often every node is looked at.
 const PERIOD: Duration = Duration::from_secs(1);
+/// How soon after a node turned Unknown it is looked at again (its pods
+/// leave the Services then): time for the watch to bring the write back.
+const FOLLOW_UP: Duration = Duration::from_millis(100);
 /// The conditions the agent reports; all turn Unknown when it is silent.
 const CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
 
@@ -100,6 +103,7 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
         evicted: HashSet::new(),
         heard: HashMap::new(),
         arrivals,
+        follow_up: false,
     };
     loop {
         let now = jiff::Timestamp::now();
@@ -160,6 +164,11 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
             .filter(|due| *due > Instant::now())
             .min()
             .map_or(PERIOD, |due| (due - Instant::now()).min(PERIOD));
+        let next = if std::mem::take(&mut lifecycle.follow_up) {
+            next.min(FOLLOW_UP)
+        } else {
+            next
+        };
         tokio::time::sleep(next + Duration::from_millis(5)).await;
     }
 }
@@ -181,6 +190,8 @@ struct Lifecycle {
     /// plane does not find every node silent at once).
     heard: HashMap<String, (Option<jiff::Timestamp>, Instant)>,
     arrivals: Arrivals,
+    /// A node just turned Unknown: look again as soon as the cache shows it.
+    follow_up: bool,
 }
 
 fn condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
@@ -245,7 +256,9 @@ impl Lifecycle {
         let ready = condition(node, "Ready").map(|c| c.status.as_str());
         if silent && ready != Some("Unknown") {
             self.mark_unknown(node, now).await?;
-            // The next look sees the Node as written (taints follow then).
+            // The next look, at once, sees the Node as written: its pods
+            // are marked not Ready and its taints set then.
+            self.follow_up = true;
             return Ok(());
         }
         self.set_taints(node, now).await?;

@@ -244,6 +244,21 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
             "\"Cluster\", \"Local\"",
         )),
     }
+    // Kubernetes' Service update: a Local LoadBalancer keeps its port.
+    let local_lb = |s: &Value| {
+        s["spec"]["type"].as_str() == Some("LoadBalancer")
+            && s["spec"]["externalTrafficPolicy"].as_str() == Some("Local")
+    };
+    if let Some(old) = old.filter(|o| local_lb(o) && local_lb(svc)) {
+        let before = old["spec"]["healthCheckNodePort"].as_i64().unwrap_or(0);
+        if before != 0 && health_check.as_i64().unwrap_or(0) != before {
+            causes.push(Cause::invalid(
+                "spec.healthCheckNodePort",
+                health_check.clone(),
+                "cannot change healthCheckNodePort on loadBalancer service with externalTraffic=Local during update",
+            ));
+        }
+    }
     match spec["internalTrafficPolicy"].as_str() {
         None | Some("Cluster") | Some("Local") => {}
         Some(other) => causes.push(unsupported(
@@ -389,6 +404,36 @@ mod tests {
 
     fn messages(svc: Value) -> Vec<String> {
         validate(&svc, None).iter().map(Cause::display).collect()
+    }
+
+    #[test]
+    fn traffic_policies_and_the_health_check_port() {
+        let lb = |extra: Value| {
+            let mut svc = json!({"spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                "ports": [{"name": "a", "port": 80, "protocol": "TCP"}]}});
+            for (k, v) in extra.as_object().into_iter().flatten() {
+                svc["spec"][k] = v.clone();
+            }
+            svc
+        };
+        assert!(messages(lb(json!({"healthCheckNodePort": 30001}))).is_empty());
+        assert!(messages(lb(
+            json!({"externalTrafficPolicy": "Cluster", "healthCheckNodePort": 30001})
+        ))
+        .iter()
+        .any(|m| m
+            .starts_with("spec.healthCheckNodePort: Invalid value: 30001: may only be set when")));
+        assert!(messages(json!({"spec": {"externalTrafficPolicy": "Local", "ports": [{"name": "a", "port": 80, "protocol": "TCP"}]}}))
+            .contains(&"spec.externalTrafficPolicy: Invalid value: \"Local\": may only be set for externally-accessible services".to_owned()));
+        assert!(messages(lb(json!({"internalTrafficPolicy": "Nearby"})))
+            .iter()
+            .any(|m| m.starts_with("spec.internalTrafficPolicy: Unsupported value: \"Nearby\"")));
+        let old = lb(json!({"healthCheckNodePort": 30001}));
+        let changed = validate(&lb(json!({"healthCheckNodePort": 30002})), Some(&old));
+        assert!(changed
+            .iter()
+            .any(|c| c.display().contains("cannot change healthCheckNodePort")));
+        assert!(validate(&old, Some(&old)).is_empty());
     }
 
     #[test]

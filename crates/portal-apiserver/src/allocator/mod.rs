@@ -351,22 +351,18 @@ impl Allocators {
             } else if svc["spec"]["clusterIP"].as_str() == Some(HEADLESS) {
                 svc["spec"]["clusterIPs"] = json!([HEADLESS]);
             }
+            // A requested health check port is reserved before any port
+            // is picked at random (which could otherwise take it); one
+            // number for both is refused by the second reservation.
+            let requested = health_check_port_of(svc).is_some();
+            if requested {
+                self.take_health_check(&mut r, svc, &owner, &[])?;
+            }
             if wants_node_ports(svc) {
                 self.take_node_ports(&mut r, svc, &owner, &[])?;
             }
-            let mine = if wants_node_ports(svc) {
-                node_ports_written(svc)
-            } else {
-                Vec::new()
-            };
-            self.take_health_check(&mut r, svc, &owner, &[])?;
-            // The same port for a port and the health check: refused.
-            if let Some(port) = health_check_port_of(svc).filter(|p| mine.contains(p)) {
-                return Err(Cause::invalid(
-                    "spec.healthCheckNodePort",
-                    port,
-                    "provided port is already allocated",
-                ));
+            if !requested {
+                self.take_health_check(&mut r, svc, &owner, &[])?;
             }
             Ok(())
         })();
@@ -676,7 +672,9 @@ mod tests {
         assert!(r.freed.iter().any(|(_, port)| *port == hc.to_string()));
         r.commit();
         assert_eq!(node_ports_of(&cluster), vec![node_port]);
-        // Asked for by number: given, unless a port of the Service has it.
+        // Asked for by number: given (before any port is picked at
+        // random), unless a port of the Service asks for it too.
+        let a = allocators();
         let mut asked = svc(
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
             "healthCheckNodePort": 30007, "ports": [{"port": 80, "protocol": "TCP"}]}),

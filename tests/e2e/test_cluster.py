@@ -467,6 +467,15 @@ def test_vxlan_overlay_across_subnets(tmp_path):
                 wait_for(lambda i=i: bed.lan.run(i, "ip", "-4", "route", "show", "proto", "117").stdout.count("dev portal.vxlan") == 2,
                          f"{NAMES[i]}'s overlay routes")
             reach_across_nodes(bed)
+            # Pods get the overlay's MTU (underlay 1500 less 50).
+            core = bed.core
+            core.create_namespaced_pod(NS, {"metadata": {"name": "mtu"}, "spec": {
+                "nodeName": NAMES[2], "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "mtu", "image": bed.image}]}})
+            pod = wait_for(lambda: (p := core.read_namespaced_pod("mtu", NS)).status.phase == "Running" and p, "the mtu pod", 60)
+            netns = f"portal-{agent_bed.agent_tag(bed.agent_dir(2), NAMES[2])}-{pod.metadata.uid}"
+            link = json.loads(subprocess.run(["ip", "netns", "exec", netns, "ip", "-j", "link", "show", "eth0"], capture_output=True, text=True, check=True).stdout)
+            assert link[0]["mtu"] == 1450, link
             macs = {n.metadata.name: n.metadata.annotations.get("portal.dev/vxlan-mac") for n in bed.core.list_node().items}
             assert all(macs.values()) and len(set(macs.values())) == 3, macs
         finally:

@@ -177,7 +177,11 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         ..me
     };
     let metrics = Metrics::new();
-    let network = network::Network::new(&tag, range, data.join("leases"));
+    let pod_mtu = match config.pod_network {
+        routes::PodNetwork::Vxlan => Some(vxlan::pod_mtu(ip).await),
+        routes::PodNetwork::HostGw => None,
+    };
+    let network = network::Network::new(&tag, range, data.join("leases")).with_mtu(pod_mtu);
     network.prepare_node().await?;
     let runtime = runtime::runc::Runc::new(data.join("runtime"), &tag)?;
     let images = images::ImageService::new(

@@ -48,6 +48,8 @@ pub struct Network {
     leases: PathBuf,
     /// Pod workers lease concurrently: one at a time.
     leasing: std::sync::Arc<parking_lot::Mutex<()>>,
+    /// The pods' MTU when it must be below the node's (an overlay's).
+    mtu: Option<u32>,
 }
 
 /// The network of one pod as set up.
@@ -73,7 +75,15 @@ impl Network {
             range,
             leases,
             leasing: std::sync::Arc::default(),
+            mtu: None,
         }
+    }
+
+    /// Pods get this MTU (the VXLAN device's: packets to other nodes'
+    /// pods fit without fragmenting or path MTU discovery).
+    pub fn with_mtu(mut self, mtu: Option<u32>) -> Self {
+        self.mtu = mtu;
+        self
     }
 
     /// The node's address on the bridge: the pods' gateway.
@@ -257,8 +267,9 @@ impl Network {
 
     async fn plumb(&self, sandbox: &Sandbox) -> Result<()> {
         ip(&["netns", "add", &sandbox.netns]).await?;
+        let mtu = self.mtu.map(|m| format!(" mtu {m}")).unwrap_or_default();
         let node_side = format!(
-            "link add {veth} type veth peer name eth0 netns {netns}\n\
+            "link add {veth}{mtu} type veth peer name eth0{mtu} netns {netns}\n\
              link set {veth} master {BRIDGE} up\n",
             veth = sandbox.veth,
             netns = sandbox.netns,

@@ -31,7 +31,7 @@ const OVERHEAD: u32 = 50;
 /// (this node's pod range's first address) on it; its MAC.
 pub(crate) async fn ensure(local: Ipv4Addr, first: Ipv4Addr) -> Result<String, String> {
     if link(DEVICE).await.is_none() {
-        let underlay_mtu = underlay_mtu(local).await.unwrap_or(1500);
+        let mtu = pod_mtu(local).await.to_string();
         let local = local.to_string();
         run(
             "ip",
@@ -51,7 +51,6 @@ pub(crate) async fn ensure(local: Ipv4Addr, first: Ipv4Addr) -> Result<String, S
             ],
         )
         .await?;
-        let mtu = underlay_mtu.saturating_sub(OVERHEAD).to_string();
         run("ip", &["link", "set", DEVICE, "mtu", &mtu]).await?;
     }
     run(
@@ -150,6 +149,15 @@ pub(crate) async fn sync(peers: &[Peer]) -> Result<(), String> {
     } else {
         Err(failed.join("; "))
     }
+}
+
+/// What fits in the overlay: the MTU of the link that carries `local`
+/// (1500 if unknown) less the encapsulation.
+pub(crate) async fn pod_mtu(local: Ipv4Addr) -> u32 {
+    underlay_mtu(local)
+        .await
+        .unwrap_or(1500)
+        .saturating_sub(OVERHEAD)
 }
 
 /// The MTU of the link that carries `local`.

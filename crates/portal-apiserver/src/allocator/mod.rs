@@ -225,7 +225,6 @@ impl Allocators {
         owner: &str,
         held: &[i64],
     ) -> Result<(), Cause> {
-        let range = self.node_ports.range.describe();
         let mut mine: Vec<i64> = Vec::new();
         for (i, port) in ports_mut(svc).enumerate() {
             let field = format!("spec.ports[{i}].nodePort");
@@ -234,45 +233,58 @@ impl Allocators {
             if requested != 0 && (held.contains(&requested) || mine.contains(&requested)) {
                 continue;
             }
-            let value = if requested != 0 {
-                match self.node_ports.reserve(&requested.to_string()) {
-                    Ok(offset) => {
-                        r.taken.push((&self.node_ports, offset));
-                        requested
-                    }
-                    Err(Refusal::OutOfRange) => {
-                        let detail = format!("provided port is not in the valid range. The range of valid ports is {range}");
-                        return Err(Cause::invalid(&field, requested, &detail));
-                    }
-                    Err(_) => {
-                        return Err(Cause::invalid(
-                            &field,
-                            requested,
-                            "provided port is already allocated",
-                        ))
-                    }
-                }
-            } else {
-                match self.node_ports.reserve_any() {
-                    Ok((offset, value)) => {
-                        r.taken.push((&self.node_ports, offset));
-                        value.parse().unwrap_or(0)
-                    }
-                    Err(_) => {
-                        let detail =
-                            format!("failed to allocate a nodePort: range is full ({range})");
-                        return Err(Cause::invalid(&field, 0, &detail));
-                    }
-                }
-            };
+            let value = self.take_node_port(r, &field, requested, owner)?;
             mine.push(value);
-            r.ops.push(Op::Create {
-                key: self.node_ports.key(&value.to_string()),
-                value: record(owner),
-            });
             port["nodePort"] = json!(value);
         }
         Ok(())
+    }
+
+    /// One node port for `field`: `requested` if free and in range, else
+    /// (0) any free one; its record joins the reservation.
+    fn take_node_port<'a>(
+        &'a self,
+        r: &mut Reservation<'a>,
+        field: &str,
+        requested: i64,
+        owner: &str,
+    ) -> Result<i64, Cause> {
+        let range = self.node_ports.range.describe();
+        let value = if requested != 0 {
+            match self.node_ports.reserve(&requested.to_string()) {
+                Ok(offset) => {
+                    r.taken.push((&self.node_ports, offset));
+                    requested
+                }
+                Err(Refusal::OutOfRange) => {
+                    let detail = format!("provided port is not in the valid range. The range of valid ports is {range}");
+                    return Err(Cause::invalid(field, requested, &detail));
+                }
+                Err(_) => {
+                    return Err(Cause::invalid(
+                        field,
+                        requested,
+                        "provided port is already allocated",
+                    ))
+                }
+            }
+        } else {
+            match self.node_ports.reserve_any() {
+                Ok((offset, value)) => {
+                    r.taken.push((&self.node_ports, offset));
+                    value.parse().unwrap_or(0)
+                }
+                Err(_) => {
+                    let detail = format!("failed to allocate a nodePort: range is full ({range})");
+                    return Err(Cause::invalid(field, 0, &detail));
+                }
+            }
+        };
+        r.ops.push(Op::Create {
+            key: self.node_ports.key(&value.to_string()),
+            value: record(owner),
+        });
+        Ok(value)
     }
 
     /// The health check node port of a Service that needs one (requested
@@ -295,41 +307,7 @@ impl Allocators {
         if requested != 0 && held.contains(&requested) {
             return Ok(());
         }
-        let range = self.node_ports.range.describe();
-        let value = if requested != 0 {
-            match self.node_ports.reserve(&requested.to_string()) {
-                Ok(offset) => {
-                    r.taken.push((&self.node_ports, offset));
-                    requested
-                }
-                Err(Refusal::OutOfRange) => {
-                    let detail = format!("provided port is not in the valid range. The range of valid ports is {range}");
-                    return Err(Cause::invalid(FIELD, requested, &detail));
-                }
-                Err(_) => {
-                    return Err(Cause::invalid(
-                        FIELD,
-                        requested,
-                        "provided port is already allocated",
-                    ))
-                }
-            }
-        } else {
-            match self.node_ports.reserve_any() {
-                Ok((offset, value)) => {
-                    r.taken.push((&self.node_ports, offset));
-                    value.parse().unwrap_or(0)
-                }
-                Err(_) => {
-                    let detail = format!("failed to allocate a nodePort: range is full ({range})");
-                    return Err(Cause::invalid(FIELD, 0, &detail));
-                }
-            }
-        };
-        r.ops.push(Op::Create {
-            key: self.node_ports.key(&value.to_string()),
-            value: record(owner),
-        });
+        let value = self.take_node_port(r, FIELD, requested, owner)?;
         svc["spec"]["healthCheckNodePort"] = json!(value);
         Ok(())
     }

@@ -1,8 +1,10 @@
 //! The behaviour every [`Store`] backend must show, written once. A backend's
 //! tests call [`run_all`] with a function that opens it on a directory
-//! (backends that keep no files ignore the directory).
+//! (backends that keep no files ignore the directory); it is called twice,
+//! the second time to check that what was acknowledged is still there.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,9 +16,9 @@ use crate::{Error, EventKind, Op, Store, WatchStream};
 const WAIT: Duration = Duration::from_secs(10);
 
 /// Runs every check against the backend `open` makes.
-pub async fn run_all<S: Store>(open: impl Fn(&Path) -> S) {
+pub async fn run_all<S: Store, F: Future<Output = S>>(open: impl Fn(&Path) -> F) {
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+    let store = open(dir.path()).await;
     crud(&store).await;
     preconditions(&store).await;
     transactions_are_atomic(&store).await;
@@ -29,7 +31,7 @@ pub async fn run_all<S: Store>(open: impl Fn(&Path) -> S) {
     // Everything acknowledged survives a reopen, and so does history.
     let (before, revision) = store.list("/conformance/").await.unwrap();
     drop(store);
-    let store = open(dir.path());
+    let store = open(dir.path()).await;
     let (after, reopened) = store.list("/conformance/").await.unwrap();
     assert_eq!(before, after);
     assert_eq!(revision, reopened);

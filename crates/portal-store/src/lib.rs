@@ -4,7 +4,8 @@
 //! One global revision counts every committed transaction (like etcd): a
 //! transaction's writes all carry the revision it committed at, and
 //! `resourceVersion` on the API is that number. Backends: [`embedded`] (redb,
-//! the default) and, later, etcd. [`conformance`] holds the one test suite
+//! the default) and [`etcd`] (several API servers on one etcd cluster).
+//! [`conformance`] holds the one test suite
 //! every backend must pass.
 
 use std::fmt;
@@ -17,8 +18,12 @@ use futures_util::Stream;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod embedded;
+pub mod etcd;
+#[cfg(any(test, feature = "conformance"))]
+pub mod etcd_cluster;
 
 pub use embedded::{EmbeddedOptions, EmbeddedStore};
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
 
 /// The global revision: increases by one with every committed transaction.
 pub type Revision = u64;

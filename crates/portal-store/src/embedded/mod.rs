@@ -307,8 +307,8 @@ fn read_history(
 mod tests {
     use super::*;
 
-    fn open(dir: &Path) -> EmbeddedStore {
-        EmbeddedStore::open(dir, EmbeddedOptions::default()).unwrap()
+    fn open(dir: &Path) -> std::future::Ready<EmbeddedStore> {
+        std::future::ready(EmbeddedStore::open(dir, EmbeddedOptions::default()).unwrap())
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,900 @@
+//! The etcd backend: the [`Store`] contract on an etcd v3 cluster, for when
+//! one machine is not enough (several API servers on one etcd).
+//!
+//! The mapping is direct because the contract was shaped after etcd:
+//! revisions are etcd's revisions, every [`Op`] is a compare on the key's
+//! `mod_revision` in one etcd transaction (so two API servers can never both
+//! win), and a watch is an etcd watch with previous values. What etcd does
+//! differently is bridged here:
+//! - a failed transaction must say which precondition failed and how: the
+//!   transaction's `else` branch reads the keys in the same atomic step;
+//! - Portal's `compact(r)` drops history *up to and including* `r`, etcd's
+//!   keeps `r` readable, so it becomes etcd's compaction at `r + 1`;
+//! - large lists are read in pages at one revision (gRPC messages are
+//!   bounded), so a list is still one snapshot.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
+    Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use crate::{
+    Error, Event, EventBatch, EventKind, KeyValue, Op, Result, Revision, Store, WatchStream,
+};
+
+/// Keys read per page of a list: well under gRPC's message limit for
+/// Kubernetes-sized objects, few round trips for large lists.
+const LIST_PAGE: i64 = 500;
+
+/// The largest response accepted from etcd (a page of large objects).
+const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+
+/// How often a quiet watch hears from etcd; also detects a dead member.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// How long connecting to one member may take before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The pause before a request is sent to the next member.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Client certificates and the CA to verify etcd's serving certificate by.
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and key, when etcd asks for them
+    /// (`--client-cert-auth`).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Where the etcd cluster is and how to reach it.
+#[derive(Clone, Debug)]
+pub struct EtcdOptions {
+    /// `http://host:port` or `https://host:port`, one per member.
+    pub endpoints: Vec<String>,
+    pub tls: Option<EtcdTls>,
+    /// Give up on an unreachable cluster after this long (per request).
+    pub request_timeout: Duration,
+}
+
+impl EtcdOptions {
+    /// Options from a `--datastore-endpoint` value: `etcd://h:p[,h:p…]`,
+    /// `http://…` or `https://…` (comma-separated members).
+    pub fn from_endpoint(value: &str) -> Result<Self> {
+        let mut endpoints = Vec::new();
+        let mut secure = None;
+        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (scheme, rest) = match part.split_once("://") {
+                Some((scheme, rest)) => (scheme, rest),
+                None => ("etcd", part),
+            };
+            let tls = match scheme {
+                "etcd" | "http" => false,
+                "https" => true,
+                other => {
+                    return Err(Error::Backend(format!(
+                        "datastore endpoint {part:?}: unknown scheme {other:?} (use etcd://, http:// or https://)"
+                    )))
+                }
+            };
+            let rest = rest.trim_end_matches('/');
+            if rest.is_empty() || rest.contains('/') {
+                return Err(Error::Backend(format!(
+                    "datastore endpoint {part:?}: expected host:port"
+                )));
+            }
+            if secure.is_some_and(|s| s != tls) {
+                return Err(Error::Backend(
+                    "datastore endpoints mix https:// and plain members".into(),
+                ));
+            }
+            secure = Some(tls);
+            let scheme = if tls { "https" } else { "http" };
+            endpoints.push(format!("{scheme}://{rest}"));
+        }
+        if endpoints.is_empty() {
+            return Err(Error::Backend(
+                "datastore endpoint names no etcd member".into(),
+            ));
+        }
+        Ok(EtcdOptions {
+            endpoints,
+            tls: None,
+            request_timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// Whether the endpoints ask for TLS.
+    pub fn is_secure(&self) -> bool {
+        self.endpoints.iter().any(|e| e.starts_with("https://"))
+    }
+}
+
+/// A [`Store`] on an etcd cluster. Cheap to clone: the connections are
+/// shared.
+#[derive(Clone)]
+pub struct EtcdStore {
+    /// One client per member, in the order given.
+    members: Arc<[Client]>,
+    /// The member requests go to until it fails.
+    preferred: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore").finish_non_exhaustive()
+    }
+}
+
+fn backend(error: etcd_client::Error) -> Error {
+    Error::Backend(format!("etcd: {error}"))
+}
+
+fn revision(value: i64) -> Revision {
+    Revision::try_from(value).unwrap_or(0)
+}
+
+fn signed(value: Revision) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The end of the key range that holds exactly the keys starting with
+/// `prefix` (etcd's `range_end`).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
+}
+
+fn key_value(kv: &etcd_client::KeyValue) -> Result<KeyValue> {
+    Ok(KeyValue {
+        key: kv
+            .key_str()
+            .map_err(|_| Error::Corrupt("etcd key is not UTF-8".into()))?
+            .to_owned(),
+        value: Bytes::copy_from_slice(kv.value()),
+        create_revision: revision(kv.create_revision()),
+        mod_revision: revision(kv.mod_revision()),
+    })
+}
+
+/// How a request that failed at the transport may be treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// The request never reached a member (no connection): safe to send to
+    /// another.
+    NotSent,
+    /// The member went away while it had the request: a write may or may
+    /// not have committed.
+    Ambiguous,
+    /// An answer: retrying will not change it.
+    Final,
+}
+
+fn failure(error: &etcd_client::Error) -> Failure {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => match status.code() {
+            tonic::Code::Unavailable if status.message().contains("connect") => Failure::NotSent,
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
+                Failure::Ambiguous
+            }
+            _ => Failure::Final,
+        },
+        etcd_client::Error::TransportError(_) => Failure::NotSent,
+        etcd_client::Error::IoError(_) => Failure::Ambiguous,
+        _ => Failure::Final,
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the cluster and checks that it answers.
+    pub async fn connect(options: &EtcdOptions) -> Result<Self> {
+        let mut connect = ConnectOptions::new()
+            .with_keep_alive(KEEP_ALIVE, KEEP_ALIVE)
+            .with_keep_alive_while_idle(true)
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(options.request_timeout)
+            .with_require_leader(true);
+        if options.is_secure() {
+            let tls = options.tls.as_ref().ok_or_else(|| {
+                Error::Backend("https:// etcd endpoints need the etcd CA (--etcd-cafile)".into())
+            })?;
+            let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            connect = connect.with_tls(config);
+        }
+        // One client per member, not one balanced channel: a dead member
+        // must be left for the next one at once, and only this code knows
+        // whether a failed write may be sent again.
+        let mut members = Vec::with_capacity(options.endpoints.len());
+        for endpoint in &options.endpoints {
+            members.push(
+                Client::connect([endpoint], Some(connect.clone()))
+                    .await
+                    .map_err(backend)?,
+            );
+        }
+        let store = EtcdStore {
+            members: members.into(),
+            preferred: Arc::new(AtomicUsize::new(0)),
+        };
+        // Fail at start, clearly, rather than at the first request.
+        tokio::time::timeout(options.request_timeout, store.current_revision())
+            .await
+            .map_err(|_| {
+                Error::Backend(format!(
+                    "etcd at {} did not answer within {:?}",
+                    options.endpoints.join(","),
+                    options.request_timeout
+                ))
+            })?
+            .map_err(|error| {
+                Error::Backend(format!("etcd at {}: {error}", options.endpoints.join(",")))
+            })?;
+        Ok(store)
+    }
+
+    /// The member requests go to now, and its index.
+    fn member(&self) -> (usize, &Client) {
+        let index = self.preferred.load(Ordering::Relaxed) % self.members.len();
+        (index, &self.members[index])
+    }
+
+    /// Moves on from member `index` (unless another request already did).
+    fn failed(&self, index: usize) {
+        let next = (index + 1) % self.members.len();
+        let _ = self
+            .preferred
+            .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    fn kv(client: &Client) -> etcd_client::KvClient {
+        client.kv_client().max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    /// How many times a request is sent before giving up: every member
+    /// twice (one may be restarting).
+    fn attempts(&self) -> usize {
+        self.members.len() * 2
+    }
+
+    /// Runs a read, again on another member if this one failed.
+    async fn read<T, F, Fut>(&self, mut attempt: F) -> Result<T>
+    where
+        F: FnMut(etcd_client::KvClient) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let mut tries = 0;
+        loop {
+            let (index, client) = self.member();
+            match attempt(Self::kv(client)).await {
+                Ok(value) => return Ok(value),
+                Err(error) if failure(&error) != Failure::Final && tries + 1 < self.attempts() => {
+                    tries += 1;
+                    self.failed(index);
+                    tracing::debug!(%error, tries, "etcd read failed; trying another member");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(error) => return Err(backend(error)),
+            }
+        }
+    }
+
+    async fn get_key(&self, key: &str) -> Result<Option<KeyValue>> {
+        let response = self
+            .read(|mut kv| {
+                let key = key.to_owned();
+                async move { kv.get(key, None).await }
+            })
+            .await?;
+        response.kvs().first().map(key_value).transpose()
+    }
+
+    async fn list_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        let end = prefix_end(prefix);
+        let mut items = Vec::new();
+        let mut from = prefix.as_bytes().to_vec();
+        let mut at: Option<i64> = None;
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE);
+            if let Some(at) = at {
+                options = options.with_revision(at);
+            }
+            let page = self
+                .read(|mut kv| {
+                    let (from, options) = (from.clone(), options.clone());
+                    async move { kv.get(from, Some(options)).await }
+                })
+                .await?;
+            let snapshot = page.header().map_or(0, |h| h.revision());
+            let at = *at.get_or_insert(snapshot);
+            for kv in page.kvs() {
+                items.push(key_value(kv)?);
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok((items, revision(at))),
+            }
+        }
+    }
+
+    async fn commit(&self, ops: Vec<Op>) -> Result<Revision> {
+        if ops.is_empty() {
+            return self.current_revision().await;
+        }
+        let mut seen = std::collections::HashSet::new();
+        for op in &ops {
+            if !seen.insert(op.key()) {
+                return Err(Error::DuplicateKey {
+                    key: op.key().to_owned(),
+                });
+            }
+        }
+        let mut compares = Vec::with_capacity(ops.len());
+        let mut writes = Vec::with_capacity(ops.len());
+        let mut reads = Vec::with_capacity(ops.len());
+        for op in &ops {
+            let key = op.key().to_owned();
+            let compare = match op {
+                Op::Create { .. } => Compare::mod_revision(key.clone(), CompareOp::Equal, 0),
+                Op::Update {
+                    expected_revision, ..
+                } => {
+                    Compare::mod_revision(key.clone(), CompareOp::Equal, signed(*expected_revision))
+                }
+                Op::Delete {
+                    expected_revision: Some(expected),
+                    ..
+                } => Compare::mod_revision(key.clone(), CompareOp::Equal, signed(*expected)),
+                Op::Delete {
+                    expected_revision: None,
+                    ..
+                } => Compare::mod_revision(key.clone(), CompareOp::Greater, 0),
+            };
+            compares.push(compare);
+            writes.push(match op {
+                Op::Create { value, .. } | Op::Update { value, .. } => {
+                    TxnOp::put(key.clone(), value.to_vec(), None)
+                }
+                Op::Delete { .. } => TxnOp::delete(key.clone(), None::<DeleteOptions>),
+            });
+            reads.push(TxnOp::get(key, None));
+        }
+        let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
+        let mut tries = 0;
+        let mut uncertain = false;
+        let response = loop {
+            let (index, client) = self.member();
+            match Self::kv(client).txn(txn.clone()).await {
+                Ok(response) => break response,
+                Err(error) => {
+                    let failure = failure(&error);
+                    if failure == Failure::Final || tries + 1 >= self.attempts() {
+                        return Err(backend(error));
+                    }
+                    // Sending it again is safe even if the lost attempt
+                    // committed: every op compares a revision, so at most
+                    // one of the two can win (the answer below tells which).
+                    uncertain |= failure == Failure::Ambiguous;
+                    tries += 1;
+                    self.failed(index);
+                    tracing::debug!(%error, tries, "etcd write failed; trying another member");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        };
+        if response.succeeded() {
+            return Ok(response.header().map_or(0, |h| revision(h.revision())));
+        }
+        // The else branch read every key in the same atomic step.
+        let found: Vec<Option<KeyValue>> = response
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                TxnOpResponse::Get(get) => get.kvs().first().map(key_value).transpose(),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        if uncertain {
+            if let Some(revision) = committed_at(&ops, &found) {
+                return Ok(revision);
+            }
+        }
+        Err(precondition_failure(&ops, &found))
+    }
+
+    /// Creates a watch on one member and waits for etcd to confirm it.
+    async fn start_watch(
+        client: &Client,
+        prefix: &str,
+        options: WatchOptions,
+    ) -> Result<etcd_client::WatchStream> {
+        let mut watch = client
+            .watch_client()
+            .max_decoding_message_size(MAX_MESSAGE)
+            .watch(prefix.to_owned(), Some(options))
+            .await
+            .map_err(backend)?;
+        match watch.message().await.map_err(backend)? {
+            Some(created) if created.created() && !created.canceled() => Ok(watch),
+            Some(refused) if refused.compact_revision() > 0 => Err(Error::Compacted {
+                requested: 0,
+                compacted: revision(refused.compact_revision()).saturating_sub(1),
+            }),
+            Some(refused) => Err(Error::Backend(format!(
+                "etcd refused the watch: {}",
+                refused.cancel_reason()
+            ))),
+            None => Err(Error::Backend("etcd closed the watch".into())),
+        }
+    }
+
+    async fn open_watch(&self, prefix: &str, after: Revision) -> Result<WatchStream> {
+        // etcd reports a compacted start only after the watch is created, a
+        // moment later; a read at the start revision says so at once.
+        let start = signed(after).saturating_add(1);
+        if after > 0 {
+            let probe = self
+                .read(|mut kv| {
+                    let key = prefix.to_owned();
+                    let options = GetOptions::new()
+                        .with_count_only()
+                        .with_revision(start)
+                        .with_range(prefix_end(prefix));
+                    async move { kv.get(key, Some(options)).await }
+                })
+                .await;
+            match probe {
+                Err(Error::Backend(message)) if message.contains("has been compacted") => {
+                    return Err(Error::Compacted {
+                        requested: after,
+                        compacted: after,
+                    })
+                }
+                Err(Error::Backend(message)) if message.contains("future revision") => {}
+                Err(error) => return Err(error),
+                Ok(_) => {}
+            }
+        }
+        let options = WatchOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_start_revision(start)
+            .with_prev_key()
+            .with_progress_notify();
+        let mut tries = 0;
+        let (watch, member) = loop {
+            let (index, client) = self.member();
+            let error = match Self::start_watch(client, prefix, options.clone()).await {
+                Ok(watch) => break (watch, index),
+                Err(Error::Compacted { compacted, .. }) => {
+                    return Err(Error::Compacted {
+                        requested: after,
+                        compacted,
+                    })
+                }
+                Err(error) => error,
+            };
+            tries += 1;
+            if tries >= self.attempts() {
+                return Err(error);
+            }
+            self.failed(index);
+            tracing::debug!(%error, tries, "etcd watch failed to start; trying another member");
+            tokio::time::sleep(RETRY_PAUSE).await;
+        };
+        // A watch that breaks sends the next one (the caller resumes) to
+        // another member.
+        let store = self.clone();
+        let stream = futures_util::stream::unfold(Some((watch, after)), move |state| {
+            let store = store.clone();
+            async move {
+                let (mut watch, last) = state?;
+                loop {
+                    let response = match watch.message().await {
+                        Ok(Some(response)) => response,
+                        Ok(None) => {
+                            store.failed(member);
+                            return Some((
+                                Err(Error::Backend("etcd closed the watch".into())),
+                                None,
+                            ));
+                        }
+                        Err(error) => {
+                            store.failed(member);
+                            return Some((Err(backend(error)), None));
+                        }
+                    };
+                    if response.canceled() {
+                        let error = if response.compact_revision() > 0 {
+                            Error::Compacted {
+                                requested: last,
+                                compacted: revision(response.compact_revision()).saturating_sub(1),
+                            }
+                        } else {
+                            Error::Backend(format!(
+                                "etcd cancelled the watch: {}",
+                                response.cancel_reason()
+                            ))
+                        };
+                        return Some((Err(error), None));
+                    }
+                    // Progress notifications carry no events.
+                    if response.events().is_empty() {
+                        continue;
+                    }
+                    // etcd never splits one revision over two responses (no
+                    // fragmenting asked), so one response holds whole
+                    // transactions.
+                    let batches = match batches(response.events()) {
+                        Ok(batches) => batches,
+                        Err(error) => return Some((Err(error), None)),
+                    };
+                    let last = batches
+                        .last()
+                        .and_then(|b| b.first())
+                        .map_or(last, Event::revision);
+                    return Some((Ok(batches), Some((watch, last))));
+                }
+            }
+        });
+        let flattened = futures_util::StreamExt::flat_map(stream, |item| {
+            let items: Vec<Result<EventBatch>> = match item {
+                Ok(batches) => batches.into_iter().map(Ok).collect(),
+                Err(error) => vec![Err(error)],
+            };
+            futures_util::stream::iter(items)
+        });
+        Ok(Box::pin(flattened))
+    }
+}
+
+/// Whether the keys show `ops` committed (by an earlier attempt whose
+/// answer was lost), and at which revision: every written key holds exactly
+/// the written value, all at one revision, and every deleted key is gone.
+fn committed_at(ops: &[Op], found: &[Option<KeyValue>]) -> Option<Revision> {
+    let mut at = None;
+    for (op, found) in ops.iter().zip(found) {
+        match (op, found) {
+            (Op::Create { value, .. } | Op::Update { value, .. }, Some(kv))
+                if kv.value == value =>
+            {
+                if at.is_some_and(|at| at != kv.mod_revision) {
+                    return None;
+                }
+                at = Some(kv.mod_revision);
+            }
+            (Op::Delete { .. }, None) => {}
+            _ => return None,
+        }
+    }
+    at
+}
+
+/// The first precondition of `ops` that the keys as `found` break, named as
+/// the embedded store names it.
+fn precondition_failure(ops: &[Op], found: &[Option<KeyValue>]) -> Error {
+    for (op, found) in ops.iter().zip(found) {
+        let key = op.key().to_owned();
+        let found = found.as_ref().map(|kv| kv.mod_revision);
+        match (op, found) {
+            (Op::Create { .. }, Some(_)) => return Error::AlreadyExists { key },
+            (Op::Update { .. } | Op::Delete { .. }, None) => return Error::NotFound { key },
+            (
+                Op::Update {
+                    expected_revision: expected,
+                    ..
+                }
+                | Op::Delete {
+                    expected_revision: Some(expected),
+                    ..
+                },
+                Some(found),
+            ) if found != *expected => {
+                return Error::Conflict {
+                    key,
+                    expected: *expected,
+                    found,
+                }
+            }
+            _ => {}
+        }
+    }
+    Error::Backend("etcd refused a transaction whose preconditions all hold".into())
+}
+
+/// etcd's events of one response as Portal's batches, one per revision.
+fn batches(events: &[etcd_client::Event]) -> Result<Vec<EventBatch>> {
+    let mut batches: Vec<EventBatch> = Vec::new();
+    for event in events {
+        let Some(kv) = event.kv() else { continue };
+        let prev = event.prev_kv().map(key_value).transpose()?;
+        let event = match event.event_type() {
+            EventType::Put => Event {
+                kind: EventKind::Put,
+                kv: key_value(kv)?,
+                prev,
+            },
+            EventType::Delete => {
+                let mut deleted = key_value(kv)?;
+                deleted.value = Bytes::new();
+                deleted.create_revision = prev.as_ref().map_or(0, |p| p.create_revision);
+                Event {
+                    kind: EventKind::Delete,
+                    kv: deleted,
+                    prev,
+                }
+            }
+        };
+        match batches.last_mut() {
+            Some(batch) if batch[0].revision() == event.revision() => batch.push(event),
+            _ => batches.push(vec![event]),
+        }
+    }
+    Ok(batches)
+}
+
+impl Store for EtcdStore {
+    fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<KeyValue>>> {
+        let key = key.to_owned();
+        async move { self.get_key(&key).await }.boxed()
+    }
+
+    fn list(&self, prefix: &str) -> BoxFuture<'_, Result<(Vec<KeyValue>, Revision)>> {
+        let prefix = prefix.to_owned();
+        async move { self.list_prefix(&prefix).await }.boxed()
+    }
+
+    fn txn(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Revision>> {
+        self.commit(ops).boxed()
+    }
+
+    fn watch(&self, prefix: &str, after: Revision) -> BoxFuture<'_, Result<WatchStream>> {
+        let prefix = prefix.to_owned();
+        async move { self.open_watch(&prefix, after).await }.boxed()
+    }
+
+    fn current_revision(&self) -> BoxFuture<'_, Result<Revision>> {
+        async move {
+            let response = self
+                .read(|mut kv| async move {
+                    kv.get("/", Some(GetOptions::new().with_count_only())).await
+                })
+                .await?;
+            Ok(response.header().map_or(0, |h| revision(h.revision())))
+        }
+        .boxed()
+    }
+
+    fn compact(&self, up_to: Revision) -> BoxFuture<'_, Result<()>> {
+        async move {
+            // Portal drops `up_to` itself; etcd keeps the revision it is
+            // given, so compact at the next one (never past the present).
+            let current = self.current_revision().await?;
+            let at = up_to.saturating_add(1).min(current);
+            if at == 0 {
+                return Ok(());
+            }
+            let compacted = self
+                .read(|mut kv| async move { kv.compact(signed(at), None).await })
+                .await;
+            match compacted {
+                Ok(_) => Ok(()),
+                // Someone compacted as far already.
+                Err(Error::Backend(message)) if message.contains("has been compacted") => Ok(()),
+                Err(error) => Err(error),
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd_cluster::EtcdCluster;
+
+    async fn connect(cluster: &EtcdCluster) -> EtcdStore {
+        EtcdStore::connect(&EtcdOptions::from_endpoint(&cluster.endpoint()).unwrap())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conforms_on_one_member() {
+        let cluster = EtcdCluster::start(1);
+        crate::conformance::run_all(|_| connect(&cluster)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conforms_on_three_members() {
+        let cluster = EtcdCluster::start(3);
+        crate::conformance::run_all(|_| connect(&cluster)).await;
+    }
+
+    /// Two clients (two API servers) racing to create the same keys: each
+    /// key has exactly one winner, and the loser is told it exists.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_creates_have_one_winner() {
+        let cluster = EtcdCluster::start(1);
+        let (a, b) = (connect(&cluster).await, connect(&cluster).await);
+        let attempt = |store: EtcdStore, who: &'static str| async move {
+            let mut won = Vec::new();
+            for i in 0..50 {
+                let op = Op::Create {
+                    key: format!("/race/{i}"),
+                    value: Bytes::from(who),
+                };
+                match store.txn(vec![op]).await {
+                    Ok(_) => won.push(i),
+                    Err(Error::AlreadyExists { .. }) => {}
+                    Err(error) => panic!("{error}"),
+                }
+            }
+            won
+        };
+        let (won_a, won_b) = tokio::join!(attempt(a.clone(), "a"), attempt(b, "b"));
+        assert_eq!(won_a.len() + won_b.len(), 50);
+        let (items, _) = a.list("/race/").await.unwrap();
+        assert_eq!(items.len(), 50);
+    }
+
+    /// A list larger than one page is still one snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn long_lists_are_paged_at_one_revision() {
+        let cluster = EtcdCluster::start(1);
+        let store = connect(&cluster).await;
+        let total = usize::try_from(LIST_PAGE).unwrap() * 2 + 7;
+        let ops: Vec<Op> = (0..total)
+            .map(|i| Op::Create {
+                key: format!("/paged/{i:05}"),
+                value: Bytes::from_static(b"v"),
+            })
+            .collect();
+        for chunk in ops.chunks(100) {
+            store.txn(chunk.to_vec()).await.unwrap();
+        }
+        let (items, revision) = store.list("/paged/").await.unwrap();
+        assert_eq!(items.len(), total);
+        assert!(items.windows(2).all(|w| w[0].key < w[1].key));
+        assert_eq!(revision, store.current_revision().await.unwrap());
+    }
+
+    /// Losing one member of three: reads, writes and a watch carry on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn survives_losing_a_member() {
+        let mut cluster = EtcdCluster::start(3);
+        let store = connect(&cluster).await;
+        let mut watch = store.watch("/ha/", 0).await.unwrap();
+        let first = store
+            .txn(vec![Op::Create {
+                key: "/ha/before".into(),
+                value: Bytes::from_static(b"v"),
+            }])
+            .await
+            .unwrap();
+        cluster.kill(0);
+        // Every write succeeds: the store moves on to a live member.
+        let written = 20;
+        for i in 0..written {
+            let op = Op::Create {
+                key: format!("/ha/after-{i}"),
+                value: Bytes::from_static(b"v"),
+            };
+            store.txn(vec![op]).await.unwrap();
+        }
+        let (items, _) = store.list("/ha/").await.unwrap();
+        assert_eq!(items.len(), written + 1);
+        // The watch saw the first write, or ended with an error if it was
+        // on the killed member; the caller resumes from the last revision
+        // it saw and misses nothing.
+        use futures_util::StreamExt;
+        let (resume_from, expected) = match watch.next().await.unwrap() {
+            Ok(seen) => {
+                assert_eq!(seen[0].revision(), first);
+                (first, written)
+            }
+            Err(_) => (0, written + 1),
+        };
+        let mut resumed = store.watch("/ha/", resume_from).await.unwrap();
+        let mut count = 0;
+        while count < expected {
+            let batch = tokio::time::timeout(Duration::from_secs(10), resumed.next())
+                .await
+                .expect("events in time")
+                .unwrap()
+                .unwrap();
+            count += batch.len();
+        }
+        assert_eq!(count, expected);
+    }
+
+    fn stored(key: &str, value: &str, mod_revision: Revision) -> Option<KeyValue> {
+        Some(KeyValue {
+            key: key.into(),
+            value: Bytes::from(value.to_owned()),
+            create_revision: 1,
+            mod_revision,
+        })
+    }
+
+    /// A write sent again after its answer was lost: the keys tell whether
+    /// the first attempt committed.
+    #[test]
+    fn lost_answers_are_resolved_from_the_keys() {
+        let ops = vec![
+            Op::Create {
+                key: "/a".into(),
+                value: Bytes::from_static(b"new"),
+            },
+            Op::Delete {
+                key: "/b".into(),
+                expected_revision: Some(3),
+            },
+        ];
+        assert_eq!(committed_at(&ops, &[stored("/a", "new", 9), None]), Some(9));
+        // Someone else's value, or the delete not done: not ours.
+        assert_eq!(committed_at(&ops, &[stored("/a", "other", 9), None]), None);
+        assert_eq!(
+            committed_at(&ops, &[stored("/a", "new", 9), stored("/b", "x", 3)]),
+            None
+        );
+        assert!(matches!(
+            precondition_failure(&ops, &[stored("/a", "other", 9), None]),
+            Error::AlreadyExists { .. }
+        ));
+        assert!(matches!(
+            precondition_failure(&ops, &[None, stored("/b", "x", 4)]),
+            Error::Conflict {
+                expected: 3,
+                found: 4,
+                ..
+            }
+        ));
+        assert!(matches!(
+            precondition_failure(&ops, &[None, None]),
+            Error::NotFound { .. }
+        ));
+    }
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end("/registry/"), b"/registry0".to_vec());
+        assert_eq!(prefix_end("a"), b"b".to_vec());
+        assert_eq!(prefix_end(""), vec![0]);
+    }
+
+    #[test]
+    fn endpoints_parse() {
+        let options = EtcdOptions::from_endpoint("etcd://127.0.0.1:2379,127.0.0.2:2379").unwrap();
+        assert_eq!(
+            options.endpoints,
+            ["http://127.0.0.1:2379", "http://127.0.0.2:2379"]
+        );
+        assert!(!options.is_secure());
+        let options = EtcdOptions::from_endpoint("https://etcd-0:2379/").unwrap();
+        assert_eq!(options.endpoints, ["https://etcd-0:2379"]);
+        assert!(options.is_secure());
+        assert!(EtcdOptions::from_endpoint("").is_err());
+        assert!(EtcdOptions::from_endpoint("mysql://x:1").is_err());
+        assert!(EtcdOptions::from_endpoint("https://a:1,http://b:2").is_err());
+    }
+}

@@ -13,7 +13,9 @@ mod discovery;
 mod eviction;
 mod gc;
 mod http;
+mod identity;
 pub mod join;
+mod compaction;
 mod kubernetes_service;
 mod load_balancer;
 mod metrics;
@@ -34,7 +36,8 @@ use std::sync::Arc;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use portal_api::{Resource, Status, Target};
-use portal_store::{EmbeddedOptions, EmbeddedStore, Store};
+use portal_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
+use allocator::repair::Mend;
 use tokio::net::TcpListener;
 
 pub use metrics::Metrics;
@@ -53,6 +56,10 @@ pub enum Error {
     Thread(std::io::Error),
     #[error("cannot install signal handler: {0}")]
     Signal(String),
+    #[error("cluster identity: {0}")]
+    Identity(#[from] identity::Error),
+    #[error("{0}")]
+    Client(#[from] portal_client::Error),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -81,6 +88,21 @@ pub struct Config {
     pub load_balancer_pool: Vec<Ipv4Cidr>,
     /// Bounds on client connections.
     pub connections: ConnectionLimits,
+    /// Where objects are kept.
+    pub datastore: Datastore,
+    /// The cluster token, which opens the cluster identity kept in a shared
+    /// datastore (none: the first server makes one, `DIR/server-token`).
+    pub token: Option<String>,
+}
+
+/// Where the API server keeps objects.
+#[derive(Clone, Debug, Default)]
+pub enum Datastore {
+    /// The embedded store in `DIR/store`: one API server.
+    #[default]
+    Embedded,
+    /// An etcd cluster that several API servers share.
+    Etcd(portal_store::EtcdOptions),
 }
 
 /// What one client connection may hold: slow or idle clients must not
@@ -114,6 +136,41 @@ impl Default for ConnectionLimits {
 
 /// How often the allocation repair pass runs.
 const REPAIR_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Work done once per cluster: mending allocations, handing out
+/// load-balancer addresses, compacting a shared store's history.
+#[derive(Clone)]
+struct ClusterDuties {
+    store: Arc<dyn Store>,
+    cache: Arc<cache::WatchCache>,
+    allocators: Arc<allocator::Allocators>,
+    load_balancer_pool: Vec<Ipv4Cidr>,
+    /// The embedded store compacts itself; etcd is compacted by the leader.
+    compact: bool,
+}
+
+impl ClusterDuties {
+    async fn run(self) {
+        let repair = allocator::repair::run(
+            self.store.clone(),
+            self.allocators.clone(),
+            REPAIR_PERIOD,
+            Mend::Yes,
+        );
+        let load_balancers = async {
+            if !self.load_balancer_pool.is_empty() {
+                let pool = load_balancer::pool(self.load_balancer_pool.clone());
+                load_balancer::run(self.store.clone(), self.cache.clone(), pool).await;
+            }
+        };
+        let compaction = async {
+            if self.compact {
+                compaction::run(self.store.clone(), compaction::PERIOD).await;
+            }
+        };
+        tokio::join!(repair, load_balancers, compaction);
+    }
+}
 
 /// What every handler shares.
 pub(crate) struct ApiState {
@@ -195,22 +252,41 @@ impl ApiServer {
         let _ = std::fs::remove_file(&kubeconfig);
         let metrics = Arc::new(Metrics::new());
         let observed = metrics.clone();
-        let options = EmbeddedOptions {
-            history_revisions: config.history_revisions,
-            commit_observer: Some(Arc::new(move |n, took| observed.observe_commit(n, took))),
-            ..EmbeddedOptions::default()
+        let shared = matches!(config.datastore, Datastore::Etcd(_));
+        let store: Arc<dyn Store> = match &config.datastore {
+            Datastore::Embedded => {
+                let options = EmbeddedOptions {
+                    history_revisions: config.history_revisions,
+                    commit_observer: Some(Arc::new(move |n, took| {
+                        observed.observe_commit(n, took)
+                    })),
+                    ..EmbeddedOptions::default()
+                };
+                Arc::new(EmbeddedStore::open(
+                    &config.data_dir.join("store"),
+                    options,
+                )?)
+            }
+            Datastore::Etcd(options) => Arc::new(EtcdStore::connect(options).await?),
         };
-        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(
-            &config.data_dir.join("store"),
-            options,
-        )?);
+        if shared {
+            // Before any credential is made or loaded: a server joining a
+            // cluster takes the cluster's.
+            std::fs::create_dir_all(&config.data_dir).map_err(|source| pki::Error::Io {
+                path: config.data_dir.clone(),
+                source,
+            })?;
+            identity::share(store.as_ref(), &config.data_dir, config.token.as_deref()).await?;
+        }
         namespace::bootstrap(store.as_ref()).await?;
         let allocators = Arc::new(allocator::Allocators::new(
             config.service_cidr,
             config.node_ports,
         ));
-        // Learn what is allocated (and mend what is not) before serving.
-        allocator::repair::pass(store.as_ref(), &allocators).await?;
+        // Learn what is allocated (and mend what is not) before serving. On
+        // a shared store only the elected server mends (`cluster_duties`).
+        let mend = if shared { Mend::No } else { Mend::Yes };
+        allocator::repair::pass(store.as_ref(), &allocators, mend).await?;
         namespace::resume_terminations(store.clone(), allocators.clone()).await?;
 
         let cache = cache::WatchCache::new(RING_CAPACITY);
@@ -252,14 +328,22 @@ impl ApiServer {
             // Not fatal: the address may be taken by a user's Service.
             tracing::warn!(%error, "cannot create the kube-dns Service");
         }
-        tokio::spawn(allocator::repair::run(
-            store.clone(),
-            allocators.clone(),
-            REPAIR_PERIOD,
-        ));
-        if !config.load_balancer_pool.is_empty() {
-            let pool = load_balancer::pool(config.load_balancer_pool.clone());
-            tokio::spawn(load_balancer::run(store.clone(), cache.clone(), pool));
+        let duties = ClusterDuties {
+            store: store.clone(),
+            cache: cache.clone(),
+            allocators: allocators.clone(),
+            load_balancer_pool: config.load_balancer_pool.clone(),
+            compact: shared,
+        };
+        if shared {
+            tokio::spawn(allocator::repair::run(
+                store.clone(),
+                allocators.clone(),
+                REPAIR_PERIOD,
+                Mend::No,
+            ));
+        } else {
+            tokio::spawn(duties.clone().run());
         }
         let service_ip = allocators.first_address().parse::<std::net::IpAddr>().ok();
         let extra: Vec<std::net::IpAddr> = config
@@ -307,6 +391,14 @@ impl ApiServer {
             pki::kubeconfig(&server, &credentials.ca_pem, &credentials.token).as_bytes(),
         )?;
         tracing::info!(%address, kubeconfig = %kubeconfig.display(), "API server ready");
+        if shared {
+            // Work one server of the cluster does, the elected one.
+            let client = portal_client::client_from_kubeconfig(&kubeconfig).await?;
+            let election = portal_client::leader::Election::new("kube-system", "portal-apiserver");
+            tokio::spawn(portal_client::leader::lead(client, election, move || {
+                duties.clone().run()
+            }));
+        }
         Ok(ApiServer {
             address,
             kubeconfig,

@@ -28,6 +28,8 @@ async fn server() -> Server {
         advertise_address: None,
         load_balancer_pool: Vec::new(),
         connections: ConnectionLimits::default(),
+        datastore: Default::default(),
+        token: None,
     };
     let api = ApiServer::start(config)
         .await

@@ -4,9 +4,11 @@
 //! index (a re-list says what is gone), [`settled_objects`] for
 //! controllers that read a reflector, [`SharedReflector`] for one cache of
 //! a kind shared by a process's controllers — and the well-known labels and
-//! annotations of Kubernetes they read and write ([`labels`]).
+//! annotations of Kubernetes they read and write ([`labels`]), and leader
+//! election on a Lease ([`leader`]) for work one process of many must do.
 
 pub mod labels;
+pub mod leader;
 pub mod shared;
 mod stream;
 

@@ -7,11 +7,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod agent;
+mod apiserver;
 mod node;
 
 use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
-use portal_apiserver::{Ipv4Cidr, PortRange};
+use portal_apiserver::Ipv4Cidr;
 
 /// The server allocates and frees many small JSON values per request;
 /// mimalloc does that markedly faster than glibc's malloc (measured in
@@ -30,6 +31,8 @@ struct Cli {
 enum Command {
     /// Run everything on this machine on the embedded store.
     Server(Box<ServerArgs>),
+    /// Run the API server alone: one of several on an etcd cluster.
+    Apiserver(Box<apiserver::ApiserverArgs>),
     /// Run the controllers against an API server.
     Controllers(ControllersArgs),
     /// Run the cluster DNS against an API server.
@@ -197,6 +200,8 @@ struct ControllersArgs {
     ipam: IpamArgs,
     #[command(flatten)]
     lifecycle: LifecycleArgs,
+    #[command(flatten)]
+    leader: apiserver::LeaderElectArgs,
 }
 
 /// How the pod network is cut into node ranges (node IPAM).
@@ -244,32 +249,8 @@ impl IpamArgs {
 
 #[derive(clap::Args, Debug)]
 struct ServerArgs {
-    /// Keeps the store, credentials and the admin kubeconfig.
-    #[arg(long)]
-    data_dir: PathBuf,
-    /// Where the API listens; port 0 picks a free port (see DIR/kubeconfig).
-    #[arg(long, default_value = "127.0.0.1:6443")]
-    api_bind: SocketAddr,
-    /// Revisions of history kept so watches can resume after a disconnect.
-    #[arg(long, default_value_t = 100_000)]
-    history_revisions: u64,
-    /// API connections served at once; more are closed at once. Default:
-    /// nine tenths of the open-file limit (the rest for the store, files
-    /// and outgoing connections).
-    #[arg(long)]
-    max_connections: Option<usize>,
-    /// Seconds a client may take to finish the TLS handshake.
-    #[arg(long, default_value_t = 10)]
-    tls_handshake_timeout: u64,
-    /// Cluster IPs of Services come from this range (IPv4).
-    #[arg(long, default_value = "10.96.0.0/12")]
-    service_cluster_ip_range: Ipv4Cidr,
-    /// Node ports of NodePort and LoadBalancer Services come from this range.
-    #[arg(long, default_value = "30000-32767")]
-    service_node_port_range: PortRange,
-    /// Addresses for LoadBalancer Services (CIDR[,CIDR]); none = they stay pending.
-    #[arg(long, value_delimiter = ',')]
-    load_balancer_pool: Vec<Ipv4Cidr>,
+    #[command(flatten)]
+    api: apiserver::ApiArgs,
     /// This node's address: where pods reach the API server.
     #[arg(long)]
     node_ip: Option<IpAddr>,
@@ -342,31 +323,16 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     };
     let reachable_node_ip = node_ip.filter(|ip| !ip.is_loopback());
     let ipam = args.ipam.config()?;
-    let agent_data = args.data_dir.join("agent");
-    let client_ca = args.data_dir.join("pki").join("kubelet-client-ca.crt");
+    let data_dir = args.api.data_dir.clone();
+    let agent_data = data_dir.join("agent");
+    let client_ca = data_dir.join("pki").join("kubelet-client-ca.crt");
     let cluster_domain = args.dns.cluster_domain.clone();
     // This machine's agent and proxy act as its node, like any other
     // node's: a node certificate, not the admin token.
-    let node_kubeconfig = args.data_dir.join("node.kubeconfig");
-    let node_token = args.data_dir.join("node-token");
+    let node_kubeconfig = data_dir.join("node.kubeconfig");
+    let node_token = data_dir.join("node-token");
     let node_name = args.agent.node_name();
-    let config = portal_apiserver::Config {
-        data_dir: args.data_dir,
-        bind: args.api_bind,
-        history_revisions: args.history_revisions,
-        service_cidr: args.service_cluster_ip_range,
-        node_ports: args.service_node_port_range,
-        advertise_address: node_ip,
-        load_balancer_pool: args.load_balancer_pool,
-        connections: {
-            let defaults = portal_apiserver::ConnectionLimits::default();
-            portal_apiserver::ConnectionLimits {
-                max: args.max_connections.unwrap_or(defaults.max).max(1),
-                handshake: std::time::Duration::from_secs(args.tls_handshake_timeout.max(1)),
-                ..defaults
-            }
-        },
-    };
+    let config = args.api.config(node_ip)?;
     let api = portal_apiserver::ApiServer::start(config).await?;
     api.write_node_kubeconfig(&node_name, &node_kubeconfig)?;
     tracing::info!(
@@ -378,11 +344,12 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         // The controllers are API clients like any other, through the
         // kubeconfig the server just wrote.
         let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
-        tokio::spawn(portal_controllers::run(
-            client,
-            ipam,
-            args.lifecycle.config(),
-        ));
+        // With other servers on the same store, one runs the controllers.
+        let election = args
+            .api
+            .shared()
+            .then(|| portal_client::leader::Election::new("kube-system", "portal-controllers"));
+        tokio::spawn(run_controllers(client, ipam, args.lifecycle.config(), election));
     }
     // With pods on this node, the DNS answers on the node address by
     // default and is published as the kube-dns Service's endpoints.
@@ -497,12 +464,30 @@ pub(crate) async fn wait_for_signal(what_stays: &str) -> Result<(), Error> {
 
 async fn controllers(args: ControllersArgs) -> Result<(), Error> {
     let ipam = args.ipam.config()?;
+    let election = args.leader.election()?;
     let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
     tokio::select! {
-        () = portal_controllers::run(client, ipam, args.lifecycle.config()) => {}
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        () = run_controllers(client, ipam, args.lifecycle.config(), election) => Ok(()),
+        result = wait_for_signal("the other candidates take over") => result,
     }
-    Ok(())
+}
+
+/// The controllers, while leading when an election is given.
+async fn run_controllers(
+    client: kube::Client,
+    ipam: portal_controllers::node_ipam::Config,
+    lifecycle: portal_controllers::node_lifecycle::Config,
+    election: Option<portal_client::leader::Election>,
+) {
+    match election {
+        None => portal_controllers::run(client, ipam, lifecycle).await,
+        Some(election) => {
+            portal_client::leader::lead(client.clone(), election, move || {
+                portal_controllers::run(client.clone(), ipam, lifecycle)
+            })
+            .await
+        }
+    }
 }
 
 async fn dns(args: DnsArgs) -> Result<(), Error> {
@@ -661,6 +646,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Server(args) => server(*args).await,
+            Command::Apiserver(args) => apiserver::apiserver(*args).await,
             Command::Controllers(args) => controllers(args).await,
             Command::Dns(args) => dns(args).await,
             Command::Proxy(args) => proxy(args).await,

@@ -3,6 +3,10 @@
 //! store edits or crashes of older versions), restores records a Service
 //! holds but that are missing, and records an Event for duplicates and
 //! out-of-range values. Then rebuilds the in-memory bitmaps.
+//!
+//! On a shared store every API server rebuilds its bitmaps from the records
+//! (to learn what the others allocated), but only the elected one mends:
+//! [`Mend::No`] only learns.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,14 +27,22 @@ pub(crate) struct Report {
     pub(crate) events: usize,
 }
 
+/// Whether a pass changes the store, or only learns from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mend {
+    Yes,
+    No,
+}
+
 /// Runs a pass now and then every `period`, for ever.
 pub(crate) async fn run(
     store: std::sync::Arc<dyn Store>,
     allocators: std::sync::Arc<Allocators>,
     period: Duration,
+    mend: Mend,
 ) {
     loop {
-        match pass(store.as_ref(), &allocators).await {
+        match pass(store.as_ref(), &allocators, mend).await {
             Ok(report) if report != Report::default() => {
                 tracing::info!(?report, "allocation repair")
             }
@@ -42,7 +54,11 @@ pub(crate) async fn run(
 }
 
 /// One reconciliation of cluster IPs and node ports.
-pub(crate) async fn pass(store: &dyn Store, allocators: &Allocators) -> Result<Report, StoreError> {
+pub(crate) async fn pass(
+    store: &dyn Store,
+    allocators: &Allocators,
+    mend: Mend,
+) -> Result<Report, StoreError> {
     let (services, listed_at) = store
         .list(&Resource::of(Kind::Service).key_prefix())
         .await?;
@@ -67,6 +83,7 @@ pub(crate) async fn pass(store: &dyn Store, allocators: &Allocators) -> Result<R
         &ip_holders,
         listed_at,
         "ClusterIP",
+        mend,
         &mut report,
     )
     .await?;
@@ -76,6 +93,7 @@ pub(crate) async fn pass(store: &dyn Store, allocators: &Allocators) -> Result<R
         &port_holders,
         listed_at,
         "NodePort",
+        mend,
         &mut report,
     )
     .await?;
@@ -88,6 +106,7 @@ async fn reconcile(
     holders: &BTreeMap<String, Vec<&Value>>,
     listed_at: u64,
     what: &str,
+    mend: Mend,
     report: &mut Report,
 ) -> Result<(), StoreError> {
     let (records, _) = store.list(pool.prefix).await?;
@@ -96,7 +115,7 @@ async fn reconcile(
         let value = kv.key[pool.prefix.len()..].to_owned();
         // A record newer than the Service listing may belong to a Service
         // created since (they are written together): leave it.
-        if !holders.contains_key(&value) && kv.create_revision <= listed_at {
+        if mend == Mend::Yes && !holders.contains_key(&value) && kv.create_revision <= listed_at {
             let op = Op::Delete {
                 key: kv.key.clone(),
                 expected_revision: Some(kv.mod_revision),
@@ -112,7 +131,7 @@ async fn reconcile(
         }
         present.push(value);
     }
-    for (value, services) in holders {
+    for (value, services) in holders.iter().filter(|_| mend == Mend::Yes) {
         if pool.range.offset(value).is_none() {
             for svc in services {
                 let message = format!("{what} {value} is not within the configured range {}; please recreate the service", pool.range.describe());
@@ -222,7 +241,7 @@ mod tests {
         store.txn(ops).await.unwrap();
         allocators.ips.mark("10.96.0.50");
 
-        let report = pass(&store, &allocators).await.unwrap();
+        let report = pass(&store, &allocators, Mend::Yes).await.unwrap();
         assert_eq!(
             report,
             Report {
@@ -265,6 +284,6 @@ mod tests {
                 && reasons.contains(&"ClusterIPOutOfRange".to_owned())
         );
         // A second pass finds nothing to do but the standing problems.
-        assert_eq!(pass(&store, &allocators).await.unwrap().freed, 0);
+        assert_eq!(pass(&store, &allocators, Mend::Yes).await.unwrap().freed, 0);
     }
 }

@@ -1,0 +1,210 @@
+//! The API server's command line, shared by `portal server` (everything on
+//! one machine) and `portal apiserver` (the API server alone, one of
+//! several on an etcd cluster), and the leader election flags of the
+//! controllers.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use portal_apiserver::{Datastore, Ipv4Cidr, PortRange};
+
+use crate::Error;
+
+/// The API server's own flags.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ApiArgs {
+    /// Keeps the store, credentials and the admin kubeconfig.
+    #[arg(long)]
+    pub(crate) data_dir: PathBuf,
+    /// Where the API listens; port 0 picks a free port (see DIR/kubeconfig).
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub(crate) api_bind: SocketAddr,
+    /// Revisions of history kept so watches can resume after a disconnect
+    /// (embedded store; etcd's history is compacted every 5 minutes).
+    #[arg(long, default_value_t = 100_000)]
+    history_revisions: u64,
+    /// API connections served at once; more are closed at once. Default:
+    /// nine tenths of the open-file limit (the rest for the store, files
+    /// and outgoing connections).
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds a client may take to finish the TLS handshake.
+    #[arg(long, default_value_t = 10)]
+    tls_handshake_timeout: u64,
+    /// Cluster IPs of Services come from this range (IPv4).
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cluster_ip_range: Ipv4Cidr,
+    /// Node ports of NodePort and LoadBalancer Services come from this range.
+    #[arg(long, default_value = "30000-32767")]
+    service_node_port_range: PortRange,
+    /// Addresses for LoadBalancer Services (CIDR[,CIDR]); none = they stay pending.
+    #[arg(long, value_delimiter = ',')]
+    load_balancer_pool: Vec<Ipv4Cidr>,
+    #[command(flatten)]
+    datastore: DatastoreArgs,
+}
+
+/// Where objects are kept.
+#[derive(clap::Args, Debug)]
+struct DatastoreArgs {
+    /// An etcd cluster to keep objects in, shared by every API server of the
+    /// cluster: `etcd://HOST:PORT[,HOST:PORT…]` (or `http://`, `https://`).
+    /// Default: the embedded store in DIR/store.
+    #[arg(long)]
+    datastore_endpoint: Option<String>,
+    /// The CA that signed etcd's serving certificates (https:// endpoints).
+    #[arg(long)]
+    etcd_cafile: Option<PathBuf>,
+    /// A client certificate for etcd (`--client-cert-auth` on etcd).
+    #[arg(long, requires = "etcd_keyfile")]
+    etcd_certfile: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, requires = "etcd_certfile")]
+    etcd_keyfile: Option<PathBuf>,
+    /// The cluster token: opens the cluster's identity (CA, admin
+    /// credential) kept in etcd. The first server makes one
+    /// (DIR/server-token); the others are started with it.
+    #[arg(long, env = "PORTAL_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
+    token: Option<String>,
+    /// A file holding the cluster token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+fn read(path: &PathBuf, what: &str) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Usage(format!("{what} {}: {e}", path.display())))
+}
+
+impl DatastoreArgs {
+    fn datastore(&self) -> Result<Datastore, Error> {
+        let Some(endpoint) = &self.datastore_endpoint else {
+            if self.etcd_cafile.is_some() || self.etcd_certfile.is_some() {
+                return Err(Error::Usage(
+                    "--etcd-cafile/--etcd-certfile need --datastore-endpoint".into(),
+                ));
+            }
+            return Ok(Datastore::Embedded);
+        };
+        let mut options = portal_store::EtcdOptions::from_endpoint(endpoint)
+            .map_err(|e| Error::Usage(format!("--datastore-endpoint: {e}")))?;
+        if let Some(ca) = &self.etcd_cafile {
+            let identity = match (&self.etcd_certfile, &self.etcd_keyfile) {
+                (Some(cert), Some(key)) => {
+                    Some((read(cert, "--etcd-certfile")?, read(key, "--etcd-keyfile")?))
+                }
+                _ => None,
+            };
+            options.tls = Some(portal_store::EtcdTls {
+                ca_pem: read(ca, "--etcd-cafile")?,
+                identity,
+            });
+        } else if options.is_secure() {
+            return Err(Error::Usage(
+                "https:// etcd endpoints need --etcd-cafile".into(),
+            ));
+        }
+        Ok(Datastore::Etcd(options))
+    }
+
+    fn token(&self) -> Result<Option<String>, Error> {
+        match (&self.token, &self.token_file) {
+            (Some(token), _) => Ok(Some(token.trim().to_owned())),
+            (None, Some(path)) => {
+                let text = String::from_utf8(read(path, "--token-file")?)
+                    .map_err(|_| Error::Usage("--token-file is not text".into()))?;
+                Ok(Some(text.trim().to_owned()))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+impl ApiArgs {
+    /// Whether objects live in a store other API servers share.
+    pub(crate) fn shared(&self) -> bool {
+        self.datastore.datastore_endpoint.is_some()
+    }
+
+    pub(crate) fn config(
+        &self,
+        advertise_address: Option<IpAddr>,
+    ) -> Result<portal_apiserver::Config, Error> {
+        let defaults = portal_apiserver::ConnectionLimits::default();
+        Ok(portal_apiserver::Config {
+            data_dir: self.data_dir.clone(),
+            bind: self.api_bind,
+            history_revisions: self.history_revisions,
+            service_cidr: self.service_cluster_ip_range,
+            node_ports: self.service_node_port_range,
+            advertise_address,
+            load_balancer_pool: self.load_balancer_pool.clone(),
+            connections: portal_apiserver::ConnectionLimits {
+                max: self.max_connections.unwrap_or(defaults.max).max(1),
+                handshake: Duration::from_secs(self.tls_handshake_timeout.max(1)),
+                ..defaults
+            },
+            datastore: self.datastore.datastore()?,
+            token: self.datastore.token()?,
+        })
+    }
+}
+
+/// `portal apiserver`: the API server alone.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ApiserverArgs {
+    #[command(flatten)]
+    api: ApiArgs,
+    /// The address clients and pods reach this server at: published in the
+    /// `kubernetes` Service's endpoints with the other servers'.
+    #[arg(long)]
+    advertise_address: Option<IpAddr>,
+}
+
+pub(crate) async fn apiserver(args: ApiserverArgs) -> Result<(), Error> {
+    let api = portal_apiserver::ApiServer::start(args.api.config(args.advertise_address)?).await?;
+    tokio::select! {
+        () = api.wait() => Ok(()),
+        result = crate::wait_for_signal("the cluster goes on with the other servers") => result,
+    }
+}
+
+/// Leader election of the controllers (kube-controller-manager's flags).
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct LeaderElectArgs {
+    /// Run the controllers only while holding the `kube-system/portal-controllers`
+    /// Lease, so that several `portal controllers` can run for failover.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// How long others wait for a silent leader.
+    #[arg(long, default_value = "15s", value_parser = crate::parse_period)]
+    leader_elect_lease_duration: Duration,
+    /// A leader that cannot renew for this long stops.
+    #[arg(long, default_value = "10s", value_parser = crate::parse_period)]
+    leader_elect_renew_deadline: Duration,
+    /// How often to renew, or to try to become leader.
+    #[arg(long, default_value = "2s", value_parser = crate::parse_period)]
+    leader_elect_retry_period: Duration,
+}
+
+impl LeaderElectArgs {
+    /// The election, if asked for.
+    pub(crate) fn election(&self) -> Result<Option<portal_client::leader::Election>, Error> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration
+            || self.leader_elect_retry_period >= self.leader_elect_renew_deadline
+        {
+            return Err(Error::Usage(
+                "leader election needs retry period < renew deadline < lease duration".into(),
+            ));
+        }
+        let mut election =
+            portal_client::leader::Election::new("kube-system", "portal-controllers");
+        election.lease_duration = self.leader_elect_lease_duration;
+        election.renew_deadline = self.leader_elect_renew_deadline;
+        election.retry_period = self.leader_elect_retry_period;
+        Ok(Some(election))
+    }
+}

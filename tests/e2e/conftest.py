@@ -23,13 +23,17 @@ START_TIMEOUT = 30
 class Portal:
     """One `portal server` process on a data directory that outlives it."""
 
-    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False, api_bind="127.0.0.1:0"):
+    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False, api_bind="127.0.0.1:0", command="server"):
         self.data_dir = pathlib.Path(data_dir)
         self.api_bind = api_bind
+        self.command = command
         # The proxy and the node agent change the network namespace they run
         # in: only tests that made a namespace for them (nodes.py) turn
         # them on.
         disabled = [name for name, on in (("proxy", proxy), ("agent", agent)) if not on]
+        # `portal apiserver` runs nothing but the API server.
+        if command != "server":
+            disabled = []
         self.extra_args = list(extra_args) + (["--disable", ",".join(disabled)] if disabled else [])
         self.process = None
         self.log_path = self.data_dir / "portal.log"
@@ -44,7 +48,7 @@ class Portal:
             kubeconfig.unlink()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [BINARY, "server", "--data-dir", str(self.data_dir), "--api-bind", self.api_bind, *self.extra_args],
+            [BINARY, self.command, "--data-dir", str(self.data_dir), "--api-bind", self.api_bind, *self.extra_args],
             stdout=log,
             stderr=log,
         )

@@ -17,9 +17,9 @@ use std::path::Path;
 
 use base64::Engine;
 use bytes::Bytes;
+use portal_store::{Error as StoreError, Op, Store};
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use ring::rand::{SecureRandom, SystemRandom};
-use portal_store::{Error as StoreError, Op, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::{join, pki};
@@ -260,7 +260,9 @@ mod tests {
             share(&store, second.path(), Some("wrong")).await,
             Err(Error::WrongToken)
         ));
-        share(&store, second.path(), Some(token.trim())).await.unwrap();
+        share(&store, second.path(), Some(token.trim()))
+            .await
+            .unwrap();
         for name in FILES {
             assert_eq!(
                 std::fs::read(first.path().join(name)).unwrap(),

@@ -1,11 +1,10 @@
 //! The `kubernetes` Service in `default` (SPEC S4): the first address of the
 //! service range, port 443, pointing at this API server. Created at start;
-//! its target port and Endpoints follow the server's real address. Also the
+//! its target port follows the server's real port, its Endpoints the
+//! servers alive (`endpoint_leases`). Also the
 //! `kube-dns` Service in `kube-system` (the tenth address, as kubeadm
 //! does), the address pods are given as their nameserver. It selects no
 //! pods: the built-in DNS publishes its own address as its Endpoints.
-
-use std::net::IpAddr;
 
 use bytes::Bytes;
 use portal_api::{defaults, Kind, Resource};
@@ -71,13 +70,12 @@ fn ports(api_port: u16) -> Value {
     json!([{"name": "https", "port": 443, "protocol": "TCP", "targetPort": api_port}])
 }
 
-/// Creates or updates the Service (and, when the server has an address pods
-/// can reach, its Endpoints).
+/// Creates or updates the Service (its Endpoints are the servers alive:
+/// [`crate::endpoint_leases`]).
 pub(crate) async fn ensure(
     store: &dyn Store,
     allocators: &Allocators,
     api_port: u16,
-    advertise: Option<IpAddr>,
 ) -> Result<(), StoreError> {
     let resource = Resource::of(Kind::Service);
     let key = resource.key(Some("default"), "kubernetes");
@@ -122,40 +120,5 @@ pub(crate) async fn ensure(
             }
         }
     }
-    let Some(ip) = advertise.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) else {
-        return Ok(());
-    };
-    let endpoints = Resource::of(Kind::Endpoints);
-    let key = endpoints.key(Some("default"), "kubernetes");
-    let subsets = json!([{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": api_port, "protocol": "TCP"}]}]);
-    match store.get(&key).await? {
-        None => {
-            let mut object = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "kubernetes"}, "subsets": subsets});
-            strategy::prepare_create(endpoints, &mut object, Some("default"));
-            match store
-                .txn(vec![Op::Create {
-                    key,
-                    value: Bytes::from(object.to_string()),
-                }])
-                .await
-            {
-                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
-        Some(current) => {
-            let mut object: Value = serde_json::from_slice(&current.value)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            if object["subsets"] != subsets {
-                object["subsets"] = subsets;
-                let op = Op::Update {
-                    key,
-                    value: Bytes::from(object.to_string()),
-                    expected_revision: current.mod_revision,
-                };
-                store.txn(vec![op]).await?;
-            }
-            Ok(())
-        }
-    }
+    Ok(())
 }

@@ -7,15 +7,16 @@ mod allocator;
 mod auth;
 mod binding;
 mod cache;
+mod compaction;
 mod connect;
 mod deletion;
 mod discovery;
+mod endpoint_leases;
 mod eviction;
 mod gc;
 mod http;
 mod identity;
 pub mod join;
-mod compaction;
 mod kubernetes_service;
 mod load_balancer;
 mod metrics;
@@ -34,10 +35,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use allocator::repair::Mend;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use portal_api::{Resource, Status, Target};
 use portal_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
-use allocator::repair::Mend;
 use tokio::net::TcpListener;
 
 pub use metrics::Metrics;
@@ -323,7 +324,18 @@ impl ApiServer {
             source,
         })?;
         let advertise = config.advertise_address.or(Some(address.ip()));
-        kubernetes_service::ensure(store.as_ref(), &allocators, address.port(), advertise).await?;
+        kubernetes_service::ensure(store.as_ref(), &allocators, address.port()).await?;
+        // Pods reach this server at its advertised address (not a loopback
+        // one): it joins the `kubernetes` Endpoints while it runs.
+        if let Some(ip) = advertise.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) {
+            tokio::spawn(endpoint_leases::run(
+                store.clone(),
+                ip,
+                address.port(),
+                endpoint_leases::RENEW,
+                endpoint_leases::TTL,
+            ));
+        }
         if let Err(error) = kubernetes_service::ensure_dns(store.as_ref(), &allocators).await {
             // Not fatal: the address may be taken by a user's Service.
             tracing::warn!(%error, "cannot create the kube-dns Service");

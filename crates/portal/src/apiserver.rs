@@ -65,7 +65,12 @@ struct DatastoreArgs {
     /// The cluster token: opens the cluster's identity (CA, admin
     /// credential) kept in etcd. The first server makes one
     /// (DIR/server-token); the others are started with it.
-    #[arg(long, env = "PORTAL_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
+    #[arg(
+        long,
+        env = "PORTAL_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
     token: Option<String>,
     /// A file holding the cluster token.
     #[arg(long)]

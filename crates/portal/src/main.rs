@@ -349,7 +349,12 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             .api
             .shared()
             .then(|| portal_client::leader::Election::new("kube-system", "portal-controllers"));
-        tokio::spawn(run_controllers(client, ipam, args.lifecycle.config(), election));
+        tokio::spawn(run_controllers(
+            client,
+            ipam,
+            args.lifecycle.config(),
+            election,
+        ));
     }
     // With pods on this node, the DNS answers on the node address by
     // default and is published as the kube-dns Service's endpoints.

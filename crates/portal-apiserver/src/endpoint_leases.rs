@@ -1,0 +1,209 @@
+//! The `kubernetes` Service's Endpoints list every API server that is alive,
+//! as Kubernetes' lease endpoint reconciler does: each server keeps a record
+//! of its address in the store (`/registry/portal/apiservers/<ip>`) and
+//! renews it every few seconds; every server writes the Endpoints from the
+//! records that are alive, and removes records that stopped being renewed.
+//!
+//! "Alive" is judged by this server's clock from when it last saw a record
+//! change (a renewal always changes its revision), never by comparing the
+//! clocks of different machines.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use portal_api::{Kind, Resource};
+use portal_store::{Error as StoreError, Op, Revision, Store};
+use serde_json::{json, Value};
+
+use crate::strategy;
+
+const PREFIX: &str = "/registry/portal/apiservers/";
+
+/// How often a server renews its record and reconciles the Endpoints.
+pub(crate) const RENEW: Duration = Duration::from_secs(5);
+
+/// A record not renewed for this long is a server that is gone
+/// (Kubernetes' `--endpoint-reconciler-type=lease` uses 15 s too).
+pub(crate) const TTL: Duration = Duration::from_secs(15);
+
+/// Records as last seen: revision, and when it changed by our clock.
+type Seen = HashMap<String, (Revision, Instant)>;
+
+/// Keeps this server's address in the `kubernetes` Endpoints for as long as
+/// it runs.
+pub(crate) async fn run(
+    store: Arc<dyn Store>,
+    ip: IpAddr,
+    port: u16,
+    renew: Duration,
+    ttl: Duration,
+) {
+    let mut seen = Seen::new();
+    loop {
+        if let Err(error) = once(store.as_ref(), ip, port, &mut seen, ttl).await {
+            tracing::warn!(%error, "publishing this API server in the kubernetes Endpoints");
+        }
+        tokio::time::sleep(renew).await;
+    }
+}
+
+/// One round: renew our record, drop expired ones, write the Endpoints.
+async fn once(
+    store: &dyn Store,
+    ip: IpAddr,
+    port: u16,
+    seen: &mut Seen,
+    ttl: Duration,
+) -> Result<(), StoreError> {
+    renew(store, ip, port).await?;
+    let (records, _) = store.list(PREFIX).await?;
+    let now = Instant::now();
+    let mut alive: BTreeMap<u16, Vec<String>> = BTreeMap::new();
+    seen.retain(|key, _| records.iter().any(|kv| &kv.key == key));
+    for kv in &records {
+        let entry = seen.entry(kv.key.clone()).or_insert((kv.mod_revision, now));
+        if entry.0 != kv.mod_revision {
+            *entry = (kv.mod_revision, now);
+        }
+        if now.duration_since(entry.1) > ttl {
+            // Gone: remove it unless it was renewed just now.
+            let op = Op::Delete {
+                key: kv.key.clone(),
+                expected_revision: Some(kv.mod_revision),
+            };
+            match store.txn(vec![op]).await {
+                Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
+                Err(error) => return Err(error),
+            }
+            continue;
+        }
+        let Ok(record) = serde_json::from_slice::<Value>(&kv.value) else {
+            continue;
+        };
+        if let (Some(ip), Some(port)) = (record["ip"].as_str(), record["port"].as_u64()) {
+            if let Ok(port) = u16::try_from(port) {
+                alive.entry(port).or_default().push(ip.to_owned());
+            }
+        }
+    }
+    write_endpoints(store, &alive).await
+}
+
+/// Writes (creates or refreshes) our record; every write is a new revision
+/// that others see as a renewal.
+async fn renew(store: &dyn Store, ip: IpAddr, port: u16) -> Result<(), StoreError> {
+    let key = format!("{PREFIX}{ip}");
+    let value = Bytes::from(json!({"ip": ip.to_string(), "port": port}).to_string());
+    let op = match store.get(&key).await? {
+        Some(current) => Op::Update {
+            key,
+            value,
+            expected_revision: current.mod_revision,
+        },
+        None => Op::Create { key, value },
+    };
+    match store.txn(vec![op]).await {
+        // Someone else touched it at the same moment: next round.
+        Ok(_) | Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// The subsets for servers by port (addresses sorted, so equal sets compare
+/// equal).
+fn subsets(alive: &BTreeMap<u16, Vec<String>>) -> Value {
+    Value::Array(
+        alive
+            .iter()
+            .map(|(port, ips)| {
+                let mut ips = ips.clone();
+                ips.sort();
+                json!({
+                    "addresses": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+                    "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+                })
+            })
+            .collect(),
+    )
+}
+
+async fn write_endpoints(
+    store: &dyn Store,
+    alive: &BTreeMap<u16, Vec<String>>,
+) -> Result<(), StoreError> {
+    let endpoints = Resource::of(Kind::Endpoints);
+    let key = endpoints.key(Some("default"), "kubernetes");
+    let subsets = subsets(alive);
+    match store.get(&key).await? {
+        None => {
+            let mut object = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "kubernetes"}, "subsets": subsets});
+            strategy::prepare_create(endpoints, &mut object, Some("default"));
+            let op = Op::Create {
+                key,
+                value: Bytes::from(object.to_string()),
+            };
+            match store.txn(vec![op]).await {
+                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Some(current) => {
+            let mut object: Value = serde_json::from_slice(&current.value)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if object["subsets"] == subsets {
+                return Ok(());
+            }
+            object["subsets"] = subsets;
+            let op = Op::Update {
+                key,
+                value: Bytes::from(object.to_string()),
+                expected_revision: current.mod_revision,
+            };
+            match store.txn(vec![op]).await {
+                // Another server wrote it first; the next round compares again.
+                Ok(_) | Err(StoreError::Conflict { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use portal_store::{EmbeddedOptions, EmbeddedStore};
+
+    async fn endpoints(store: &dyn Store) -> Value {
+        let key = Resource::of(Kind::Endpoints).key(Some("default"), "kubernetes");
+        let kv = store.get(&key).await.unwrap().unwrap();
+        serde_json::from_slice::<Value>(&kv.value).unwrap()["subsets"].clone()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn servers_come_and_go_from_the_endpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let (a, b) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let ttl = Duration::from_millis(300);
+        let (mut seen_a, mut seen_b) = (Seen::new(), Seen::new());
+        once(&store, a, 6443, &mut seen_a, ttl).await.unwrap();
+        once(&store, b, 6443, &mut seen_b, ttl).await.unwrap();
+        assert_eq!(
+            endpoints(&store).await,
+            json!([{"addresses": [{"ip": "192.0.2.1"}, {"ip": "192.0.2.2"}], "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]}])
+        );
+        // b stops renewing; a goes on and, after the TTL, drops it.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            once(&store, a, 6443, &mut seen_a, ttl).await.unwrap();
+        }
+        assert_eq!(
+            endpoints(&store).await,
+            json!([{"addresses": [{"ip": "192.0.2.1"}], "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]}])
+        );
+        assert_eq!(store.list(PREFIX).await.unwrap().0.len(), 1);
+    }
+}

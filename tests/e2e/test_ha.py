@@ -259,3 +259,51 @@ def test_losing_an_api_server(cluster):
         c.start()
     # Back (on a new port): it serves what was written while it was gone.
     assert [s.metadata.name for s in cluster.core(2).list_namespaced_service(ns).items] == ["after"]
+
+
+def test_migrating_an_embedded_cluster_to_etcd():
+    root = pathlib.Path(tempfile.mkdtemp(prefix="portal-migrate-"))
+    etcd = EtcdCluster(1).start()
+    server = Portal(root / "dir", extra_args=["--disable", "controllers,dns"])
+    (root / "dir").mkdir()
+    try:
+        server.start()
+        core = server.core()
+        for i in range(20):
+            kind = "NodePort" if i % 2 else "ClusterIP"
+            core.create_namespaced_service("default", {"metadata": {"name": f"m{i:02}"}, "spec": {"type": kind, "ports": [{"port": 80}]}})
+        core.patch_namespaced_service("m03", "default", {"metadata": {"labels": {"touched": "yes"}}})
+        core.create_namespaced_pod("default", {"metadata": {"name": "pod"}, "spec": {"containers": [{"name": "c", "image": "registry.local/app:1"}]}})
+
+        def snapshot(core):
+            # The `kubernetes` Service is the server's own (rewritten with its
+            # new port at start): the users' objects are compared.
+            services = [s for s in core.list_namespaced_service("default").items if s.metadata.name != "kubernetes"]
+            by_version = [s.metadata.name for s in sorted(services, key=lambda s: int(s.metadata.resource_version))]
+            return ({(s.metadata.name, s.metadata.uid, s.spec.cluster_ip, tuple(p.node_port or 0 for p in s.spec.ports),
+                      tuple(sorted((s.metadata.labels or {}).items()))) for s in services}, by_version,
+                    [p.metadata.uid for p in core.list_namespaced_pod("default").items])
+
+        before = snapshot(core)
+        server.stop()
+        out = subprocess.run([BINARY, "store", "migrate", "--from", str(root / "dir"), "--to", etcd.endpoint],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        # Into a cluster that is not empty: refused.
+        again = subprocess.run([BINARY, "store", "migrate", "--from", str(root / "dir"), "--to", etcd.endpoint],
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode != 0 and "empty" in again.stdout + again.stderr
+
+        server.extra_args += ["--datastore-endpoint", etcd.endpoint]
+        server.start()
+        core = server.core()
+        assert snapshot(core) == before
+        # Allocations moved too: a requested address that is taken is refused.
+        taken = next(ip for name, _, ip, _, _ in before[0] if name == "m05")
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_service("default", {"metadata": {"name": "dup"}, "spec": {"clusterIP": taken, "ports": [{"port": 80}]}})
+        assert refused.value.status == 422
+    finally:
+        server.stop()
+        etcd.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -81,6 +81,33 @@ fn read(path: &PathBuf, what: &str) -> Result<Vec<u8>, Error> {
     std::fs::read(path).map_err(|e| Error::Usage(format!("{what} {}: {e}", path.display())))
 }
 
+/// How to reach etcd at `endpoint` (a `--datastore-endpoint` value).
+pub(crate) fn etcd_options(
+    endpoint: &str,
+    ca: Option<&PathBuf>,
+    identity: Option<(&PathBuf, &PathBuf)>,
+) -> Result<portal_store::EtcdOptions, Error> {
+    let mut options = portal_store::EtcdOptions::from_endpoint(endpoint)
+        .map_err(|e| Error::Usage(format!("{endpoint:?}: {e}")))?;
+    if let Some(ca) = ca {
+        let identity = match identity {
+            Some((cert, key)) => {
+                Some((read(cert, "--etcd-certfile")?, read(key, "--etcd-keyfile")?))
+            }
+            None => None,
+        };
+        options.tls = Some(portal_store::EtcdTls {
+            ca_pem: read(ca, "--etcd-cafile")?,
+            identity,
+        });
+    } else if options.is_secure() {
+        return Err(Error::Usage(
+            "https:// etcd endpoints need --etcd-cafile".into(),
+        ));
+    }
+    Ok(options)
+}
+
 impl DatastoreArgs {
     fn datastore(&self) -> Result<Datastore, Error> {
         let Some(endpoint) = &self.datastore_endpoint else {
@@ -91,24 +118,11 @@ impl DatastoreArgs {
             }
             return Ok(Datastore::Embedded);
         };
-        let mut options = portal_store::EtcdOptions::from_endpoint(endpoint)
-            .map_err(|e| Error::Usage(format!("--datastore-endpoint: {e}")))?;
-        if let Some(ca) = &self.etcd_cafile {
-            let identity = match (&self.etcd_certfile, &self.etcd_keyfile) {
-                (Some(cert), Some(key)) => {
-                    Some((read(cert, "--etcd-certfile")?, read(key, "--etcd-keyfile")?))
-                }
-                _ => None,
-            };
-            options.tls = Some(portal_store::EtcdTls {
-                ca_pem: read(ca, "--etcd-cafile")?,
-                identity,
-            });
-        } else if options.is_secure() {
-            return Err(Error::Usage(
-                "https:// etcd endpoints need --etcd-cafile".into(),
-            ));
-        }
+        let options = etcd_options(
+            endpoint,
+            self.etcd_cafile.as_ref(),
+            self.etcd_certfile.as_ref().zip(self.etcd_keyfile.as_ref()),
+        )?;
         Ok(Datastore::Etcd(options))
     }
 

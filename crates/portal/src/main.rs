@@ -9,6 +9,7 @@ use std::time::Duration;
 mod agent;
 mod apiserver;
 mod node;
+mod store;
 
 use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
@@ -45,6 +46,9 @@ enum Command {
     /// Join a cluster as a worker node: agent and proxy, with the node's
     /// own credential.
     Node(Box<node::NodeArgs>),
+    /// Manage the datastore (move to etcd).
+    #[command(subcommand)]
+    Store(store::StoreCommand),
     /// Manage the node's images.
     Images(agent::ImagesArgs),
     /// One container's supervisor (started by the agent).
@@ -658,6 +662,7 @@ fn main() -> ExitCode {
             Command::Agent(args) => agent::agent(*args).await,
             Command::Node(args) => node::node(*args).await,
             Command::Images(args) => agent::images(args).await,
+            Command::Store(command) => store::store(command).await,
             Command::Shim(_) => Ok(()),
         }
     });

@@ -1,5 +1,5 @@
-//! `portal-bench`: the API server and its store against raw etcd, side by side
-//! in one run on loopback. Reports ratios; absolute numbers depend on the
+//! `portal-bench`: the API server on its embedded store and on etcd, against
+//! raw etcd, side by side in one run on loopback. Reports ratios; absolute numbers depend on the
 //! machine.
 //!
 //! - create throughput and p99 at 1, 16, 64 concurrent clients: a full Portal
@@ -407,6 +407,8 @@ async fn collect(
 struct Row {
     measure: String,
     portal: f64,
+    /// The same API server on etcd (its own etcd, not the anchor's).
+    on_etcd: f64,
     etcd: f64,
     unit: &'static str,
     /// Whether a larger number is better (throughput) or worse (latency).
@@ -415,13 +417,15 @@ struct Row {
 
 fn render(rows: &[Row], args: &Args) -> String {
     let mut out = String::from(
-        "| measure | Portal | etcd | Portal vs etcd |\n| --- | ---: | ---: | ---: |\n",
+        "| measure | Portal (embedded) | Portal on etcd | etcd | embedded vs etcd | on etcd vs etcd |\n| --- | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for row in rows {
-        let ratio = if row.higher_is_better {
-            row.portal / row.etcd
-        } else {
-            row.etcd / row.portal
+        let ratio = |portal: f64| {
+            if row.higher_is_better {
+                portal / row.etcd
+            } else {
+                row.etcd / portal
+            }
         };
         let word = if row.higher_is_better {
             "× throughput"
@@ -429,8 +433,14 @@ fn render(rows: &[Row], args: &Args) -> String {
             "× faster"
         };
         out.push_str(&format!(
-            "| {} | {:.2} {} | {:.2} {} | {:.2}{} |\n",
-            row.measure, row.portal, row.unit, row.etcd, row.unit, ratio, word
+            "| {} | {:.2} {u} | {:.2} {u} | {:.2} {u} | {:.2}{word} | {:.2}{word} |\n",
+            row.measure,
+            row.portal,
+            row.on_etcd,
+            row.etcd,
+            ratio(row.portal),
+            ratio(row.on_etcd),
+            u = row.unit,
         ));
     }
     out.push_str(&format!(
@@ -451,25 +461,47 @@ async fn run(args: &Args) -> Result<String, Error> {
         &["--disable", "controllers,proxy"],
     )?;
     let etcd = etcd::Etcd::start(&args.etcd, etcd_dir.path()).await?;
-    portal
-        .connect()
-        .await?
-        .call(
-            "POST",
-            "/api/v1/namespaces",
-            Bytes::from(r#"{"metadata":{"name":"bench"}}"#),
-        )
-        .await?;
+    // The same API server on an etcd of its own (the anchor's keyspace
+    // stays untouched).
+    let backing_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let backing = etcd::Etcd::start(&args.etcd, backing_dir.path()).await?;
+    let on_etcd_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let on_etcd = portal::Portal::start(
+        &args.portal,
+        on_etcd_dir.path(),
+        &[
+            "--disable",
+            "controllers,proxy",
+            "--datastore-endpoint",
+            &backing.endpoint,
+        ],
+    )?;
+    for server in [&portal, &on_etcd] {
+        server
+            .connect()
+            .await?
+            .call(
+                "POST",
+                "/api/v1/namespaces",
+                Bytes::from(r#"{"metadata":{"name":"bench"}}"#),
+            )
+            .await?;
+    }
     let mut rows = Vec::new();
     for clients in [1usize, 16, 64] {
         let (p_rate, mut p) =
             portal_creates(&portal, clients, args.seconds, &format!("c{clients}")).await?;
+        let (o_rate, mut o) =
+            portal_creates(&on_etcd, clients, args.seconds, &format!("c{clients}")).await?;
         let (e_rate, mut e) =
             etcd_puts(&etcd, clients, args.seconds, &format!("c{clients}")).await?;
-        eprintln!("create x{clients}: portal {p_rate:.0}/s, etcd {e_rate:.0}/s");
+        eprintln!(
+            "create x{clients}: portal {p_rate:.0}/s, portal on etcd {o_rate:.0}/s, etcd {e_rate:.0}/s"
+        );
         rows.push(Row {
             measure: format!("create, {clients} clients"),
             portal: p_rate,
+            on_etcd: o_rate,
             etcd: e_rate,
             unit: "obj/s",
             higher_is_better: true,
@@ -477,30 +509,35 @@ async fn run(args: &Args) -> Result<String, Error> {
         rows.push(Row {
             measure: format!("create p99, {clients} clients"),
             portal: p.percentile_ms(99.0),
+            on_etcd: o.percentile_ms(99.0),
             etcd: e.percentile_ms(99.0),
             unit: "ms",
             higher_is_better: false,
         });
     }
-    let (mut p, mut e) = (
+    let (mut p, mut o, mut e) = (
         portal_list(&portal, args.list_objects).await?,
+        portal_list(&on_etcd, args.list_objects).await?,
         etcd_list(&etcd, args.list_objects).await?,
     );
     for (name, pct) in [("p50", 50.0), ("p99", 99.0)] {
         rows.push(Row {
             measure: format!("list {} Services {name}", args.list_objects),
             portal: p.percentile_ms(pct),
+            on_etcd: o.percentile_ms(pct),
             etcd: e.percentile_ms(pct),
             unit: "ms",
             higher_is_better: false,
         });
     }
     let mut p = portal_watch(&portal, args.watchers, args.watch_writes).await?;
+    let mut o = portal_watch(&on_etcd, args.watchers, args.watch_writes).await?;
     let mut e = etcd_watch(&etcd, args.watchers, args.watch_writes).await?;
     for (name, pct) in [("p50", 50.0), ("p99", 99.0)] {
         rows.push(Row {
             measure: format!("watch delivery to {} watchers {name}", args.watchers),
             portal: p.percentile_ms(pct),
+            on_etcd: o.percentile_ms(pct),
             etcd: e.percentile_ms(pct),
             unit: "ms",
             higher_is_better: false,

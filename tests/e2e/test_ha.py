@@ -298,6 +298,12 @@ def test_migrating_an_embedded_cluster_to_etcd():
         server.start()
         core = server.core()
         assert snapshot(core) == before
+        # A resourceVersion this cluster never issued (a client from before
+        # the move, with larger numbers) is 410: the client lists again.
+        issued = int(core.list_namespaced_service("default").metadata.resource_version)
+        with pytest.raises(ApiException) as gone:
+            core.list_namespaced_service("default", resource_version=str(issued + 100_000), watch=True, timeout_seconds=1)
+        assert gone.value.status == 410
         # Allocations moved too: a requested address that is taken is refused.
         taken = next(ip for name, _, ip, _, _ in before[0] if name == "m05")
         with pytest.raises(ApiException) as refused:

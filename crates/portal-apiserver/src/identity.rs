@@ -126,38 +126,65 @@ fn open(stored: &[u8], token: &str) -> Result<Files, Error> {
     serde_json::from_slice(plain).map_err(|e| corrupt(&e))
 }
 
-/// Makes whatever identity files are missing in `dir` (as a lone server
-/// would) and reads them all.
+/// The identity this server would bring as the first one: the files it
+/// has (an operator's CA, its own from an earlier start) and new ones for
+/// the rest, made in a scratch directory so that nothing lands in `dir`
+/// unless this server wins the race to be first.
 fn local_files(dir: &Path) -> Result<Files, Error> {
-    let credentials = pki::load_or_create(dir, &[], &[])?;
-    pki::agent_client(dir)?;
-    join::load_or_create_token(dir, &credentials.ca_pem)?;
-    let mut files = Vec::new();
-    for name in FILES {
-        let path = dir.join(name);
-        let text = std::fs::read_to_string(&path).map_err(|source| pki::Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-        files.push((name.to_owned(), text));
-    }
-    Ok(Files(files))
+    let scratch = dir.join(".identity-new");
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| Error::from(pki::Error::Io { path, source })
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(scratch.join("pki")).map_err(io(&scratch))?;
+    let made = (|| {
+        for name in FILES {
+            match std::fs::read(dir.join(name)) {
+                Ok(bytes) => pki::write_private(&scratch.join(name), &bytes)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(pki::Error::Io {
+                        path: dir.join(name),
+                        source,
+                    }
+                    .into())
+                }
+            }
+        }
+        let credentials = pki::load_or_create(&scratch, &[], &[])?;
+        pki::agent_client(&scratch)?;
+        join::load_or_create_token(&scratch, &credentials.ca_pem)?;
+        let mut files = Vec::new();
+        for name in FILES {
+            let path = scratch.join(name);
+            let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+            files.push((name.to_owned(), text));
+        }
+        Ok(Files(files))
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    made
 }
 
 /// Writes the cluster's files into `dir`. A file already there must be the
-/// same (the CA an operator supplied, or this server's own from before).
+/// same (the CA an operator supplied, or this server's own from before);
+/// all are checked before any is written.
 fn adopt(dir: &Path, files: &Files) -> Result<(), Error> {
+    let mut missing = Vec::new();
     for (name, text) in &files.0 {
         if !FILES.contains(&name.as_str()) {
             return Err(Error::Corrupt(format!("unexpected file {name:?}")));
         }
         let path = dir.join(name);
         match std::fs::read_to_string(&path) {
-            Ok(existing) if existing == *text => continue,
+            Ok(existing) if existing == *text => {}
             Ok(_) => return Err(Error::Differs(path.display().to_string())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push((path, text)),
             Err(source) => return Err(pki::Error::Io { path, source }.into()),
         }
+    }
+    for (path, text) in missing {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|source| pki::Error::Io {
                 path: parent.to_owned(),
@@ -169,23 +196,20 @@ fn adopt(dir: &Path, files: &Files) -> Result<(), Error> {
     Ok(())
 }
 
-/// The cluster token: given, or (first server, nothing stored yet) made and
-/// kept in `DIR/server-token` for the next servers.
+/// The cluster token of a first server: given, kept from an earlier
+/// attempt, or made (and kept only once this server has won).
 fn token_for_first_server(dir: &Path, given: Option<&str>) -> Result<String, Error> {
     if let Some(token) = given {
         return Ok(token.to_owned());
     }
-    let path = dir.join("server-token");
-    if let Ok(existing) = std::fs::read_to_string(&path) {
+    if let Ok(existing) = std::fs::read_to_string(dir.join("server-token")) {
         return Ok(existing.trim().to_owned());
     }
     let mut bytes = [0u8; 24];
     SystemRandom::new()
         .fill(&mut bytes)
         .map_err(|_| Error::Corrupt("no randomness".into()))?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    pki::write_private(&path, format!("{token}\n").as_bytes())?;
-    Ok(token)
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Makes `dir` hold the cluster's identity: taken from the store, or (the
@@ -207,15 +231,16 @@ pub(crate) async fn share(store: &dyn Store, dir: &Path, token: Option<&str>) ->
             pki::write_private(&dir.join("server-token"), format!("{token}\n").as_bytes())?;
             return Ok(());
         }
-        let token = token_for_first_server(dir, token)?;
+        let chosen = token_for_first_server(dir, token)?;
         let files = local_files(dir)?;
         let op = Op::Create {
             key: KEY.into(),
-            value: Bytes::from(seal(&files, &token)?),
+            value: Bytes::from(seal(&files, &chosen)?),
         };
         match store.txn(vec![op]).await {
             Ok(_) => {
-                pki::write_private(&dir.join("server-token"), format!("{token}\n").as_bytes())?;
+                adopt(dir, &files)?;
+                pki::write_private(&dir.join("server-token"), format!("{chosen}\n").as_bytes())?;
                 tracing::info!(token = %dir.join("server-token").display(), "cluster identity stored; other API servers start with --token-file of this file");
                 return Ok(());
             }
@@ -267,6 +292,24 @@ mod tests {
             assert_eq!(
                 std::fs::read(first.path().join(name)).unwrap(),
                 std::fs::read(second.path().join(name)).unwrap(),
+                "{name}"
+            );
+        }
+        // Two first servers racing with one token: one identity for both.
+        let racing_store_dir = tempfile::tempdir().unwrap();
+        let racing =
+            EmbeddedStore::open(racing_store_dir.path(), EmbeddedOptions::default()).unwrap();
+        let (x, y) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (rx, ry) = tokio::join!(
+            share(&racing, x.path(), Some("shared")),
+            share(&racing, y.path(), Some("shared"))
+        );
+        rx.unwrap();
+        ry.unwrap();
+        for name in FILES {
+            assert_eq!(
+                std::fs::read(x.path().join(name)).unwrap(),
+                std::fs::read(y.path().join(name)).unwrap(),
                 "{name}"
             );
         }

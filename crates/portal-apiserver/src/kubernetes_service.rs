@@ -116,7 +116,11 @@ pub(crate) async fn ensure(
                     value: Bytes::from(svc.to_string()),
                     expected_revision: current.mod_revision,
                 };
-                store.txn(vec![op]).await?;
+                match store.txn(vec![op]).await {
+                    // Another server starting at the same moment wrote it.
+                    Ok(_) | Err(StoreError::Conflict { .. }) => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
     }

@@ -24,12 +24,30 @@ pub(crate) async fn fresh(state: &ApiState, query: &Query) -> Result<(), Status>
             state.cache.wait_for(current).await
         }
         Some(_) => {
-            state
-                .cache
-                .wait_for(parse_revision(query.get("resourceVersion"))?.unwrap_or(0))
-                .await
+            reached(
+                state,
+                parse_revision(query.get("resourceVersion"))?.unwrap_or(0),
+            )
+            .await
         }
     }
+}
+
+/// Waits until the cache has seen `revision`, which another server may
+/// have issued a moment ago. One this cluster never issued (a client
+/// from before `portal store migrate`, or a restore) is 410, so that the
+/// client lists again rather than wait for a revision that may never come.
+pub(crate) async fn reached(state: &ApiState, revision: Revision) -> Result<(), Status> {
+    if state.cache.revision() >= revision {
+        return Ok(());
+    }
+    let current = state.store.current_revision().await.map_err(store_error)?;
+    if revision > current {
+        return Err(Status::expired(format!(
+            "resource version {revision} was not issued by this cluster (it is at {current}): list again"
+        )));
+    }
+    state.cache.wait_for(revision).await
 }
 
 /// The latest committed object at `key`, read from the store.

@@ -170,7 +170,7 @@ pub(crate) async fn watch(
         }
         Some(position) if position >= cache.floor(resource) => {
             // A position the cache has not reached yet must still be valid.
-            cache.wait_for(position).await?;
+            crate::read::reached(state, position).await?;
             tokio::spawn(tokio::time::timeout(timeout, async move {
                 follow_cache(&cache, &watcher, position).await
             }));

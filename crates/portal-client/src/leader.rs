@@ -54,11 +54,7 @@ pub fn unique_identity() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "portal".into());
-    let random = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos())
-        ^ std::process::id().rotate_left(16);
-    format!("{host}_{random:08x}")
+    format!("{host}_{:016x}", rand::random::<u64>())
 }
 
 /// Campaigns for ever: runs `work` while this process leads, and stops it
@@ -71,12 +67,21 @@ where
     let leases: Api<Lease> = Api::namespaced(client, &election.namespace);
     let mut candidate = Candidate::new(election);
     loop {
-        candidate.acquire(&leases).await;
+        let acquired = candidate.acquire(&leases).await;
         tracing::info!(lease = %candidate.election.name, identity = %candidate.election.identity, "became leader");
-        let task = tokio::spawn(work());
-        candidate.keep(&leases).await;
-        task.abort();
-        tracing::warn!(lease = %candidate.election.name, "lost the lease; stopped leading");
+        let mut task = tokio::spawn(work());
+        tokio::select! {
+            () = candidate.keep(&leases, acquired) => {
+                task.abort();
+                let _ = (&mut task).await;
+                tracing::warn!(lease = %candidate.election.name, "lost the lease; stopped leading");
+            }
+            ended = &mut task => {
+                // The work stopped on its own (a panic): start it again, if
+                // this candidate still leads.
+                tracing::error!(lease = %candidate.election.name, ?ended, "the leader's work stopped; starting again");
+            }
+        }
     }
 }
 
@@ -86,6 +91,8 @@ struct Candidate {
     /// The Lease as last seen, and when (by this process's clock) it last
     /// changed.
     observed: Option<(Lease, Instant)>,
+    /// The last reason an attempt failed, said once.
+    last_failure: Option<String>,
 }
 
 fn micro_now() -> MicroTime {
@@ -97,37 +104,58 @@ impl Candidate {
         Candidate {
             election,
             observed: None,
+            last_failure: None,
         }
     }
 
-    /// Returns once this candidate holds the Lease.
-    async fn acquire(&mut self, leases: &Api<Lease>) {
+    /// Returns once this candidate holds the Lease: when the request that
+    /// took it was sent.
+    async fn acquire(&mut self, leases: &Api<Lease>) -> Instant {
         loop {
-            match self.try_acquire_or_renew(leases).await {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(error) => tracing::debug!(%error, "leader election: cannot reach the Lease"),
+            let sent = Instant::now();
+            let deadline = self.election.renew_deadline;
+            match tokio::time::timeout(deadline, self.try_acquire_or_renew(leases)).await {
+                Ok(Ok(true)) => return sent,
+                Ok(Ok(false)) => {}
+                Ok(Err(error)) => self.failed(&error.to_string()),
+                Err(_) => self.failed("no answer in time"),
             }
             tokio::time::sleep(self.election.retry_period).await;
         }
     }
 
-    /// Renews until a renewal has failed for `renew_deadline`.
-    async fn keep(&mut self, leases: &Api<Lease>) {
-        let mut renewed = Instant::now();
+    /// Renews until someone else holds the Lease or no renewal succeeded
+    /// for `renew_deadline`, counted from when the last good renewal was
+    /// sent: no attempt may outlive it, so this candidate stops before any
+    /// other may start (`renew_deadline` < `lease_duration`).
+    async fn keep(&mut self, leases: &Api<Lease>, acquired: Instant) {
+        let mut renewed = acquired;
         loop {
             tokio::time::sleep(self.election.retry_period).await;
-            match self.try_acquire_or_renew(leases).await {
-                Ok(true) => renewed = Instant::now(),
+            let left = self
+                .election
+                .renew_deadline
+                .saturating_sub(renewed.elapsed());
+            if left.is_zero() {
+                return;
+            }
+            let sent = Instant::now();
+            match tokio::time::timeout(left, self.try_acquire_or_renew(leases)).await {
+                Ok(Ok(true)) => renewed = sent,
                 // Someone else holds it now: stop at once.
-                Ok(false) => return,
-                Err(error) => {
-                    tracing::debug!(%error, "leader election: renewal failed");
-                    if renewed.elapsed() >= self.election.renew_deadline {
-                        return;
-                    }
-                }
+                Ok(Ok(false)) => return,
+                Ok(Err(error)) => self.failed(&error.to_string()),
+                Err(_) => return,
             }
+        }
+    }
+
+    /// Says why an attempt failed, once per distinct reason (a candidate
+    /// that can never reach its Lease must not be silent, nor flood).
+    fn failed(&mut self, why: &str) {
+        if self.last_failure.as_deref() != Some(why) {
+            tracing::warn!(lease = %self.election.name, error = why, "leader election: cannot reach the Lease");
+            self.last_failure = Some(why.to_owned());
         }
     }
 

@@ -186,10 +186,15 @@ enum Failure {
 fn failure(error: &etcd_client::Error) -> Failure {
     match error {
         etcd_client::Error::GRpcStatus(status) => match status.code() {
+            // tonic says Unavailable, with a connect error, when no
+            // connection could be made at all.
             tonic::Code::Unavailable if status.message().contains("connect") => Failure::NotSent,
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
-                Failure::Ambiguous
-            }
+            // A member that went away or stopped answering (our own request
+            // timeout is Cancelled): the request may have been applied.
+            tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Cancelled
+            | tonic::Code::Unknown => Failure::Ambiguous,
             _ => Failure::Final,
         },
         etcd_client::Error::TransportError(_) => Failure::NotSent,
@@ -216,6 +221,9 @@ impl EtcdStore {
                 config = config.identity(Identity::from_pem(cert, key));
             }
             connect = connect.with_tls(config);
+        }
+        if options.endpoints.is_empty() {
+            return Err(Error::Backend("no etcd endpoints".into()));
         }
         // One client per member, not one balanced channel: a dead member
         // must be left for the next one at once, and only this code knows
@@ -325,7 +333,14 @@ impl EtcdStore {
             let snapshot = page.header().map_or(0, |h| h.revision());
             let at = *at.get_or_insert(snapshot);
             for kv in page.kvs() {
-                items.push(key_value(kv)?);
+                match key_value(kv) {
+                    Ok(item) => items.push(item),
+                    // Not written by Portal: one bad key must not make the
+                    // whole range unreadable.
+                    Err(error) => {
+                        tracing::warn!(%error, key = ?String::from_utf8_lossy(kv.key()), "skipping a key in etcd")
+                    }
+                }
             }
             match page.kvs().last() {
                 Some(last) if page.more() => {
@@ -418,6 +433,18 @@ impl EtcdStore {
             if let Some(revision) = committed_at(&ops, &found) {
                 return Ok(revision);
             }
+            // Only deletes, all done: ours, most likely (had another client
+            // deleted first, ours would have failed the same way).
+            if ops.iter().all(|op| matches!(op, Op::Delete { .. }))
+                && found.iter().all(Option::is_none)
+            {
+                return Ok(response.header().map_or(0, |h| revision(h.revision())));
+            }
+            // The lost attempt may have committed and been changed since:
+            // saying "precondition failed" could be false.
+            return Err(Error::Backend(
+                "etcd: an etcd member went away during this write and its outcome is unknown; read the object again".into(),
+            ));
         }
         Err(precondition_failure(&ops, &found))
     }

@@ -34,10 +34,15 @@ class Cluster:
         return client.CoreV1Api(kubernetes.config.new_client_from_config(config_file=self.servers[i].kubeconfig))
 
 
+# Published in the `kubernetes` Endpoints only (documentation addresses: no
+# traffic is ever sent to them, no address is configured).
+ADVERTISED = {"a": "192.0.2.1", "b": "192.0.2.2", "c": "192.0.2.3"}
+
+
 def start_apiserver(root, name, etcd, token_file=None):
     data = root / name
     data.mkdir(exist_ok=True)
-    args = ["--datastore-endpoint", etcd.endpoint]
+    args = ["--datastore-endpoint", etcd.endpoint, "--advertise-address", ADVERTISED[name]]
     if token_file:
         args += ["--token-file", str(token_file)]
     return Portal(data, extra_args=args, command="apiserver").start()
@@ -241,10 +246,22 @@ def test_controllers_fail_over(cluster):
             p.wait()
 
 
+def kubernetes_endpoints(core):
+    ep = core.read_namespaced_endpoints("kubernetes", "default")
+    return {(a.ip, s.ports[0].port) for s in ep.subsets or [] for a in s.addresses or []}
+
+
+def test_kubernetes_endpoints_list_the_live_servers(cluster):
+    core = cluster.core(0)
+    expected = {(ADVERTISED[n], int(s.server.rsplit(":", 1)[1])) for n, s in zip("abc", cluster.servers)}
+    wait_for(lambda: kubernetes_endpoints(core) == expected, "every server in the kubernetes Endpoints")
+
+
 def test_losing_an_api_server(cluster):
     a, b, c = cluster.servers
     core_a, core_b = cluster.core(0), cluster.core(1)
     ns = namespace(core_a, "survivors")
+    c_port = int(c.server.rsplit(":", 1)[1])
     c.kill()
     try:
         # Clients of the others notice nothing.
@@ -255,10 +272,16 @@ def test_losing_an_api_server(cluster):
                              capture_output=True, text=True, timeout=30)
         assert out.returncode != 0
         assert "refused" in out.stderr, out.stderr
+        # The others drop it from the kubernetes Endpoints (15 s unrenewed).
+        wait_for(lambda: (ADVERTISED["c"], c_port) not in kubernetes_endpoints(core_a) and len(kubernetes_endpoints(core_a)) == 2,
+                 "the dead server out of the kubernetes Endpoints", timeout=30)
     finally:
         c.start()
-    # Back (on a new port): it serves what was written while it was gone.
+    # Back (on a new port): it serves what was written while it was gone,
+    # and is in the Endpoints again.
     assert [s.metadata.name for s in cluster.core(2).list_namespaced_service(ns).items] == ["after"]
+    new_port = int(c.server.rsplit(":", 1)[1])
+    wait_for(lambda: (ADVERTISED["c"], new_port) in kubernetes_endpoints(core_a), "the server back in the Endpoints")
 
 
 def test_migrating_an_embedded_cluster_to_etcd():

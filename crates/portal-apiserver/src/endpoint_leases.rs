@@ -1,8 +1,10 @@
 //! The `kubernetes` Service's Endpoints list every API server that is alive,
 //! as Kubernetes' lease endpoint reconciler does: each server keeps a record
-//! of its address in the store (`/registry/portal/apiservers/<ip>`) and
-//! renews it every few seconds; every server writes the Endpoints from the
-//! records that are alive, and removes records that stopped being renewed.
+//! of its address in the store (`/registry/portal/apiservers/<ip:port>`)
+//! and, on a shared store, renews it every few seconds; every server writes
+//! the Endpoints from the records that are alive, and removes records that
+//! stopped being renewed. A lone server (embedded store) writes once at
+//! start, dropping the records of its earlier addresses.
 //!
 //! "Alive" is judged by this server's clock from when it last saw a record
 //! change (a renewal always changes its revision), never by comparing the
@@ -32,8 +34,29 @@ pub(crate) const TTL: Duration = Duration::from_secs(15);
 /// Records as last seen: revision, and when it changed by our clock.
 type Seen = HashMap<String, (Revision, Instant)>;
 
+/// Puts this server's address in the `kubernetes` Endpoints, the only one.
+pub(crate) async fn publish_alone(
+    store: &dyn Store,
+    ip: IpAddr,
+    port: u16,
+) -> Result<(), StoreError> {
+    let own = record_key(ip, port);
+    let (records, _) = store.list(PREFIX).await?;
+    for kv in records.into_iter().filter(|kv| kv.key != own) {
+        let op = Op::Delete {
+            key: kv.key,
+            expected_revision: Some(kv.mod_revision),
+        };
+        match store.txn(vec![op]).await {
+            Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    once(store, ip, port, &mut Seen::new(), TTL).await
+}
+
 /// Keeps this server's address in the `kubernetes` Endpoints for as long as
-/// it runs.
+/// it runs, beside the other servers'.
 pub(crate) async fn run(
     store: Arc<dyn Store>,
     ip: IpAddr,
@@ -94,8 +117,12 @@ async fn once(
 
 /// Writes (creates or refreshes) our record; every write is a new revision
 /// that others see as a renewal.
+fn record_key(ip: IpAddr, port: u16) -> String {
+    format!("{PREFIX}{}", std::net::SocketAddr::new(ip, port))
+}
+
 async fn renew(store: &dyn Store, ip: IpAddr, port: u16) -> Result<(), StoreError> {
-    let key = format!("{PREFIX}{ip}");
+    let key = record_key(ip, port);
     let value = Bytes::from(json!({"ip": ip.to_string(), "port": port}).to_string());
     let op = match store.get(&key).await? {
         Some(current) => Op::Update {
@@ -205,5 +232,11 @@ mod tests {
             json!([{"addresses": [{"ip": "192.0.2.1"}], "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]}])
         );
         assert_eq!(store.list(PREFIX).await.unwrap().0.len(), 1);
+        // A lone server that comes back on another address is the only one.
+        publish_alone(&store, b, 7443).await.unwrap();
+        assert_eq!(
+            endpoints(&store).await,
+            json!([{"addresses": [{"ip": "192.0.2.2"}], "ports": [{"name": "https", "port": 7443, "protocol": "TCP"}]}])
+        );
     }
 }

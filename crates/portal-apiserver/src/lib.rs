@@ -328,13 +328,17 @@ impl ApiServer {
         // Pods reach this server at its advertised address (not a loopback
         // one): it joins the `kubernetes` Endpoints while it runs.
         if let Some(ip) = advertise.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) {
-            tokio::spawn(endpoint_leases::run(
-                store.clone(),
-                ip,
-                address.port(),
-                endpoint_leases::RENEW,
-                endpoint_leases::TTL,
-            ));
+            if shared {
+                tokio::spawn(endpoint_leases::run(
+                    store.clone(),
+                    ip,
+                    address.port(),
+                    endpoint_leases::RENEW,
+                    endpoint_leases::TTL,
+                ));
+            } else {
+                endpoint_leases::publish_alone(store.as_ref(), ip, address.port()).await?;
+            }
         }
         if let Err(error) = kubernetes_service::ensure_dns(store.as_ref(), &allocators).await {
             // Not fatal: the address may be taken by a user's Service.

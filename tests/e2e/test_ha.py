@@ -336,3 +336,49 @@ def test_migrating_an_embedded_cluster_to_etcd():
         server.stop()
         etcd.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def make_pki(directory):
+    """A CA, a serving certificate for 127.0.0.1 and a client certificate,
+    made with openssl."""
+    d = pathlib.Path(directory)
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+        "-subj", "/CN=etcd-test-ca", "-keyout", "ca.key", "-out", "ca.crt")
+    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", f"/CN={name}",
+            "-addext", "subjectAltName=IP:127.0.0.1", "-addext", f"extendedKeyUsage={usage}",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-copy_extensions", "copyall", "-out", f"{name}.crt")
+    return {name: str(d / name) for name in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+
+
+def test_etcd_over_tls_with_a_client_certificate():
+    root = pathlib.Path(tempfile.mkdtemp(prefix="portal-etcd-tls-"))
+    pki = make_pki(root)
+    etcd = EtcdCluster(1, tls=(pki["ca.crt"], pki["server.crt"], pki["server.key"], pki["client.crt"], pki["client.key"]))
+    server = None
+    try:
+        etcd.start()
+        store = ["--datastore-endpoint", etcd.endpoint, "--etcd-cafile", pki["ca.crt"]]
+        # Without the client certificate etcd refuses, and the server says so.
+        (root / "refused").mkdir()
+        out = subprocess.run([BINARY, "apiserver", "--data-dir", str(root / "refused"), "--api-bind", "127.0.0.1:0", *store],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0
+        assert "etcd" in out.stdout + out.stderr
+        (root / "dir").mkdir()
+        server = Portal(root / "dir", command="apiserver",
+                        extra_args=store + ["--etcd-certfile", pki["client.crt"], "--etcd-keyfile", pki["client.key"]]).start()
+        core = server.core()
+        core.create_namespaced_service("default", {"metadata": {"name": "secure"}, "spec": {"ports": [{"port": 80}]}})
+        assert "secure" in {s.metadata.name for s in core.list_namespaced_service("default").items}
+    finally:
+        if server:
+            server.stop()
+        etcd.stop()
+        shutil.rmtree(root, ignore_errors=True)

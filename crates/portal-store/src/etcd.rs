@@ -251,7 +251,11 @@ impl EtcdStore {
                 ))
             })?
             .map_err(|error| {
-                Error::Backend(format!("etcd at {}: {error}", options.endpoints.join(",")))
+                let why = match error {
+                    Error::Backend(why) => why,
+                    other => other.to_string(),
+                };
+                Error::Backend(format!("{} ({why})", options.endpoints.join(",")))
             })?;
         Ok(store)
     }

@@ -139,15 +139,13 @@ impl Default for ConnectionLimits {
 const REPAIR_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Work done once per cluster: mending allocations, handing out
-/// load-balancer addresses, compacting a shared store's history.
+/// load-balancer addresses.
 #[derive(Clone)]
 struct ClusterDuties {
     store: Arc<dyn Store>,
     cache: Arc<cache::WatchCache>,
     allocators: Arc<allocator::Allocators>,
     load_balancer_pool: Vec<Ipv4Cidr>,
-    /// The embedded store compacts itself; etcd is compacted by the leader.
-    compact: bool,
 }
 
 impl ClusterDuties {
@@ -164,12 +162,7 @@ impl ClusterDuties {
                 load_balancer::run(self.store.clone(), self.cache.clone(), pool).await;
             }
         };
-        let compaction = async {
-            if self.compact {
-                compaction::run(self.store.clone(), compaction::PERIOD).await;
-            }
-        };
-        tokio::join!(repair, load_balancers, compaction);
+        tokio::join!(repair, load_balancers);
     }
 }
 
@@ -349,9 +342,11 @@ impl ApiServer {
             cache: cache.clone(),
             allocators: allocators.clone(),
             load_balancer_pool: config.load_balancer_pool.clone(),
-            compact: shared,
         };
         if shared {
+            // etcd's history is compacted by the cluster's servers together
+            // (the embedded store compacts itself).
+            tokio::spawn(compaction::run(store.clone(), compaction::PERIOD));
             tokio::spawn(allocator::repair::run(
                 store.clone(),
                 allocators.clone(),

@@ -42,7 +42,13 @@ async fn round(
     let current = store.current_revision().await?;
     let value = Bytes::from(current.to_string());
     let Some(record) = store.get(KEY).await? else {
-        match store.txn(vec![Op::Create { key: KEY.into(), value }]).await {
+        match store
+            .txn(vec![Op::Create {
+                key: KEY.into(),
+                value,
+            }])
+            .await
+        {
             Ok(written) => *seen = Some(written),
             Err(StoreError::AlreadyExists { .. }) => *seen = None,
             Err(error) => return Err(error),

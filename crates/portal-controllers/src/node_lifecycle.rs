@@ -57,6 +57,15 @@ const FOLLOW_UP: Duration = Duration::from_millis(100);
 /// The conditions the agent reports; all turn Unknown when it is silent.
 const CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
 
+/// A task that ends when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Runs until the process ends, reading pods from the shared pod cache.
 pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
     let (nodes, node_writer) = reflector::store::<Node>();
@@ -68,12 +77,17 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
     let lease_watch = watcher(lease_api, watcher::Config::default())
         .default_backoff()
         .reflect(lease_writer);
-    tokio::spawn(futures_util::StreamExt::for_each(node_watch, |_| async {}));
+    // Tied to this future: a controller that stops (a leader that lost its
+    // lease) leaves no watch behind.
+    let _node_watch = AbortOnDrop(tokio::spawn(futures_util::StreamExt::for_each(
+        node_watch,
+        |_| async {},
+    )));
     // When each renewal arrived, on this controller's clock: silence is
     // measured from there, not from the next look (up to a period later).
     let arrivals: Arrivals = Arc::default();
     let arrived = arrivals.clone();
-    tokio::spawn(futures_util::StreamExt::for_each(
+    let _lease_watch = AbortOnDrop(tokio::spawn(futures_util::StreamExt::for_each(
         lease_watch.touched_objects(),
         move |lease| {
             if let Ok(lease) = lease {
@@ -92,7 +106,7 @@ pub async fn run(client: Client, config: Config, pods: Store<Pod>) {
             }
             async {}
         },
-    ));
+    )));
     let _ = nodes.wait_until_ready().await;
     let _ = leases.wait_until_ready().await;
     let _ = pods.wait_until_ready().await;

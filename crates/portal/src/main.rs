@@ -475,9 +475,17 @@ async fn controllers(args: ControllersArgs) -> Result<(), Error> {
     let ipam = args.ipam.config()?;
     let election = args.leader.election()?;
     let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
+    let held = election.clone();
     tokio::select! {
-        () = run_controllers(client, ipam, args.lifecycle.config(), election) => Ok(()),
-        result = wait_for_signal("the other candidates take over") => result,
+        () = run_controllers(client.clone(), ipam, args.lifecycle.config(), election) => Ok(()),
+        result = wait_for_signal("the other candidates take over") => {
+            if let Some(election) = held {
+                if let Err(error) = portal_client::leader::release(client, &election).await {
+                    tracing::warn!(%error, "could not give up the lease; others wait for it to run out");
+                }
+            }
+            result
+        }
     }
 }
 

@@ -36,6 +36,36 @@ pub enum ReconcileError {
 const CONCURRENCY: u16 = 32;
 
 /// The runtime configuration every controller uses.
+/// Whether a reflector has listed once. Reconciles check this and requeue
+/// instead of awaiting `Store::wait_until_ready`: that future keeps only the
+/// last of several concurrent waiters' wakers (kube-runtime's `DelayedInit`
+/// is one oneshot receiver), so a reconcile parked there alongside others
+/// may never wake, and every later trigger of its object queues behind it.
+#[derive(Debug, Default)]
+pub(crate) struct Listed(std::sync::atomic::AtomicBool);
+
+impl Listed {
+    pub(crate) fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the list done when a reflected watch stream says so (after
+    /// `reflect`, the store holds the list by then).
+    pub(crate) fn on_init_done<K>(&self, event: &kube::runtime::watcher::Event<K>) {
+        if matches!(event, kube::runtime::watcher::Event::InitDone) {
+            self.set();
+        }
+    }
+}
+
+/// How long a reconcile waits before looking again at reflectors that have
+/// not listed yet.
+pub(crate) const NOT_LISTED_YET: std::time::Duration = std::time::Duration::from_millis(200);
+
 pub(crate) fn config() -> kube::runtime::controller::Config {
     kube::runtime::controller::Config::default().concurrency(CONCURRENCY)
 }

@@ -5,6 +5,7 @@
 //! `endpointslice.kubernetes.io/skip-mirror=true` (the endpoints
 //! controller's own) are left alone. Reads come from reflectors only.
 
+use futures_util::TryStreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ struct Context {
     retries: crate::Retries,
     services: Store<Service>,
     mirrors: Store<EndpointSlice>,
+    services_listed: Arc<crate::Listed>,
+    mirrors_listed: Arc<crate::Listed>,
 }
 
 fn endpoints_of_slice(slice: &EndpointSlice) -> Option<ObjectRef<Endpoints>> {
@@ -42,6 +45,11 @@ fn endpoints_of_slice(slice: &EndpointSlice) -> Option<ObjectRef<Endpoints>> {
 pub async fn run(client: Client) {
     let (services, service_writer) = reflector::store::<Service>();
     let (mirrors, mirror_writer) = reflector::store::<EndpointSlice>();
+    let (services_listed, mirrors_listed) = (
+        Arc::new(crate::Listed::default()),
+        Arc::new(crate::Listed::default()),
+    );
+    let listed = services_listed.clone();
     // A Service gaining or losing its selector changes whether its
     // Endpoints are mirrored.
     let service_events = portal_client::settled_objects(
@@ -50,8 +58,10 @@ pub async fn run(client: Client) {
             watcher::Config::default(),
         )
         .default_backoff()
-        .reflect(service_writer),
+        .reflect(service_writer)
+        .inspect_ok(move |event| listed.on_init_done(event)),
     );
+    let listed = mirrors_listed.clone();
     // The mirrors themselves: changed or deleted by someone else, they are
     // put back.
     let mirror_events = portal_client::settled_objects(
@@ -60,13 +70,16 @@ pub async fn run(client: Client) {
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MIRRORED_BY}")),
         )
         .default_backoff()
-        .reflect(mirror_writer),
+        .reflect(mirror_writer)
+        .inspect_ok(move |event| listed.on_init_done(event)),
     );
     let context = Arc::new(Context {
         retries: crate::Retries::new(Duration::from_secs(1)),
         client: client.clone(),
         services,
         mirrors,
+        services_listed,
+        mirrors_listed,
     });
     crate::drive(
         Controller::new(Api::<Endpoints>::all(client), watcher::Config::default())
@@ -135,8 +148,9 @@ fn mirrored(endpoints: &Endpoints) -> Vec<(Vec<EndpointPort>, Vec<Endpoint>)> {
 }
 
 async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.services.wait_until_ready().await?;
-    ctx.mirrors.wait_until_ready().await?;
+    if !(ctx.services_listed.is_set() && ctx.mirrors_listed.is_set()) {
+        return Ok(Action::requeue(crate::NOT_LISTED_YET));
+    }
     let namespace = endpoints.namespace().unwrap_or_default();
     let name = endpoints.name_any();
     let mut existing: Vec<Arc<EndpointSlice>> = ctx

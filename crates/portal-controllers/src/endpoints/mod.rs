@@ -46,6 +46,10 @@ struct Context {
     slice_names: Mutex<HashMap<ServiceKey, BTreeSet<String>>>,
     index: Mutex<index::Index>,
     written: Mutex<Written>,
+    /// The pod index holds the first list (set at the first re-list).
+    pods_indexed: crate::Listed,
+    endpoints_listed: Arc<crate::Listed>,
+    slices_listed: Arc<crate::Listed>,
 }
 
 impl Context {
@@ -118,6 +122,9 @@ pub async fn run(
         slice_names: Mutex::default(),
         index: Mutex::default(),
         written: Mutex::default(),
+        pods_indexed: crate::Listed::default(),
+        endpoints_listed: Arc::default(),
+        slices_listed: Arc::default(),
     });
 
     let ctx = context.clone();
@@ -153,7 +160,11 @@ pub async fn run(
             watcher::Config::default(),
         )
         .default_backoff()
-        .reflect(endpoints_writer),
+        .reflect(endpoints_writer)
+        .inspect_ok({
+            let listed = context.endpoints_listed.clone();
+            move |event| listed.on_init_done(event)
+        }),
     );
     let ctx = context.clone();
     let slice_events = portal_client::settled_objects(
@@ -164,6 +175,7 @@ pub async fn run(
         .default_backoff()
         .reflect(slice_writer)
         .inspect_ok(move |event| {
+            ctx.slices_listed.on_init_done(event);
             // Names only ever point into the reflector, so a name left behind
             // by a re-list is harmless: `slices_of` skips it.
             let (watcher::Event::Apply(slice)
@@ -262,6 +274,7 @@ fn pod_triggers(ctx: &Context, change: Settled<Pod>) -> Vec<ObjectRef<Service>> 
                     p.metadata.labels.clone().unwrap_or_default(),
                 )
             }));
+            ctx.pods_indexed.set();
             index
                 .services()
                 .into_iter()
@@ -313,11 +326,12 @@ async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, E
         // Selector-less Services: the user writes the Endpoints (S7).
         return Ok(Action::await_change());
     }
-    // Acting before the reflectors hold the cluster would rewrite every
-    // Service's endpoints as empty.
-    ctx.pods.wait_until_ready().await?;
-    ctx.endpoints.wait_until_ready().await?;
-    ctx.slices.wait_until_ready().await?;
+    // Acting before the reflectors (and the pod index) hold the cluster
+    // would rewrite every Service's endpoints as empty. The first pod
+    // re-list triggers every Service again; the requeue is a backstop.
+    if !(ctx.pods_indexed.is_set() && ctx.endpoints_listed.is_set() && ctx.slices_listed.is_set()) {
+        return Ok(Action::requeue(crate::NOT_LISTED_YET));
+    }
     let namespace = service.namespace().unwrap_or_default();
     let key = (namespace.clone(), service.name_any());
     if !ctx

@@ -22,6 +22,7 @@ from kubernetes.client.rest import ApiException
 
 from conftest import BINARY, Portal
 from etcd import EtcdCluster
+from nodes import wait_for
 
 KUBECTL = shutil.which("kubectl") or "kubectl"
 
@@ -192,16 +193,6 @@ def ready_ips(core, ns, name):
     except ApiException:
         return set()
     return {a.ip for s in ep.subsets or [] for a in s.addresses or []}
-
-
-def wait_for(check, what, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def test_controllers_fail_over(cluster):

@@ -67,7 +67,7 @@ struct DatastoreArgs {
     /// (DIR/server-token); the others are started with it.
     #[arg(
         long,
-        env = "PORTAL_TOKEN",
+        env = "PORTAL_CLUSTER_TOKEN",
         hide_env_values = true,
         conflicts_with = "token_file"
     )]

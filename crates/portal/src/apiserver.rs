@@ -53,15 +53,8 @@ struct DatastoreArgs {
     /// Default: the embedded store in DIR/store.
     #[arg(long)]
     datastore_endpoint: Option<String>,
-    /// The CA that signed etcd's serving certificates (https:// endpoints).
-    #[arg(long)]
-    etcd_cafile: Option<PathBuf>,
-    /// A client certificate for etcd (`--client-cert-auth` on etcd).
-    #[arg(long, requires = "etcd_keyfile")]
-    etcd_certfile: Option<PathBuf>,
-    /// The client certificate's key.
-    #[arg(long, requires = "etcd_certfile")]
-    etcd_keyfile: Option<PathBuf>,
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
     /// The cluster token: opens the cluster's identity (CA, admin
     /// credential) kept in etcd. The first server makes one
     /// (DIR/server-token); the others are started with it.
@@ -77,53 +70,65 @@ struct DatastoreArgs {
     token_file: Option<PathBuf>,
 }
 
+/// How to reach an etcd that serves https (and may ask for a client
+/// certificate).
+#[derive(clap::Args, Debug)]
+pub(crate) struct EtcdTlsArgs {
+    /// The CA that signed etcd's serving certificates (https:// endpoints).
+    #[arg(long)]
+    etcd_cafile: Option<PathBuf>,
+    /// A client certificate for etcd (`--client-cert-auth` on etcd).
+    #[arg(long, requires = "etcd_keyfile")]
+    etcd_certfile: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, requires = "etcd_certfile")]
+    etcd_keyfile: Option<PathBuf>,
+}
+
 fn read(path: &PathBuf, what: &str) -> Result<Vec<u8>, Error> {
     std::fs::read(path).map_err(|e| Error::Usage(format!("{what} {}: {e}", path.display())))
 }
 
-/// How to reach etcd at `endpoint` (a `--datastore-endpoint` value).
-pub(crate) fn etcd_options(
-    endpoint: &str,
-    ca: Option<&PathBuf>,
-    identity: Option<(&PathBuf, &PathBuf)>,
-) -> Result<portal_store::EtcdOptions, Error> {
-    let mut options = portal_store::EtcdOptions::from_endpoint(endpoint)
-        .map_err(|e| Error::Usage(format!("{endpoint:?}: {e}")))?;
-    if let Some(ca) = ca {
-        let identity = match identity {
-            Some((cert, key)) => {
-                Some((read(cert, "--etcd-certfile")?, read(key, "--etcd-keyfile")?))
-            }
-            None => None,
-        };
-        options.tls = Some(portal_store::EtcdTls {
-            ca_pem: read(ca, "--etcd-cafile")?,
-            identity,
-        });
-    } else if options.is_secure() {
-        return Err(Error::Usage(
-            "https:// etcd endpoints need --etcd-cafile".into(),
-        ));
+impl EtcdTlsArgs {
+    fn given(&self) -> bool {
+        self.etcd_cafile.is_some() || self.etcd_certfile.is_some()
     }
-    Ok(options)
+
+    /// How to reach etcd at `endpoint` (a `--datastore-endpoint` value).
+    pub(crate) fn options(&self, endpoint: &str) -> Result<portal_store::EtcdOptions, Error> {
+        let mut options = portal_store::EtcdOptions::from_endpoint(endpoint)
+            .map_err(|e| Error::Usage(format!("{endpoint:?}: {e}")))?;
+        if let Some(ca) = &self.etcd_cafile {
+            let identity = match (&self.etcd_certfile, &self.etcd_keyfile) {
+                (Some(cert), Some(key)) => {
+                    Some((read(cert, "--etcd-certfile")?, read(key, "--etcd-keyfile")?))
+                }
+                _ => None,
+            };
+            options.tls = Some(portal_store::EtcdTls {
+                ca_pem: read(ca, "--etcd-cafile")?,
+                identity,
+            });
+        } else if options.is_secure() {
+            return Err(Error::Usage(
+                "https:// etcd endpoints need --etcd-cafile".into(),
+            ));
+        }
+        Ok(options)
+    }
 }
 
 impl DatastoreArgs {
     fn datastore(&self) -> Result<Datastore, Error> {
         let Some(endpoint) = &self.datastore_endpoint else {
-            if self.etcd_cafile.is_some() || self.etcd_certfile.is_some() {
+            if self.etcd_tls.given() {
                 return Err(Error::Usage(
                     "--etcd-cafile/--etcd-certfile need --datastore-endpoint".into(),
                 ));
             }
             return Ok(Datastore::Embedded);
         };
-        let options = etcd_options(
-            endpoint,
-            self.etcd_cafile.as_ref(),
-            self.etcd_certfile.as_ref().zip(self.etcd_keyfile.as_ref()),
-        )?;
-        Ok(Datastore::Etcd(options))
+        Ok(Datastore::Etcd(self.etcd_tls.options(endpoint)?))
     }
 
     fn token(&self) -> Result<Option<String>, Error> {

@@ -30,12 +30,8 @@ pub(crate) struct MigrateArgs {
     /// The etcd cluster to move to: `etcd://HOST:PORT[,…]`, `https://…`.
     #[arg(long)]
     to: String,
-    #[arg(long)]
-    etcd_cafile: Option<PathBuf>,
-    #[arg(long, requires = "etcd_keyfile")]
-    etcd_certfile: Option<PathBuf>,
-    #[arg(long, requires = "etcd_certfile")]
-    etcd_keyfile: Option<PathBuf>,
+    #[command(flatten)]
+    etcd_tls: crate::apiserver::EtcdTlsArgs,
 }
 
 pub(crate) async fn store(command: StoreCommand) -> Result<(), Error> {
@@ -49,11 +45,7 @@ fn failed(what: &str) -> impl FnOnce(portal_store::Error) -> Error + '_ {
 }
 
 async fn migrate(args: MigrateArgs) -> Result<(), Error> {
-    let options = crate::apiserver::etcd_options(
-        &args.to,
-        args.etcd_cafile.as_ref(),
-        args.etcd_certfile.as_ref().zip(args.etcd_keyfile.as_ref()),
-    )?;
+    let options = args.etcd_tls.options(&args.to)?;
     let source_dir = args.from.join("store");
     if !source_dir.exists() {
         return Err(Error::Usage(format!(

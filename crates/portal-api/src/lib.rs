@@ -8,6 +8,7 @@ pub mod decode;
 pub mod defaults;
 pub mod join;
 pub mod kinds;
+pub mod managed;
 pub mod meta;
 pub mod name;
 pub mod patch;

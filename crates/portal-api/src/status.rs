@@ -188,6 +188,24 @@ impl Status {
         status
     }
 
+    /// A server-side apply that would change fields other managers own:
+    /// one `FieldManagerConflict` cause per field, Kubernetes' message.
+    pub fn apply_conflict(conflicts: &[crate::managed::Conflict]) -> Self {
+        let mut status = Status::new(409, "Conflict", crate::managed::conflict_message(conflicts));
+        status.details = Some(Box::new(Details {
+            causes: conflicts
+                .iter()
+                .map(|c| Cause {
+                    reason: "FieldManagerConflict".into(),
+                    message: format!("conflict with {}", c.manager),
+                    field: c.field.clone(),
+                })
+                .collect(),
+            ..Details::default()
+        }));
+        status
+    }
+
     /// A history position that no longer exists.
     pub fn expired(message: impl Into<String>) -> Self {
         Status::new(410, "Expired", message)

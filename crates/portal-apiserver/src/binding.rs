@@ -46,6 +46,7 @@ pub(crate) async fn bind(
             object,
             expected: None,
             warnings: Vec::new(),
+            managed: None,
         })
     };
     guaranteed_update(state, scope, name, Part::Main, query, propose).await?;

@@ -68,21 +68,59 @@ pub(crate) async fn read_body(body: Incoming) -> Result<Bytes, Status> {
     }
 }
 
-/// Query parameters of one request.
+/// Query parameters of one request, and the client's `User-Agent` (the
+/// field manager of a write that names none).
 #[derive(Debug, Default)]
-pub(crate) struct Query(Vec<(String, String)>);
+pub(crate) struct Query {
+    params: Vec<(String, String)>,
+    user_agent: String,
+}
 
 impl Query {
     pub(crate) fn parse(query: Option<&str>) -> Self {
-        Query(
-            form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        Query {
+            params: form_urlencoded::parse(query.unwrap_or("").as_bytes())
                 .into_owned()
                 .collect(),
-        )
+            user_agent: String::new(),
+        }
+    }
+
+    /// The request's `User-Agent`, for [`Query::field_manager`].
+    pub(crate) fn with_user_agent(mut self, user_agent: &str) -> Self {
+        self.user_agent = user_agent.to_owned();
+        self
+    }
+
+    /// Who a write records as its field manager: `fieldManager`, else the
+    /// user agent up to its first `/` (`kubectl/v1.32.0 (…)` → `kubectl`),
+    /// as Kubernetes does.
+    pub(crate) fn field_manager(&self) -> Result<String, Status> {
+        use portal_api::managed::MAX_MANAGER_LENGTH;
+        if let Some(given) = self.get("fieldManager") {
+            if given.len() > MAX_MANAGER_LENGTH {
+                return Err(invalid_option(format!(
+                    "fieldManager: Too long: may not be more than {MAX_MANAGER_LENGTH} bytes"
+                )));
+            }
+            if given.chars().any(|c| c.is_control()) {
+                return Err(invalid_option(format!(
+                    "fieldManager: Invalid value: {given:?}: must be printable"
+                )));
+            }
+            return Ok(given.to_owned());
+        }
+        let prefix = self.user_agent.split('/').next().unwrap_or_default();
+        let prefix: String = prefix
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(MAX_MANAGER_LENGTH)
+            .collect();
+        Ok(prefix)
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&str> {
-        self.0
+        self.params
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
@@ -105,6 +143,21 @@ impl Query {
             })
             .transpose()
     }
+}
+
+/// A write's options refused as Kubernetes words it (422).
+pub(crate) fn invalid_option(detail: String) -> Status {
+    let mut status = Status::invalid(
+        portal_api::Target {
+            group: "meta.k8s.io",
+            resource: "",
+            kind: "PatchOptions",
+        },
+        "",
+        Vec::new(),
+    );
+    status.message = format!("PatchOptions.meta.k8s.io \"\" is invalid: {detail}");
+    status
 }
 
 /// How unknown fields in a body are treated (`fieldValidation`).

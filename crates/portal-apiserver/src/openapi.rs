@@ -4,8 +4,10 @@
 //! `fieldValidation` (KUBECTL-WIRE.md, "OpenAPI and validation").
 //!
 //! Older kubectl (1.20) reads only `/openapi/v2`, as a gnostic protobuf
-//! `Document`, and skips client-side validation of kinds the document does
-//! not define: [`v2_document`] is that document, with no definitions.
+//! `Document`: it skips client-side validation of kinds the document does
+//! not define, and allows `--dry-run=server` for kinds whose patch
+//! operation takes `dryRun`. [`v2_document`] is that document: the patch
+//! operations, no definitions.
 
 use portal_api::resources;
 use serde_json::{json, Map, Value};
@@ -88,43 +90,169 @@ pub(crate) fn index() -> Value {
     json!({"paths": paths})
 }
 
-/// The fields of gnostic's `openapi_v2.Document` that a minimal document
-/// needs (`swagger`, `info`, `paths`).
-#[derive(Clone, PartialEq, prost::Message)]
-struct V2Document {
-    #[prost(string, tag = "1")]
-    swagger: String,
-    #[prost(message, optional, tag = "2")]
-    info: Option<V2Info>,
-    #[prost(message, optional, tag = "8")]
-    paths: Option<V2Paths>,
-}
+/// The parts of gnostic's `openapi_v2.Document` Portal fills in (field
+/// numbers from gnostic's `OpenAPIv2.proto`): `swagger`, `info`, and one
+/// path per kind whose `patch` operation names its group-version-kind and
+/// takes `dryRun` and `fieldValidation`: how kubectl 1.20 decides that a
+/// kind supports `--dry-run=server` (`SupportsDryRun`).
+mod v2 {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Document {
+        #[prost(string, tag = "1")]
+        pub swagger: String,
+        #[prost(message, optional, tag = "2")]
+        pub info: Option<Info>,
+        #[prost(message, optional, tag = "8")]
+        pub paths: Option<Paths>,
+    }
 
-#[derive(Clone, PartialEq, prost::Message)]
-struct V2Info {
-    #[prost(string, tag = "1")]
-    title: String,
-    #[prost(string, tag = "2")]
-    version: String,
-}
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Info {
+        #[prost(string, tag = "1")]
+        pub title: String,
+        #[prost(string, tag = "2")]
+        pub version: String,
+    }
 
-#[derive(Clone, PartialEq, prost::Message)]
-struct V2Paths {}
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Paths {
+        #[prost(message, repeated, tag = "2")]
+        pub path: Vec<NamedPathItem>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NamedPathItem {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(message, optional, tag = "2")]
+        pub value: Option<PathItem>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct PathItem {
+        #[prost(message, optional, tag = "8")]
+        pub patch: Option<Operation>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Operation {
+        #[prost(string, tag = "5")]
+        pub operation_id: String,
+        #[prost(message, repeated, tag = "8")]
+        pub parameters: Vec<ParametersItem>,
+        #[prost(message, repeated, tag = "13")]
+        pub vendor_extension: Vec<NamedAny>,
+    }
+
+    /// `ParametersItem.parameter` → `Parameter.non_body_parameter` →
+    /// `NonBodyParameter.query_parameter_sub_schema` (each a one-of).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct ParametersItem {
+        #[prost(message, optional, tag = "1")]
+        pub parameter: Option<Parameter>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Parameter {
+        #[prost(message, optional, tag = "2")]
+        pub non_body_parameter: Option<NonBodyParameter>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NonBodyParameter {
+        #[prost(message, optional, tag = "3")]
+        pub query_parameter_sub_schema: Option<QueryParameter>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct QueryParameter {
+        #[prost(string, tag = "2")]
+        pub r#in: String,
+        #[prost(string, tag = "4")]
+        pub name: String,
+        #[prost(string, tag = "6")]
+        pub r#type: String,
+        #[prost(bool, tag = "20")]
+        pub unique_items: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct NamedAny {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(message, optional, tag = "2")]
+        pub value: Option<Any>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Any {
+        #[prost(string, tag = "2")]
+        pub yaml: String,
+    }
+}
 
 /// The media type of the protobuf document, as the upstream server labels
 /// it (kubectl asks with an `@` form that Go cannot parse back).
 pub(crate) const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
 
-/// `/openapi/v2` in protobuf: valid, and empty of definitions.
+fn query_parameter(name: &str) -> v2::ParametersItem {
+    v2::ParametersItem {
+        parameter: Some(v2::Parameter {
+            non_body_parameter: Some(v2::NonBodyParameter {
+                query_parameter_sub_schema: Some(v2::QueryParameter {
+                    r#in: "query".into(),
+                    name: name.into(),
+                    r#type: "string".into(),
+                    unique_items: true,
+                }),
+            }),
+        }),
+    }
+}
+
+/// `/openapi/v2` in protobuf: every kind's patch operation, no definitions.
 pub(crate) fn v2_document() -> Vec<u8> {
     use prost::Message;
-    V2Document {
+    let path = resources()
+        .map(|r| {
+            let scope = if r.namespaced {
+                "namespaces/{namespace}/"
+            } else {
+                ""
+            };
+            let gvk = format!(
+                "group: {:?}\nkind: {}\nversion: {}\n",
+                r.group, r.kind_name, r.version
+            );
+            v2::NamedPathItem {
+                name: format!(
+                    "/{}/{scope}{}/{{name}}",
+                    path_of(r.group, r.version),
+                    r.plural
+                ),
+                value: Some(v2::PathItem {
+                    patch: Some(v2::Operation {
+                        operation_id: format!("patch{}", r.kind_name),
+                        parameters: vec![
+                            query_parameter("dryRun"),
+                            query_parameter("fieldValidation"),
+                        ],
+                        vendor_extension: vec![v2::NamedAny {
+                            name: "x-kubernetes-group-version-kind".into(),
+                            value: Some(v2::Any { yaml: gvk }),
+                        }],
+                    }),
+                }),
+            }
+        })
+        .collect();
+    v2::Document {
         swagger: "2.0".into(),
-        info: Some(V2Info {
+        info: Some(v2::Info {
             title: "Kubernetes".into(),
             version: "v1.33.0".into(),
         }),
-        paths: Some(V2Paths {}),
+        paths: Some(v2::Paths { path }),
     }
     .encode_to_vec()
 }
@@ -147,5 +275,33 @@ mod tests {
                 .contains("?hash=")
         );
         assert!(document("apis/apps/v1").is_none());
+    }
+
+    #[test]
+    fn the_v2_document_offers_dry_run_for_every_kind() {
+        use prost::Message;
+        let doc = v2::Document::decode(v2_document().as_slice()).unwrap();
+        let paths = doc.paths.unwrap().path;
+        assert_eq!(paths.len(), resources().count());
+        let service = paths
+            .iter()
+            .find(|p| p.name == "/api/v1/namespaces/{namespace}/services/{name}")
+            .unwrap();
+        let patch = service.value.as_ref().unwrap().patch.as_ref().unwrap();
+        let gvk = &patch.vendor_extension[0];
+        assert_eq!(gvk.name, "x-kubernetes-group-version-kind");
+        assert_eq!(
+            gvk.value.as_ref().unwrap().yaml,
+            "group: \"\"\nkind: Service\nversion: v1\n"
+        );
+        let names: Vec<&str> = patch
+            .parameters
+            .iter()
+            .filter_map(|p| {
+                let query = p.parameter.as_ref()?.non_body_parameter.as_ref()?;
+                Some(query.query_parameter_sub_schema.as_ref()?.name.as_str())
+            })
+            .collect();
+        assert_eq!(names, ["dryRun", "fieldValidation"]);
     }
 }

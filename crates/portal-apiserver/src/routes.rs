@@ -193,7 +193,12 @@ async fn route(
     if !resource.namespaced && api_path.namespace.is_some() {
         return Err(Status::no_route());
     }
-    let query = Query::parse(request.uri().query());
+    let user_agent = request
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let query = Query::parse(request.uri().query()).with_user_agent(user_agent);
     let watching = api_path.watch_prefix || query.flag("watch");
     labels.0 = kube_verb(&method, api_path.name.is_some(), watching);
     labels.1 = resource.plural.to_owned();
@@ -307,10 +312,19 @@ async fn route(
             write::update(state, &scope, name, part, body, &query).await
         }
         (&Method::PATCH, Some(name), Target::Part(part)) if !needs_namespace => {
-            let patch_type = patch_type(&content_type)?;
+            let patch_type = PatchType::from_content_type(&content_type)
+                .ok_or_else(|| Status::unsupported_media_type(&content_type))?;
             let body = read_body(request.into_body()).await?;
             if allowed == auth::Allowed::IfTaintsKept {
                 auth::check_taints_kept(state, &user, &asked, &body).await?;
+            }
+            if patch_type == PatchType::Apply {
+                return write::apply(state, &scope, name, part, &body, &query).await;
+            }
+            if query.get("force").is_some() {
+                return Err(crate::http::invalid_option(
+                    "force: Forbidden: may not be specified for non-apply patch".into(),
+                ));
             }
             write::patch(state, &scope, name, part, patch_type, &body, &query).await
         }
@@ -340,7 +354,8 @@ fn not_allowed(method: &Method, path: &str) -> Status {
     ))
 }
 
-/// The patch format of a PATCH; server-side apply is not supported.
+/// The patch format of a PATCH of a scale (server-side apply is not
+/// served there).
 fn patch_type(content_type: &str) -> Result<PatchType, Status> {
     match PatchType::from_content_type(content_type) {
         Some(PatchType::Apply) | None => Err(Status::unsupported_media_type(content_type)),

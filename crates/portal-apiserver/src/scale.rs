@@ -108,6 +108,7 @@ fn apply_scale(name: &str, rc: &Value, scale: &Value) -> Result<Proposal, Status
         object,
         expected,
         warnings: Vec::new(),
+        managed: None,
     })
 }
 

@@ -4,6 +4,11 @@
 
 mod schema;
 pub use schema::ListStrategy;
+
+/// How the list at `path` (field names, items skipped) in a `kind` merges.
+pub fn list_strategy(kind: Kind, path: &[&str]) -> ListStrategy {
+    schema::list_strategy(kind, path)
+}
 mod strategic;
 
 use serde_json::Value;
@@ -16,7 +21,7 @@ pub enum PatchType {
     Json,
     Merge,
     Strategic,
-    /// Server-side apply: recognized so it can be refused clearly.
+    /// Server-side apply (`crate::managed`), not a patch of a document.
     Apply,
 }
 
@@ -26,9 +31,7 @@ impl PatchType {
             "application/json-patch+json" => Some(PatchType::Json),
             "application/merge-patch+json" => Some(PatchType::Merge),
             "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
-                Some(PatchType::Apply)
-            }
+            "application/apply-patch+yaml" => Some(PatchType::Apply),
             _ => None,
         }
     }
@@ -77,7 +80,7 @@ pub fn apply(
         }
         PatchType::Strategic => strategic::apply(kind, original, &parsed),
         PatchType::Apply => Err(PatchError::Malformed(
-            "server-side apply is not supported; use client-side kubectl apply".into(),
+            "server-side apply is merged by its field manager, not as a patch".into(),
         )),
     }
 }

@@ -22,6 +22,7 @@ pub(crate) async fn create(
     let DecodedBody {
         mut object,
         warnings,
+        managed,
     } = body;
     check_body_namespace(scope, &object)?;
     let causes = problems(resource, &object, None);
@@ -32,6 +33,13 @@ pub(crate) async fn create(
         check_namespace(state, ns).await?;
     }
     strategy::prepare_create(resource, &mut object, scope.namespace);
+    let names = [
+        query.field_manager()?,
+        resource.api_version(),
+        strategy::now(),
+    ];
+    let writer = writer(resource, &names, Part::Main);
+    record_managers(resource, &json!({}), &mut object, managed, &writer)?;
     let generate = meta::meta_str(&object, "name").unwrap_or("").is_empty();
     for _ in 0..MAX_ATTEMPTS {
         if generate {

@@ -2,10 +2,12 @@
 //! validated by the resource's strategy, then made one compare-and-swap
 //! transaction in the store. Shared here: body decoding, answers, checks.
 
+mod apply;
 mod create;
 mod delete;
 mod update;
 
+pub(crate) use apply::apply;
 pub(crate) use create::create;
 pub(crate) use delete::{delete, delete_collection};
 pub(crate) use update::{guaranteed_update, patch, patch_error, update};
@@ -14,10 +16,10 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use portal_api::decode::{self, Decoded, Format};
 use portal_api::patch::{PatchError, PatchType};
-use portal_api::{meta, Kind, Resource, Status};
+use portal_api::{managed, meta, Kind, Resource, Status};
 use portal_store::{Error as StoreError, KeyValue, Op};
 use rand::Rng;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::allocator::{delete_stored, Allocators};
 use crate::cache::CachedObject;
@@ -37,6 +39,8 @@ pub(crate) const SYSTEM_NAMESPACES: [&str; 4] =
 pub(crate) struct DecodedBody {
     object: Value,
     warnings: Vec<String>,
+    /// `managedFields` already worked out (an apply that creates).
+    managed: Option<Value>,
 }
 
 impl DecodedBody {
@@ -83,7 +87,11 @@ pub(crate) fn decode_body(
             FieldValidation::Ignore => {}
         }
     }
-    Ok(DecodedBody { object, warnings })
+    Ok(DecodedBody {
+        object,
+        warnings,
+        managed: None,
+    })
 }
 
 fn respond(code: StatusCode, object: &CachedObject, warnings: &[String]) -> Response<Body> {
@@ -98,6 +106,37 @@ fn respond(code: StatusCode, object: &CachedObject, warnings: &[String]) -> Resp
         }
     }
     response
+}
+
+/// Who a write is recorded as, in `managedFields`: `names` are the field
+/// manager, the resource's apiVersion and the time.
+fn writer<'a>(resource: &Resource, names: &'a [String; 3], part: Part) -> managed::Writer<'a> {
+    let [manager, api_version, now] = names;
+    managed::Writer {
+        manager,
+        api_version,
+        subresource: (part == Part::Status).then_some("status"),
+        has_status: resource.has_status,
+        now,
+    }
+}
+
+/// Records the write in `new`'s `managedFields`: the apply's own, or the
+/// writer's update of `old` (`{}` for a new object).
+fn record_managers(
+    resource: &Resource,
+    old: &Value,
+    new: &mut Value,
+    managed_by_apply: Option<Value>,
+    writer: &managed::Writer<'_>,
+) -> Result<(), Status> {
+    match managed_by_apply {
+        Some(Value::Null) => drop(meta::metadata_mut(new).remove("managedFields")),
+        Some(entries) => drop(meta::metadata_mut(new).insert("managedFields".into(), entries)),
+        None => managed::track_update(resource.kind, old, new, writer)
+            .map_err(|why| Status::bad_request(format!("invalid managedFields: {why}")))?,
+    }
+    Ok(())
 }
 
 fn dry_run(query: &Query) -> bool {
@@ -162,6 +201,9 @@ pub(crate) struct Proposal {
     pub(crate) object: Value,
     pub(crate) expected: Option<portal_store::Revision>,
     pub(crate) warnings: Vec<String>,
+    /// `managedFields` already worked out (by an apply); `None`: the write
+    /// is recorded as an update by its field manager.
+    pub(crate) managed: Option<Value>,
 }
 
 fn check_body_namespace(scope: &Scope<'_>, object: &Value) -> Result<(), Status> {

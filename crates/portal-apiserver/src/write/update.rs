@@ -17,6 +17,7 @@ pub(crate) async fn guaranteed_update(
 ) -> Result<(CachedObject, Vec<String>), Status> {
     let resource = scope.resource;
     let key = resource.key(scope.namespace, name);
+    let manager = query.field_manager()?;
     for _ in 0..MAX_ATTEMPTS {
         let Some(current) = state.store.get(&key).await.map_err(store_error)? else {
             return Err(Status::not_found(scope.target(), name));
@@ -32,6 +33,7 @@ pub(crate) async fn guaranteed_update(
             object,
             expected,
             warnings,
+            managed,
         } = propose(&visible)?;
         if expected.is_some_and(|rv| rv != current.mod_revision) {
             return Err(Status::conflict(scope.target(), name));
@@ -40,6 +42,9 @@ pub(crate) async fn guaranteed_update(
         let mut new = object;
         strategy::prepare_update(resource, &mut new, &old, part == Part::Status);
         Allocators::keep_allocated(resource, &mut new, &old);
+        let names = [manager.clone(), resource.api_version(), strategy::now()];
+        let writer = writer(resource, &names, part);
+        record_managers(resource, &old, &mut new, managed, &writer)?;
         let causes = problems(resource, &new, Some(&old));
         if !causes.is_empty() {
             return Err(invalid(scope, &new, causes));
@@ -129,7 +134,9 @@ pub(crate) async fn update(
     body: DecodedBody,
     query: &Query,
 ) -> Result<Response<Body>, Status> {
-    let DecodedBody { object, warnings } = body;
+    let DecodedBody {
+        object, warnings, ..
+    } = body;
     let body_name = meta::meta_str(&object, "name").unwrap_or("");
     if body_name != name {
         return Err(Status::bad_request(format!(
@@ -147,13 +154,19 @@ pub(crate) async fn update(
         && part == Part::Main
         && state.store.get(&key).await.map_err(store_error)?.is_none()
     {
-        return create(state, scope, DecodedBody { object, warnings }, query).await;
+        let body = DecodedBody {
+            object,
+            warnings,
+            managed: None,
+        };
+        return create(state, scope, body, query).await;
     }
     let propose = |_: &Value| {
         Ok(Proposal {
             object: object.clone(),
             expected,
             warnings: warnings.clone(),
+            managed: None,
         })
     };
     let (stored, warnings) = guaranteed_update(state, scope, name, part, query, propose).await?;
@@ -226,6 +239,7 @@ pub(crate) async fn patch(
             object,
             expected,
             warnings,
+            managed: None,
         })
     };
     let (stored, warnings) = guaranteed_update(state, scope, name, part, query, propose).await?;

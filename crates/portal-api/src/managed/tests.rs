@@ -1,0 +1,280 @@
+use super::*;
+use serde_json::json;
+
+fn writer(manager: &str) -> Writer<'_> {
+    Writer {
+        manager,
+        api_version: "v1",
+        subresource: None,
+        has_status: true,
+        now: "2026-11-23T10:00:00Z",
+    }
+}
+
+fn managers(object: &Value) -> Vec<(String, String)> {
+    object["metadata"]["managedFields"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|e| {
+                    (
+                        e["manager"].as_str().unwrap().to_owned(),
+                        e["operation"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn fields_of(object: &Value, manager: &str) -> Value {
+    object["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["manager"] == manager)
+        .map(|e| e["fieldsV1"].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn create_and_update_record_their_managers() {
+    let mut created = json!({"metadata": {"name": "s", "labels": {"a": "1"}}, "spec": {"replicas": 1}, "status": {"replicas": 0}});
+    track_update(
+        Kind::ReplicationController,
+        &json!({}),
+        &mut created,
+        &writer("kubectl-create"),
+    )
+    .unwrap();
+    assert_eq!(
+        fields_of(&created, "kubectl-create"),
+        json!({"f:metadata": {"f:labels": {".": {}, "f:a": {}}}, "f:spec": {"f:replicas": {}}})
+    );
+    let mut labelled = created.clone();
+    labelled["metadata"]["labels"]["b"] = json!("2");
+    labelled["metadata"]["labels"]["a"] = json!("changed");
+    track_update(
+        Kind::ReplicationController,
+        &created,
+        &mut labelled,
+        &writer("kubectl-label"),
+    )
+    .unwrap();
+    assert_eq!(
+        managers(&labelled),
+        vec![
+            ("kubectl-create".into(), "Update".into()),
+            ("kubectl-label".into(), "Update".into())
+        ]
+    );
+    // The changed label moved to the writer; the new one is its.
+    assert_eq!(
+        fields_of(&labelled, "kubectl-label"),
+        json!({"f:metadata": {"f:labels": {"f:a": {}, "f:b": {}}}})
+    );
+    assert_eq!(
+        fields_of(&labelled, "kubectl-create"),
+        json!({"f:metadata": {"f:labels": {}}, "f:spec": {"f:replicas": {}}})
+    );
+    // A write that removes everything someone owned removes its entry.
+    let mut relabelled = labelled.clone();
+    relabelled["metadata"]["labels"] = json!({"a": "changed", "b": "2", "c": "3"});
+    relabelled["spec"]["replicas"] = json!(2);
+    track_update(
+        Kind::ReplicationController,
+        &labelled,
+        &mut relabelled,
+        &writer("kubectl-label"),
+    )
+    .unwrap();
+    assert_eq!(
+        fields_of(&relabelled, "kubectl-create")["f:spec"],
+        Value::Null
+    );
+}
+
+#[test]
+fn managed_fields_in_a_request_replace_or_clear() {
+    let mut created = json!({"metadata": {"name": "s"}, "spec": {"replicas": 1}});
+    track_update(
+        Kind::ReplicationController,
+        &json!({}),
+        &mut created,
+        &writer("a"),
+    )
+    .unwrap();
+    let mut cleared = created.clone();
+    cleared["metadata"]["managedFields"] = json!([{}]);
+    cleared["spec"]["replicas"] = json!(2);
+    track_update(
+        Kind::ReplicationController,
+        &created,
+        &mut cleared,
+        &writer("b"),
+    )
+    .unwrap();
+    assert!(cleared["metadata"].get("managedFields").is_none());
+    let mut bad = created.clone();
+    bad["metadata"]["managedFields"] = json!([{"manager": "x", "operation": "Delete"}]);
+    assert!(track_update(
+        Kind::ReplicationController,
+        &created,
+        &mut bad,
+        &writer("b")
+    )
+    .is_err());
+}
+
+#[test]
+fn apply_merges_owns_and_conflicts() {
+    let config = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "labels": {"app": "web"}},
+        "spec": {"ports": [{"port": 80}], "selector": {"app": "web"}}});
+    let created = apply(
+        Kind::Service,
+        &json!({}),
+        &config,
+        &writer("kubectl"),
+        false,
+    )
+    .unwrap();
+    assert_eq!(managers(&created), vec![("kubectl".into(), "Apply".into())]);
+    assert_eq!(
+        fields_of(&created, "kubectl")["f:spec"]["f:ports"],
+        json!({"k:{\"port\":80,\"protocol\":\"TCP\"}": {".": {}, "f:port": {}}})
+    );
+
+    // Someone else changes a label the applier owns, and adds a port.
+    let mut edited = created.clone();
+    edited["metadata"]["labels"]["app"] = json!("other");
+    edited["spec"]["ports"] = json!([{"port": 80}, {"port": 81, "protocol": "TCP"}]);
+    track_update(
+        Kind::Service,
+        &created,
+        &mut edited,
+        &writer("kubectl-edit"),
+    )
+    .unwrap();
+
+    // Applying the old value again conflicts with the editor.
+    let Err(ApplyError::Conflicts(conflicts)) =
+        apply(Kind::Service, &edited, &config, &writer("kubectl"), false)
+    else {
+        panic!("expected a conflict")
+    };
+    assert_eq!(
+        conflicts,
+        vec![Conflict {
+            manager: "\"kubectl-edit\" using v1".into(),
+            field: ".metadata.labels.app".into()
+        }]
+    );
+    assert_eq!(
+        conflict_message(&conflicts),
+        "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using v1: .metadata.labels.app"
+    );
+
+    // Forced: the value is the applier's again, the editor keeps its port.
+    let forced = apply(Kind::Service, &edited, &config, &writer("kubectl"), true).unwrap();
+    assert_eq!(forced["metadata"]["labels"]["app"], "web");
+    assert_eq!(forced["spec"]["ports"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        fields_of(&forced, "kubectl-edit"),
+        json!({"f:spec": {"f:ports": {"k:{\"port\":81,\"protocol\":\"TCP\"}": {".": {}, "f:port": {}, "f:protocol": {}}}}})
+    );
+
+    // Dropping a field from the configuration removes it (nobody else owns it).
+    let mut smaller = config.clone();
+    smaller["metadata"]["labels"] = json!({});
+    smaller["spec"].as_object_mut().unwrap().remove("selector");
+    let pruned = apply(Kind::Service, &forced, &smaller, &writer("kubectl"), false).unwrap();
+    assert_eq!(pruned["metadata"]["labels"], json!({}));
+    assert!(pruned["spec"].get("selector").is_none());
+    assert_eq!(pruned["spec"]["ports"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn two_appliers_share_equal_values() {
+    let config = json!({"metadata": {"name": "r"}, "spec": {"replicas": 3}});
+    let first = apply(
+        Kind::ReplicationController,
+        &json!({}),
+        &config,
+        &writer("a"),
+        false,
+    )
+    .unwrap();
+    let both = apply(
+        Kind::ReplicationController,
+        &first,
+        &config,
+        &writer("b"),
+        false,
+    )
+    .unwrap();
+    assert_eq!(fields_of(&both, "a"), fields_of(&both, "b"));
+    // `a` drops replicas: `b` still owns it, so it stays.
+    let dropped = apply(
+        Kind::ReplicationController,
+        &both,
+        &json!({"metadata": {"name": "r"}}),
+        &writer("a"),
+        false,
+    )
+    .unwrap();
+    assert_eq!(dropped["spec"]["replicas"], 3);
+    // `b` changes it: nobody else owns it any more, no conflict.
+    let changed = apply(
+        Kind::ReplicationController,
+        &dropped,
+        &json!({"metadata": {"name": "r"}, "spec": {"replicas": 5}}),
+        &writer("b"),
+        false,
+    )
+    .unwrap();
+    assert_eq!(changed["spec"]["replicas"], 5);
+}
+
+#[test]
+fn status_is_its_own_part() {
+    let live = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Pending"}});
+    let mut w = writer("agent");
+    w.subresource = Some("status");
+    let applied = apply(
+        Kind::Pod,
+        &live,
+        &json!({"metadata": {"name": "p"}, "spec": {"x": 1}, "status": {"phase": "Running"}}),
+        &w,
+        false,
+    )
+    .unwrap();
+    assert_eq!(applied["status"]["phase"], "Running");
+    assert!(applied["spec"].get("x").is_none());
+    assert_eq!(
+        fields_of(&applied, "agent"),
+        json!({"f:status": {"f:phase": {}}})
+    );
+    assert_eq!(
+        applied["metadata"]["managedFields"][0]["subresource"],
+        "status"
+    );
+}
+
+#[test]
+fn old_update_entries_are_merged() {
+    let mut object = json!({"metadata": {"name": "s", "labels": {}}});
+    for i in 0..12 {
+        let mut next = object.clone();
+        next["metadata"]["labels"][format!("l{i}")] = json!("x");
+        let manager = format!("m{i}");
+        let mut w = writer(&manager);
+        let now = format!("2026-11-23T10:00:{i:02}Z");
+        w.now = &now;
+        track_update(Kind::Service, &object, &mut next, &w).unwrap();
+        object = next;
+    }
+    let names: Vec<String> = managers(&object).into_iter().map(|(m, _)| m).collect();
+    assert_eq!(names.len(), 10);
+    assert_eq!(names.last().unwrap(), "ancient-changes");
+    assert!(!names.contains(&"m0".to_owned()) && names.contains(&"m11".to_owned()));
+}

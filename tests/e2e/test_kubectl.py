@@ -359,3 +359,36 @@ spec:
     assert "configured" in out, out
     tolerations = kubectl.json("get", "pod", "tolerant")["spec"]["tolerations"]
     assert [t["key"] for t in tolerations] == ["dedicated", "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"]
+
+
+def test_wait_for_a_namespace_to_be_deleted(kubectl):
+    """Even an empty namespace passes through Terminating with its
+    `kubernetes` finalizer (as in Kubernetes), so a script can delete it and
+    then wait for it to be gone (issue 19)."""
+    kubectl("create", "namespace", "doomed")
+    kubectl("create", "service", "clusterip", "inside", "--tcp=80", "-n", "doomed")
+    kubectl("delete", "namespace", "doomed", "--wait=false")
+    ns = kubectl.json("get", "namespace", "doomed")
+    assert ns["status"]["phase"] == "Terminating"
+    assert ns["spec"]["finalizers"] == ["kubernetes"]
+    assert "namespace/doomed condition met" in kubectl.out("wait", "--for=delete", "namespace/doomed", "--timeout=30s")
+    assert kubectl("get", "namespace", "doomed", check=False).returncode != 0
+    assert kubectl.json("get", "svc", "-n", "doomed")["items"] == []
+
+
+def client_minor(binary):
+    out = subprocess.run([binary, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=30).stdout
+    return int("".join(c for c in json.loads(out)["clientVersion"]["minor"] if c.isdigit()))
+
+
+def test_explain_shows_the_real_schemas(portal, tmp_path):
+    """`kubectl explain` reads the kinds' schemas from /openapi/v3 (kubectl
+    1.27+; 1.20 reads /openapi/v2, which has no definitions)."""
+    modern = [k for k in KUBECTLS if client_minor(k) >= 27]
+    if not modern:
+        pytest.skip("needs kubectl 1.27+ (explain from OpenAPI v3); only older kubectls here")
+    kubectl = Kubectl(modern[0], portal, tmp_path)
+    out = kubectl.out("explain", "service.spec.ports")
+    assert "FIELD: ports <[]ServicePort>" in out and "targetPort\t<IntOrString>" in out, out
+    assert "Container image name" in kubectl.out("explain", "pod.spec.containers.image")
+    assert "holderIdentity" in kubectl.out("explain", "lease.spec", "--api-version=coordination.k8s.io/v1")

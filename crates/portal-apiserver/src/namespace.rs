@@ -1,6 +1,9 @@
 //! Namespace lifecycle: the system namespaces exist from the start; deleting
-//! a namespace marks it Terminating, removes everything in it, then removes
-//! the namespace itself (also resumed after a restart).
+//! a namespace marks it Terminating, removes everything in it, says so in
+//! its conditions, checks once more that nothing is left, takes its
+//! `kubernetes` finalizer off and removes it (also resumed after a
+//! restart). As in Kubernetes, even an empty namespace is seen Terminating
+//! before it goes, so `kubectl wait --for=delete` finds it.
 
 use std::sync::Arc;
 
@@ -128,34 +131,46 @@ async fn delete_with_retry(
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Deletes every object in the namespace, waits for those that stop
-/// gracefully, then deletes the namespace.
+/// gracefully, confirms nothing is left, then finalizes and deletes the
+/// namespace.
 async fn finish_termination(store: Arc<dyn Store>, allocators: Arc<Allocators>, namespace: String) {
-    loop {
-        let mut left = 0usize;
-        for resource in resources().filter(|r| r.namespaced) {
-            let prefix = resource.list_prefix(Some(&namespace));
-            let items = match store.list(&prefix).await {
-                Ok((items, _)) => items,
-                Err(error) => {
-                    tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
-                    return;
-                }
-            };
-            for kv in items {
-                match delete_with_retry(store.as_ref(), &allocators, resource, kv).await {
-                    Ok(true) => {}
-                    Ok(false) => left += 1,
-                    Err(error) => {
-                        tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
-                        return;
-                    }
-                }
-            }
-        }
+    let failed = |error: StoreError| {
+        tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
+    };
+    let mut confirmed = false;
+    while !confirmed {
+        let left = match remove_content(store.as_ref(), &allocators, &namespace).await {
+            Ok(left) => left,
+            Err(error) => return failed(error),
+        };
         if left == 0 {
-            break;
+            // Like Kubernetes' namespace controller: say what was done, then
+            // look once more (a write admitted before the namespace was
+            // marked may land after the first pass).
+            if let Err(error) = update_namespace(store.as_ref(), &namespace, content_removed).await
+            {
+                return failed(error);
+            }
+            tokio::time::sleep(RECHECK).await;
+            match remove_content(store.as_ref(), &allocators, &namespace).await {
+                Ok(0) => confirmed = true,
+                Ok(_) => {}
+                Err(error) => return failed(error),
+            }
+        } else {
+            tokio::time::sleep(RECHECK).await;
         }
-        tokio::time::sleep(RECHECK).await;
+    }
+    let finalized = update_namespace(store.as_ref(), &namespace, |ns| {
+        if let Some(finalizers) = ns
+            .pointer_mut("/spec/finalizers")
+            .and_then(Value::as_array_mut)
+        {
+            finalizers.retain(|f| f != "kubernetes");
+        }
+    });
+    if let Err(error) = finalized.await {
+        return failed(error);
     }
     let key = Resource::of(Kind::Namespace).key(None, &namespace);
     match store
@@ -167,5 +182,74 @@ async fn finish_termination(store: Arc<dyn Store>, allocators: Arc<Allocators>, 
     {
         Ok(_) | Err(StoreError::NotFound { .. }) => tracing::info!(%namespace, "namespace deleted"),
         Err(error) => tracing::error!(%error, %namespace, "namespace removal failed"),
+    }
+}
+
+/// Deletes what is in the namespace; how many objects are still stopping.
+async fn remove_content(
+    store: &dyn Store,
+    allocators: &Allocators,
+    namespace: &str,
+) -> Result<usize, StoreError> {
+    let mut left = 0usize;
+    for resource in resources().filter(|r| r.namespaced) {
+        let (items, _) = store.list(&resource.list_prefix(Some(namespace))).await?;
+        for kv in items {
+            if !delete_with_retry(store, allocators, resource, kv).await? {
+                left += 1;
+            }
+        }
+    }
+    Ok(left)
+}
+
+/// The conditions Kubernetes' namespace controller writes once the content
+/// is gone.
+fn content_removed(namespace: &mut Value) {
+    let now = strategy::now();
+    let condition = |kind: &str, reason: &str, message: &str| json!({"type": kind, "status": "False", "lastTransitionTime": now, "reason": reason, "message": message});
+    namespace["status"] = json!({
+        "phase": "Terminating",
+        "conditions": [
+            condition("NamespaceDeletionDiscoveryFailure", "ResourcesDiscovered", "All resources successfully discovered"),
+            condition("NamespaceDeletionGroupVersionParsingFailure", "ParsedGroupVersions", "All legacy kube types successfully parsed"),
+            condition("NamespaceDeletionContentFailure", "ContentDeleted", "All content successfully deleted, may be waiting on finalization"),
+            condition("NamespaceContentRemaining", "ContentRemoved", "All content successfully removed"),
+            condition("NamespaceFinalizersRemaining", "ContentHasNoFinalizers", "All content-preserving finalizers finished"),
+        ],
+    });
+}
+
+/// Read, change, compare-and-swap the namespace until it sticks (nothing
+/// to do if it is gone or the change changes nothing).
+async fn update_namespace(
+    store: &dyn Store,
+    namespace: &str,
+    change: impl Fn(&mut Value),
+) -> Result<(), StoreError> {
+    let key = Resource::of(Kind::Namespace).key(None, namespace);
+    loop {
+        let Some(current) = store.get(&key).await? else {
+            return Ok(());
+        };
+        let Ok(mut object) = serde_json::from_slice::<Value>(&current.value) else {
+            return Ok(());
+        };
+        let before = object.clone();
+        change(&mut object);
+        if object == before {
+            return Ok(());
+        }
+        let value = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
+        let op = Op::Update {
+            key: key.clone(),
+            value,
+            expected_revision: current.mod_revision,
+        };
+        match store.txn(vec![op]).await {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
     }
 }

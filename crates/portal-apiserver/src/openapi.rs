@@ -1,7 +1,9 @@
-//! The minimal OpenAPI v3 documents kubectl needs to leave validation to
-//! the server: per group-version, one path per kind with a `patch`
-//! operation that names its group-version-kind and accepts
-//! `fieldValidation` (KUBECTL-WIRE.md, "OpenAPI and validation").
+//! The OpenAPI v3 documents: per group-version, one path per kind with a
+//! `patch` operation that names its group-version-kind and accepts
+//! `fieldValidation` and `dryRun` (what kubectl looks for before leaving
+//! validation to the server), and the kinds' real schemas, with Kubernetes'
+//! descriptions (from `k8s-openapi`), each kind marked with
+//! `x-kubernetes-group-version-kind` so `kubectl explain` finds it.
 //!
 //! Older kubectl (1.20) reads only `/openapi/v2`, as a gnostic protobuf
 //! `Document`: it skips client-side validation of kinds the document does
@@ -9,7 +11,13 @@
 //! operation takes `dryRun`. [`v2_document`] is that document: the patch
 //! operations, no definitions.
 
-use portal_api::resources;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use k8s_openapi::api::{coordination, core, discovery};
+use portal_api::{resources, Kind, Resource};
+use schemars::generate::SchemaSettings;
+use schemars::SchemaGenerator;
 use serde_json::{json, Map, Value};
 
 /// `api/v1`, `apis/discovery.k8s.io/v1`, …
@@ -31,11 +39,56 @@ fn path_of(group: &str, version: &str) -> String {
     }
 }
 
-/// The document for one group-version, `None` if it is not served.
-pub(crate) fn document(path: &str) -> Option<Value> {
-    let (group, version) = group_versions()
-        .into_iter()
-        .find(|(g, v)| path_of(g, v) == path)?;
+/// The schema of a kind (its definitions go into `generator`).
+fn kind_schema(kind: Kind, generator: &mut SchemaGenerator) -> schemars::Schema {
+    match kind {
+        Kind::Namespace => generator.subschema_for::<core::v1::Namespace>(),
+        Kind::Pod => generator.subschema_for::<core::v1::Pod>(),
+        Kind::Service => generator.subschema_for::<core::v1::Service>(),
+        Kind::Endpoints => generator.subschema_for::<core::v1::Endpoints>(),
+        Kind::ReplicationController => generator.subschema_for::<core::v1::ReplicationController>(),
+        Kind::Node => generator.subschema_for::<core::v1::Node>(),
+        Kind::Event => generator.subschema_for::<core::v1::Event>(),
+        Kind::EndpointSlice => generator.subschema_for::<discovery::v1::EndpointSlice>(),
+        Kind::Lease => generator.subschema_for::<coordination::v1::Lease>(),
+    }
+}
+
+/// The `#/components/schemas/…` name of a kind's schema.
+fn schema_name(resource: &Resource) -> String {
+    let group = match resource.group {
+        "" => "core",
+        group => group.trim_end_matches(".k8s.io"),
+    };
+    format!(
+        "io.k8s.api.{group}.{}.{}",
+        resource.version, resource.kind_name
+    )
+}
+
+/// Every schema the kinds of one group-version use, the kinds marked with
+/// their group-version-kind.
+fn schemas(group: &str, version: &str) -> Map<String, Value> {
+    let mut generator = SchemaSettings::openapi3().into_generator();
+    let served: Vec<&Resource> = resources()
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
+    for resource in &served {
+        kind_schema(resource.kind, &mut generator);
+    }
+    let mut definitions = generator.take_definitions(true);
+    for resource in &served {
+        if let Some(Value::Object(schema)) = definitions.get_mut(&schema_name(resource)) {
+            schema.insert(
+                "x-kubernetes-group-version-kind".into(),
+                json!([{"group": group, "kind": resource.kind_name, "version": version}]),
+            );
+        }
+    }
+    definitions
+}
+
+fn build_document(group: &str, version: &str) -> Value {
     let mut paths = Map::new();
     for r in resources().filter(|r| r.group == group && r.version == version) {
         let scope = if r.namespaced {
@@ -43,6 +96,7 @@ pub(crate) fn document(path: &str) -> Option<Value> {
         } else {
             ""
         };
+        let reference = json!({"$ref": format!("#/components/schemas/{}", schema_name(r))});
         let operation = json!({
             "operationId": format!("patch{}", r.kind_name),
             "x-kubernetes-action": "patch",
@@ -50,20 +104,22 @@ pub(crate) fn document(path: &str) -> Option<Value> {
             "parameters": [
                 {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
                 {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                {"name": "force", "in": "query", "schema": {"type": "boolean", "uniqueItems": true}},
             ],
-            "responses": {"200": {"description": "OK"}},
+            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": reference}}}},
         });
         paths.insert(
             format!("/{}/{scope}{}/{{name}}", path_of(group, version), r.plural),
             json!({"patch": operation}),
         );
     }
-    Some(json!({
+    json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.33.0"},
         "paths": paths,
-        "components": {"schemas": {}},
-    }))
+        "components": {"schemas": schemas(group, version)},
+    })
 }
 
 /// FNV-1a of the document: changes whenever the document does, so
@@ -76,17 +132,36 @@ fn hash(document: &Value) -> String {
     format!("{hash:016X}")
 }
 
+/// Every group-version's document and its hash, made once (they depend
+/// only on the kinds served).
+fn documents() -> &'static BTreeMap<String, (Value, String)> {
+    static DOCUMENTS: OnceLock<BTreeMap<String, (Value, String)>> = OnceLock::new();
+    DOCUMENTS.get_or_init(|| {
+        group_versions()
+            .into_iter()
+            .map(|(group, version)| {
+                let document = build_document(group, version);
+                let hash = hash(&document);
+                (path_of(group, version), (document, hash))
+            })
+            .collect()
+    })
+}
+
+/// The document for one group-version, `None` if it is not served.
+pub(crate) fn document(path: &str) -> Option<&'static Value> {
+    documents().get(path).map(|(document, _)| document)
+}
+
 /// `/openapi/v3`: where each group-version's document lives.
 pub(crate) fn index() -> Value {
-    let mut paths = Map::new();
-    for (group, version) in group_versions() {
-        let path = path_of(group, version);
-        let document = document(&path).unwrap_or_default();
-        paths.insert(
-            path.clone(),
-            json!({"serverRelativeURL": format!("/openapi/v3/{path}?hash={}", hash(&document))}),
-        );
-    }
+    let paths: Map<String, Value> = documents()
+        .iter()
+        .map(|(path, (_, hash))| {
+            let url = format!("/openapi/v3/{path}?hash={hash}");
+            (path.clone(), json!({"serverRelativeURL": url}))
+        })
+        .collect();
     json!({"paths": paths})
 }
 
@@ -275,6 +350,26 @@ mod tests {
                 .contains("?hash=")
         );
         assert!(document("apis/apps/v1").is_none());
+        // The real schemas, the kinds marked for `kubectl explain`.
+        let schemas = &doc["components"]["schemas"];
+        let service = &schemas["io.k8s.api.core.v1.Service"];
+        assert_eq!(
+            service["x-kubernetes-group-version-kind"][0]["kind"],
+            "Service"
+        );
+        assert_eq!(
+            // With a description beside it, as Kubernetes writes it.
+            service["properties"]["spec"]["allOf"][0]["$ref"],
+            "#/components/schemas/io.k8s.api.core.v1.ServiceSpec"
+        );
+        assert!(schemas["io.k8s.api.core.v1.PodSpec"]["properties"]["containers"].is_object());
+        assert!(schemas["io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"].is_object());
+        let lease = document("apis/coordination.k8s.io/v1").unwrap();
+        assert!(
+            lease["components"]["schemas"]["io.k8s.api.coordination.v1.Lease"]
+                ["x-kubernetes-group-version-kind"]
+                .is_array()
+        );
     }
 
     #[test]

@@ -155,7 +155,7 @@ async fn route(
             }
             ["openapi", "v3", rest @ ..] => {
                 return openapi::document(&rest.join("/"))
-                    .map(|d| json_value(&d))
+                    .map(json_value)
                     .ok_or_else(Status::no_route)
             }
             ["api", version] => {

@@ -10,7 +10,7 @@ import json
 import pytest
 from kubernetes import dynamic
 
-from test_kubectl import KUBECTLS, Kubectl
+from test_kubectl import KUBECTLS, Kubectl, client_minor
 
 SERVICE = """\
 apiVersion: v1
@@ -189,3 +189,25 @@ def test_python_client_server_side_apply(portal):
     with pytest.raises(Exception) as missing:
         services.server_side_apply(body=body, name="py", namespace="default", field_manager=None)
     assert missing.value.status == 422 and "fieldManager: Required value" in missing.value.body
+
+
+def test_moving_from_client_side_to_server_side_apply(kubectl):
+    """A Service made with `kubectl apply` moves to `--server-side`: no
+    conflicts on the values it already has, the server keeps the
+    last-applied annotation current for the `kubectl` manager, and kubectl
+    1.26+ hands the client-side manager's fields to `kubectl` (a JSON patch
+    of managedFields), so a label dropped later really goes; with kubectl
+    1.20 (no hand-over) the client-side manager still co-owns it."""
+    kubectl.apply(SERVICE.replace("name: ssa", "name: moved"))
+    manifest = SERVICE.replace("name: ssa", "name: moved")
+    server_apply(kubectl, manifest)
+    svc = get_svc(kubectl, "moved")
+    remembered = json.loads(svc["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])
+    assert remembered["spec"]["ports"][0]["targetPort"] == 8080 and remembered["metadata"]["name"] == "moved"
+    server_apply(kubectl, manifest.replace("  labels: {app: web}\n", ""))
+    svc = get_svc(kubectl, "moved")
+    if client_minor(kubectl.binary) >= 26:
+        assert ("kubectl-client-side-apply", "Update") not in managers(svc), managers(svc)
+        assert "labels" not in svc["metadata"] or "app" not in svc["metadata"]["labels"]
+    else:
+        assert svc["metadata"]["labels"] == {"app": "web"}, "still co-owned by the client-side manager"

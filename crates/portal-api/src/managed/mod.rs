@@ -421,7 +421,44 @@ pub fn apply(
         .filter(|e| e.set == own.set && e.api_version == own.api_version);
     entries.push(unchanged.unwrap_or(own));
     finish(&mut merged, entries);
+    keep_last_applied(&mut merged, live, config, writer);
     Ok(merged)
+}
+
+/// kubectl's client-side apply remembers its last configuration in an
+/// annotation. Once an object moves to `kubectl apply --server-side`,
+/// Kubernetes keeps that annotation up to date for the `kubectl` manager,
+/// so going back to client-side apply sees the latest configuration.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+fn keep_last_applied(merged: &mut Value, live: &Value, config: &Value, writer: &Writer<'_>) {
+    let had = live
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(LAST_APPLIED))
+        .is_some();
+    if writer.manager != "kubectl" || writer.subresource.is_some() || !had {
+        return;
+    }
+    let mut remembered = config.clone();
+    if let Some(annotations) = remembered
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta::metadata_mut(&mut remembered).remove("annotations");
+        }
+    }
+    let Ok(text) = serde_json::to_string(&remembered) else {
+        return;
+    };
+    let metadata = meta::metadata_mut(merged);
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Some(annotations) = annotations.as_object_mut() {
+        annotations.insert(LAST_APPLIED.into(), Value::String(text));
+    }
 }
 
 /// `config` merged into `live`: fields set, keyed items merged by key, set

@@ -278,3 +278,85 @@ fn old_update_entries_are_merged() {
     assert_eq!(names.last().unwrap(), "ancient-changes");
     assert!(!names.contains(&"m0".to_owned()) && names.contains(&"m11".to_owned()));
 }
+
+#[test]
+fn the_kubectl_manager_keeps_the_last_applied_configuration() {
+    let live = json!({"metadata": {"name": "s", "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\"old\":1}"}}});
+    let config = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {"type": "NodePort"}});
+    let applied = apply(Kind::Service, &live, &config, &writer("kubectl"), false).unwrap();
+    let remembered: Value = serde_json::from_str(
+        applied["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(remembered, config);
+    // Other managers, and objects without the annotation, are left alone.
+    let other = apply(Kind::Service, &live, &config, &writer("flux"), false).unwrap();
+    assert_eq!(
+        other["metadata"]["annotations"],
+        live["metadata"]["annotations"]
+    );
+    let fresh = apply(
+        Kind::Service,
+        &json!({}),
+        &config,
+        &writer("kubectl"),
+        false,
+    )
+    .unwrap();
+    assert!(fresh["metadata"].get("annotations").is_none());
+}
+
+#[test]
+#[ignore = "timing, run by hand: cargo test --release -p portal-api managed::tests::cost -- --ignored --nocapture"]
+fn cost_of_recording_a_create() {
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "bench-1", "namespace": "default", "labels": {"app": "bench", "tier": "x"}},
+        "spec": {"type": "ClusterIP", "selector": {"app": "bench"}, "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+                 "sessionAffinity": "None", "internalTrafficPolicy": "Cluster", "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                 "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"]},
+        "status": {"loadBalancer": {}}});
+    let start = std::time::Instant::now();
+    let rounds = 100_000;
+    for _ in 0..rounds {
+        let mut object = service.clone();
+        track_update(
+            Kind::Service,
+            &json!({}),
+            &mut object,
+            &writer("kubectl-create"),
+        )
+        .unwrap();
+        std::hint::black_box(&object);
+    }
+    let create = start.elapsed() / rounds;
+    let mut stored = service.clone();
+    track_update(
+        Kind::Service,
+        &json!({}),
+        &mut stored,
+        &writer("kubectl-create"),
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    for i in 0..rounds {
+        let mut object = stored.clone();
+        object["metadata"]["labels"]["tier"] = json!(i);
+        track_update(
+            Kind::Service,
+            &stored,
+            &mut object,
+            &writer("kubectl-label"),
+        )
+        .unwrap();
+        std::hint::black_box(&object);
+    }
+    let update = start.elapsed() / rounds;
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        std::hint::black_box(service.clone());
+    }
+    let clone = start.elapsed() / rounds;
+    eprintln!("per create {create:?}, per update {update:?}, clone alone {clone:?}");
+}

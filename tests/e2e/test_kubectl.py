@@ -364,14 +364,39 @@ spec:
 def test_wait_for_a_namespace_to_be_deleted(kubectl):
     """Even an empty namespace passes through Terminating with its
     `kubernetes` finalizer (as in Kubernetes), so a script can delete it and
-    then wait for it to be gone (issue 19)."""
+    then wait for it to be gone (issue 19). What the namespace went through
+    is read from a watch opened before the delete (no timing window)."""
+    import threading
+
+    from kubernetes import watch
+
     kubectl("create", "namespace", "doomed")
     kubectl("create", "service", "clusterip", "inside", "--tcp=80", "-n", "doomed")
+    core = kubectl.portal.core()
+    start = core.read_namespace("doomed").metadata.resource_version
+    seen = []
+
+    def follow():
+        stream = watch.Watch().stream(
+            core.list_namespace, field_selector="metadata.name=doomed", resource_version=start, timeout_seconds=30
+        )
+        for event in stream:
+            ns = event["object"]
+            conditions = {c.type for c in (ns.status.conditions or [])}
+            seen.append((event["type"], ns.status.phase, ns.spec.finalizers if ns.spec else None, conditions))
+            if event["type"] == "DELETED":
+                return
+
+    follower = threading.Thread(target=follow)
+    follower.start()
     kubectl("delete", "namespace", "doomed", "--wait=false")
-    ns = kubectl.json("get", "namespace", "doomed")
-    assert ns["status"]["phase"] == "Terminating"
-    assert ns["spec"]["finalizers"] == ["kubernetes"]
     assert "namespace/doomed condition met" in kubectl.out("wait", "--for=delete", "namespace/doomed", "--timeout=30s")
+    follower.join(timeout=35)
+    assert seen and seen[-1][0] == "DELETED", seen
+    terminating = [s for s in seen if s[1] == "Terminating"]
+    assert terminating[0][2] == ["kubernetes"], seen
+    assert any("NamespaceContentRemaining" in s[3] and s[2] == ["kubernetes"] for s in terminating), seen
+    assert any(s[0] == "MODIFIED" and not s[2] for s in terminating), "the finalizer is taken off before it goes"
     assert kubectl("get", "namespace", "doomed", check=False).returncode != 0
     assert kubectl.json("get", "svc", "-n", "doomed")["items"] == []
 
@@ -392,3 +417,20 @@ def test_explain_shows_the_real_schemas(portal, tmp_path):
     assert "FIELD: ports <[]ServicePort>" in out and "targetPort\t<IntOrString>" in out, out
     assert "Container image name" in kubectl.out("explain", "pod.spec.containers.image")
     assert "holderIdentity" in kubectl.out("explain", "lease.spec", "--api-version=coordination.k8s.io/v1")
+
+
+def test_debug_copy_to_sends_a_pod_as_protobuf(kubectl):
+    """`kubectl debug --copy-to` creates the copy with a protobuf body: every
+    kind's protobuf is decoded (issue 19; it was 415 for pods)."""
+    kubectl("run", "web", "--image=registry.local/web:1", "--labels=app=web", "--env=MODE=prod")
+    result = kubectl(
+        "debug", "web", "--copy-to=web-debug", "--image=registry.local/tools:1", "--container=debugger", "-v=8"
+    )
+    if client_minor(kubectl.binary) >= 30:
+        # (kubectl 1.20 sends this one as JSON.)
+        assert "application/vnd.kubernetes.protobuf" in result.stderr, "the copy was sent as protobuf"
+    copy = kubectl.json("get", "pod", "web-debug")
+    containers = {c["name"]: c for c in copy["spec"]["containers"]}
+    assert containers["web"]["image"] == "registry.local/web:1"
+    assert containers["web"]["env"] == [{"name": "MODE", "value": "prod"}]
+    assert containers["debugger"]["image"] == "registry.local/tools:1"

@@ -91,6 +91,24 @@ def test_apply_creates_updates_conflicts_and_forces(kubectl):
     assert svc["metadata"]["labels"] == {"app": "web", "team": "blue"}
 
 
+def test_reapplying_changes_nothing_and_conflicts_are_listed(kubectl):
+    server_apply(kubectl, SERVICE)
+    kubectl("label", "svc", "ssa", "other=1")
+    before = get_svc(kubectl, "ssa")["metadata"]["resourceVersion"]
+    server_apply(kubectl, SERVICE)
+    assert get_svc(kubectl, "ssa")["metadata"]["resourceVersion"] == before, "a no-op apply writes nothing"
+    # Two fields owned by another manager: both named, under their manager.
+    kubectl("patch", "svc", "ssa", "-p", '{"metadata":{"labels":{"app":"x"}},"spec":{"selector":{"app":"x"}}}')
+    result = server_apply(kubectl, SERVICE, check=False)
+    assert "Apply failed with 2 conflicts: conflicts with \"kubectl-patch\" using v1:" in result.stderr, result.stderr
+    assert "- .metadata.labels.app" in result.stderr and "- .spec.selector.app" in result.stderr
+    # Into a namespace that does not exist: 404, nothing made.
+    path = kubectl.tmp / "elsewhere.yaml"
+    path.write_text(SERVICE.replace("name: ssa", "name: ssa\n  namespace: nowhere"))
+    missing = kubectl("apply", "--server-side", "-f", str(path), check=False)
+    assert missing.returncode != 0 and 'namespaces "nowhere" not found' in missing.stderr, missing.stderr
+
+
 def test_every_writer_is_recorded(kubectl, tmp_path):
     kubectl("create", "service", "clusterip", "mf", "--tcp=80:8080")
     kubectl("label", "svc", "mf", "a=1")
@@ -199,11 +217,12 @@ def test_moving_from_client_side_to_server_side_apply(kubectl):
     of managedFields), so a label dropped later really goes; with kubectl
     1.20 (no hand-over) the client-side manager still co-owns it."""
     kubectl.apply(SERVICE.replace("name: ssa", "name: moved"))
-    manifest = SERVICE.replace("name: ssa", "name: moved")
+    manifest = SERVICE.replace("name: ssa", "name: moved").replace("targetPort: 8080", "targetPort: 9090")
     server_apply(kubectl, manifest)
     svc = get_svc(kubectl, "moved")
     remembered = json.loads(svc["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])
-    assert remembered["spec"]["ports"][0]["targetPort"] == 8080 and remembered["metadata"]["name"] == "moved"
+    assert remembered["spec"]["ports"][0]["targetPort"] == 9090, "the server rewrote it from the server-side apply"
+    assert svc["spec"]["ports"][0]["targetPort"] == 9090
     server_apply(kubectl, manifest.replace("  labels: {app: web}\n", ""))
     svc = get_svc(kubectl, "moved")
     if client_minor(kubectl.binary) >= 26:

@@ -78,6 +78,16 @@ impl Resource {
         }
     }
 
+    /// The kind's schema name in OpenAPI and protobuf:
+    /// `io.k8s.api.core.v1.Service`, `io.k8s.api.discovery.v1.EndpointSlice`.
+    pub fn openapi_name(&self) -> String {
+        let group = match self.group {
+            "" => "core",
+            group => group.trim_end_matches(".k8s.io"),
+        };
+        format!("io.k8s.api.{group}.{}.{}", self.version, self.kind_name)
+    }
+
     /// The store key prefix of this resource: `/registry/<group>/<plural>/`.
     pub fn key_prefix(&self) -> String {
         let group = if self.group.is_empty() {

@@ -97,7 +97,7 @@ impl Query {
     /// as Kubernetes does.
     pub(crate) fn field_manager(&self) -> Result<String, Status> {
         use portal_api::managed::MAX_MANAGER_LENGTH;
-        if let Some(given) = self.get("fieldManager") {
+        if let Some(given) = self.get("fieldManager").filter(|m| !m.is_empty()) {
             if given.len() > MAX_MANAGER_LENGTH {
                 return Err(invalid_option(format!(
                     "fieldManager: Too long: may not be more than {MAX_MANAGER_LENGTH} bytes"

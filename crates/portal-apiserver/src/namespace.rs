@@ -56,7 +56,13 @@ pub(crate) async fn resume_terminations(
             let name = meta::meta_str(&value, "name")
                 .unwrap_or_default()
                 .to_owned();
-            tokio::spawn(finish_termination(store.clone(), allocators.clone(), name));
+            let uid = meta::meta_str(&value, "uid").unwrap_or_default().to_owned();
+            tokio::spawn(finish_termination(
+                store.clone(),
+                allocators.clone(),
+                name,
+                uid,
+            ));
         }
     }
     Ok(())
@@ -86,7 +92,25 @@ pub(crate) async fn begin_termination(
         };
         match state.store.txn(vec![op]).await {
             Ok(revision) => revision,
-            Err(StoreError::Conflict { .. }) => return Err(Status::conflict(scope.target(), name)),
+            // Another DELETE marked it first: deleted all the same (200).
+            Err(StoreError::Conflict { .. }) => {
+                let newer = state.store.get(&key).await.map_err(store_error)?;
+                let Some(newer) = newer else {
+                    return Err(Status::not_found(scope.target(), name));
+                };
+                let value: Value = serde_json::from_slice(&newer.value)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                let same = meta::meta_str(&value, "uid") == meta::meta_str(&object, "uid");
+                if !same || meta::meta_str(&value, "deletionTimestamp").is_none() {
+                    return Err(Status::conflict(scope.target(), name));
+                }
+                return Ok(json_response(
+                    StatusCode::OK,
+                    CachedObject::from_value(key, value, newer.mod_revision)
+                        .json
+                        .clone(),
+                ));
+            }
             Err(e) => return Err(store_error(e)),
         }
     };
@@ -97,6 +121,9 @@ pub(crate) async fn begin_termination(
             state.store.clone(),
             state.allocators.clone(),
             name.to_owned(),
+            meta::meta_str(&object, "uid")
+                .unwrap_or_default()
+                .to_owned(),
         ));
     }
     Ok(json_response(
@@ -133,35 +160,47 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Deletes every object in the namespace, waits for those that stop
 /// gracefully, confirms nothing is left, then finalizes and deletes the
 /// namespace.
-async fn finish_termination(store: Arc<dyn Store>, allocators: Arc<Allocators>, namespace: String) {
+///
+/// The namespace is known by name *and* uid: every step re-reads it and
+/// stops if it is gone or another namespace of the same name took its
+/// place (a second task for it, on another server or after a restart,
+/// does the same steps and finds them done).
+async fn finish_termination(
+    store: Arc<dyn Store>,
+    allocators: Arc<Allocators>,
+    namespace: String,
+    uid: String,
+) {
     let failed = |error: StoreError| {
         tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
     };
-    let mut confirmed = false;
-    while !confirmed {
-        let left = match remove_content(store.as_ref(), &allocators, &namespace).await {
-            Ok(left) => left,
+    // Like Kubernetes' namespace controller: empty it, say so in its
+    // conditions, then look once more (a write admitted before the
+    // namespace was marked may land after the first pass).
+    let mut announced = false;
+    loop {
+        // Gone, or another namespace of that name now: not ours to empty.
+        match terminating(store.as_ref(), &namespace, &uid).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return,
             Err(error) => return failed(error),
-        };
-        if left == 0 {
-            // Like Kubernetes' namespace controller: say what was done, then
-            // look once more (a write admitted before the namespace was
-            // marked may land after the first pass).
-            if let Err(error) = update_namespace(store.as_ref(), &namespace, content_removed).await
-            {
-                return failed(error);
-            }
-            tokio::time::sleep(RECHECK).await;
-            match remove_content(store.as_ref(), &allocators, &namespace).await {
-                Ok(0) => confirmed = true,
-                Ok(_) => {}
-                Err(error) => return failed(error),
-            }
-        } else {
-            tokio::time::sleep(RECHECK).await;
         }
+        match remove_content(store.as_ref(), &allocators, &namespace).await {
+            Ok(0) if announced => break,
+            Ok(0) => {
+                let written =
+                    update_namespace(store.as_ref(), &namespace, &uid, content_removed).await;
+                if let Err(error) = written {
+                    return failed(error);
+                }
+                announced = true;
+            }
+            Ok(_) => announced = false,
+            Err(error) => return failed(error),
+        }
+        tokio::time::sleep(RECHECK).await;
     }
-    let finalized = update_namespace(store.as_ref(), &namespace, |ns| {
+    let finalized = update_namespace(store.as_ref(), &namespace, &uid, |ns| {
         if let Some(finalizers) = ns
             .pointer_mut("/spec/finalizers")
             .and_then(Value::as_array_mut)
@@ -172,16 +211,51 @@ async fn finish_termination(store: Arc<dyn Store>, allocators: Arc<Allocators>, 
     if let Err(error) = finalized.await {
         return failed(error);
     }
-    let key = Resource::of(Kind::Namespace).key(None, &namespace);
-    match store
-        .txn(vec![Op::Delete {
-            key,
-            expected_revision: None,
-        }])
-        .await
-    {
-        Ok(_) | Err(StoreError::NotFound { .. }) => tracing::info!(%namespace, "namespace deleted"),
+    match delete_namespace(store.as_ref(), &namespace, &uid).await {
+        Ok(true) => tracing::info!(%namespace, "namespace deleted"),
+        Ok(false) => {}
         Err(error) => tracing::error!(%error, %namespace, "namespace removal failed"),
+    }
+}
+
+/// The namespace as stored, if it is still the one being terminated.
+async fn terminating(
+    store: &dyn Store,
+    namespace: &str,
+    uid: &str,
+) -> Result<Option<(KeyValue, Value)>, StoreError> {
+    let key = Resource::of(Kind::Namespace).key(None, namespace);
+    let Some(current) = store.get(&key).await? else {
+        return Ok(None);
+    };
+    let Ok(object) = serde_json::from_slice::<Value>(&current.value) else {
+        return Ok(None);
+    };
+    let ours = meta::meta_str(&object, "uid") == Some(uid)
+        && meta::meta_str(&object, "deletionTimestamp").is_some();
+    Ok(ours.then_some((current, object)))
+}
+
+/// Deletes the namespace if it is still this one; whether it did.
+async fn delete_namespace(
+    store: &dyn Store,
+    namespace: &str,
+    uid: &str,
+) -> Result<bool, StoreError> {
+    loop {
+        let Some((current, _)) = terminating(store, namespace, uid).await? else {
+            return Ok(false);
+        };
+        let op = Op::Delete {
+            key: current.key,
+            expected_revision: Some(current.mod_revision),
+        };
+        match store.txn(vec![op]).await {
+            Ok(_) => return Ok(true),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(StoreError::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -221,18 +295,16 @@ fn content_removed(namespace: &mut Value) {
 }
 
 /// Read, change, compare-and-swap the namespace until it sticks (nothing
-/// to do if it is gone or the change changes nothing).
+/// to do if it is gone, is another namespace now, or the change changes
+/// nothing).
 async fn update_namespace(
     store: &dyn Store,
     namespace: &str,
+    uid: &str,
     change: impl Fn(&mut Value),
 ) -> Result<(), StoreError> {
-    let key = Resource::of(Kind::Namespace).key(None, namespace);
     loop {
-        let Some(current) = store.get(&key).await? else {
-            return Ok(());
-        };
-        let Ok(mut object) = serde_json::from_slice::<Value>(&current.value) else {
+        let Some((current, mut object)) = terminating(store, namespace, uid).await? else {
             return Ok(());
         };
         let before = object.clone();
@@ -242,7 +314,7 @@ async fn update_namespace(
         }
         let value = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
         let op = Op::Update {
-            key: key.clone(),
+            key: current.key,
             value,
             expected_revision: current.mod_revision,
         };

@@ -54,18 +54,6 @@ fn kind_schema(kind: Kind, generator: &mut SchemaGenerator) -> schemars::Schema 
     }
 }
 
-/// The `#/components/schemas/…` name of a kind's schema.
-fn schema_name(resource: &Resource) -> String {
-    let group = match resource.group {
-        "" => "core",
-        group => group.trim_end_matches(".k8s.io"),
-    };
-    format!(
-        "io.k8s.api.{group}.{}.{}",
-        resource.version, resource.kind_name
-    )
-}
-
 /// Every schema the kinds of one group-version use, the kinds marked with
 /// their group-version-kind.
 fn schemas(group: &str, version: &str) -> Map<String, Value> {
@@ -78,7 +66,7 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
     }
     let mut definitions = generator.take_definitions(true);
     for resource in &served {
-        if let Some(Value::Object(schema)) = definitions.get_mut(&schema_name(resource)) {
+        if let Some(Value::Object(schema)) = definitions.get_mut(&resource.openapi_name()) {
             schema.insert(
                 "x-kubernetes-group-version-kind".into(),
                 json!([{"group": group, "kind": resource.kind_name, "version": version}]),
@@ -96,7 +84,7 @@ fn build_document(group: &str, version: &str) -> Value {
         } else {
             ""
         };
-        let reference = json!({"$ref": format!("#/components/schemas/{}", schema_name(r))});
+        let reference = json!({"$ref": format!("#/components/schemas/{}", r.openapi_name())});
         let operation = json!({
             "operationId": format!("patch{}", r.kind_name),
             "x-kubernetes-action": "patch",

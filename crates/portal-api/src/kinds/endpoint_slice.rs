@@ -37,7 +37,6 @@ pub(super) const DEFINITION: Definition = Definition {
     list_strategy: replace_lists,
     columns,
     cells,
-    protobuf: None,
     subresources: &[],
 };
 

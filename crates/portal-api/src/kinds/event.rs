@@ -48,7 +48,6 @@ pub(super) const DEFINITION: Definition = Definition {
     list_strategy: replace_lists,
     columns,
     cells,
-    protobuf: None,
     subresources: &[],
 };
 

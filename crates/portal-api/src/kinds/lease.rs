@@ -35,7 +35,6 @@ pub(super) const DEFINITION: Definition = Definition {
     list_strategy: replace_lists,
     columns,
     cells,
-    protobuf: None,
     subresources: &[],
 };
 

@@ -84,15 +84,9 @@ pub struct Definition {
     /// `kubectl get` columns, in order, and one object's cells.
     pub columns: fn() -> Vec<Column>,
     pub cells: fn(&Value, i64) -> Vec<Value>,
-    /// Decodes the raw bytes of a protobuf body (`application/
-    /// vnd.kubernetes.protobuf`), where supported.
-    pub protobuf: Option<DecodeProtobuf>,
     /// Subresources beyond `status`, for discovery.
     pub subresources: &'static [Subresource],
 }
-
-/// Decodes the raw bytes of a protobuf object into its JSON form.
-pub type DecodeProtobuf = fn(&[u8]) -> Result<Value, String>;
 
 /// A subresource listed in discovery (served by its own handler).
 #[derive(Clone, Copy, Debug)]

@@ -38,7 +38,6 @@ pub(super) const DEFINITION: Definition = Definition {
     list_strategy,
     columns,
     cells,
-    protobuf: Some(crate::protobuf::namespace),
     subresources: &[],
 };
 

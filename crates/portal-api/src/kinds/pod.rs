@@ -48,7 +48,6 @@ pub(super) const DEFINITION: Definition = Definition {
     list_strategy,
     columns,
     cells,
-    protobuf: None,
     subresources: &[
         Subresource {
             name: "binding",

@@ -40,7 +40,6 @@ pub(super) const DEFINITION: Definition = Definition {
     list_strategy,
     columns,
     cells,
-    protobuf: Some(crate::protobuf::service),
     subresources: &[Subresource {
         name: "proxy",
         kind: "ServiceProxyOptions",

@@ -12,6 +12,8 @@
 pub mod fieldpath;
 mod schema;
 
+use std::collections::{HashMap, HashSet};
+
 use serde_json::{json, Map, Value};
 
 use crate::meta;
@@ -136,12 +138,28 @@ fn decode(object: &Value) -> Result<Vec<Entry>, String> {
     }
 }
 
+/// Stores the entries in Kubernetes' order (applies first, then by time,
+/// manager, apiVersion, subresource), so the same entries always read the
+/// same and a write that changes nothing else is recognised as a no-op.
 fn store(object: &mut Value, entries: &[Entry]) {
+    let mut entries: Vec<&Entry> = entries.iter().collect();
+    entries.sort_by(|a, b| {
+        let order = |e: &Entry| {
+            (
+                e.operation == Operation::Update,
+                e.time.clone(),
+                e.manager.clone(),
+                e.api_version.clone(),
+                e.subresource.clone(),
+            )
+        };
+        order(a).cmp(&order(b))
+    });
     let metadata = meta::metadata_mut(object);
     if entries.is_empty() {
         metadata.remove("managedFields");
     } else {
-        let list = entries.iter().map(Entry::to_json).collect();
+        let list = entries.iter().map(|e| e.to_json()).collect();
         metadata.insert("managedFields".into(), Value::Array(list));
     }
 }
@@ -335,6 +353,15 @@ pub fn apply(
             "the configuration must be an object".into(),
         ));
     }
+    if config
+        .pointer("/metadata/managedFields")
+        .is_some_and(|m| !m.is_null())
+    {
+        return Err(ApplyError::Invalid(
+            "metadata.managedFields must be nil".into(),
+        ));
+    }
+    missing_keys(kind, &mut Vec::new(), config).map_err(ApplyError::Invalid)?;
     // What the applier may own: its part of the object.
     let mut intent = config.clone();
     if let Some(object) = intent.as_object_mut() {
@@ -358,23 +385,35 @@ pub fn apply(
         .filter(|p| before.get(*p) != after.get(*p))
         .cloned()
         .collect();
-    let mut conflicts = Vec::new();
-    for entry in entries
-        .iter_mut()
+    let conflicting: Vec<(String, &Path)> = entries
+        .iter()
         .filter(|e| !e.is(writer, Operation::Apply))
-    {
-        let taken: Vec<Path> = entry.set.intersection(&changed).cloned().collect();
-        if force {
-            entry.set.retain(|p| !changed.contains(p));
-        } else {
-            conflicts.extend(taken.iter().map(|path| Conflict {
-                manager: entry.describe(),
+        .flat_map(|e| e.set.intersection(&changed).map(move |p| (e.describe(), p)))
+        .collect();
+    // Moving from client-side apply: `kubectl` may take over what its
+    // last-applied configuration still says (Kubernetes' lastAppliedManager).
+    let force = force
+        || (!conflicting.is_empty() && {
+            let allowed = client_side_applied(kind, live, writer);
+            conflicting.iter().all(|(_, path)| allowed.contains(*path))
+        });
+    if !force && !conflicting.is_empty() {
+        let conflicts = conflicting
+            .into_iter()
+            .map(|(manager, path)| Conflict {
+                manager,
                 field: fieldpath::Display(path).to_string(),
-            }));
-        }
-    }
-    if !conflicts.is_empty() {
+            })
+            .collect();
         return Err(ApplyError::Conflicts(conflicts));
+    }
+    if force {
+        for entry in entries
+            .iter_mut()
+            .filter(|e| !e.is(writer, Operation::Apply))
+        {
+            entry.set.retain(|p| !changed.contains(p));
+        }
     }
 
     // Fields the applier owned and no longer names go, unless another
@@ -389,10 +428,16 @@ pub fn apply(
         .filter(|e| !e.is(writer, Operation::Apply))
         .flat_map(|e| e.set.iter().cloned())
         .collect();
+    // (An empty object the applier had, now filled in, stays: the new
+    // configuration owns what is below it.)
+    let owned_at_or_below = |set: &Set, p: &Path| {
+        set.range(p.clone()..)
+            .next()
+            .is_some_and(|o| fieldpath::is_under(o, p))
+    };
     let mut dropped: Vec<&Path> = previous
         .iter()
-        .filter(|p| !intended.contains(*p))
-        .filter(|p| !others.iter().any(|o| fieldpath::is_under(o, p)))
+        .filter(|p| !owned_at_or_below(&intended, p) && !owned_at_or_below(&others, p))
         .collect();
     // Deepest first, so a list item is found before its list changes.
     dropped.sort_by_key(|p| std::cmp::Reverse(p.len()));
@@ -414,15 +459,40 @@ pub fn apply(
         set: intended,
     };
     // An apply that changes nothing keeps its entry's time.
+    let without_entries = |object: &Value| {
+        let mut object = object.clone();
+        meta::metadata_mut(&mut object).remove("managedFields");
+        object
+    };
+    let same_object = without_entries(&merged) == without_entries(live);
     let unchanged = decode(live)
         .unwrap_or_default()
         .into_iter()
         .find(|e| e.is(writer, Operation::Apply))
-        .filter(|e| e.set == own.set && e.api_version == own.api_version);
+        .filter(|e| same_object && e.set == own.set && e.api_version == own.api_version);
     entries.push(unchanged.unwrap_or(own));
     finish(&mut merged, entries);
     keep_last_applied(&mut merged, live, config, writer);
     Ok(merged)
+}
+
+/// For the `kubectl` manager: the fields kubectl's client-side apply last
+/// set (its annotation) that still hold those values.
+fn client_side_applied(kind: Kind, live: &Value, writer: &Writer<'_>) -> Set {
+    let remembered = live
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(LAST_APPLIED))
+        .and_then(Value::as_str)
+        .and_then(|text| serde_json::from_str::<Value>(text).ok());
+    let Some(remembered) = remembered.filter(|_| writer.manager == "kubectl") else {
+        return Set::new();
+    };
+    let live_members = fieldpath::members(kind, live);
+    fieldpath::members(kind, &remembered)
+        .into_iter()
+        .filter(|(path, value)| live_members.get(path) == Some(value))
+        .map(|(path, _)| path)
+        .collect()
 }
 
 /// kubectl's client-side apply remembers its last configuration in an
@@ -461,6 +531,42 @@ fn keep_last_applied(merged: &mut Value, live: &Value, config: &Value, writer: &
     }
 }
 
+/// Refuses a keyed list item that lacks one of its keys (with no default),
+/// as Kubernetes does: it could never be told apart from the others.
+fn missing_keys(kind: Kind, path: &mut Vec<String>, value: &Value) -> Result<(), String> {
+    match value {
+        Value::Object(map) => {
+            for (name, child) in map {
+                path.push(name.clone());
+                missing_keys(kind, path, child)?;
+                path.pop();
+            }
+        }
+        Value::Array(items) => {
+            let names: Vec<&str> = path.iter().map(String::as_str).collect();
+            let keyed = match schema::list_type(kind, &names) {
+                ListType::Map(keys) => Some(keys),
+                _ => None,
+            };
+            for (i, item) in items.iter().enumerate() {
+                if let Some(keys) = keyed {
+                    if let Some(key) = keys.iter().find(|k| {
+                        item.get(**k).is_none_or(Value::is_null) && schema::key_default(k).is_none()
+                    }) {
+                        return Err(format!(
+                            ".{}: element {i}: associative list with keys has an element that omits key field {key:?} (and doesn't have default value)",
+                            path.join(".")
+                        ));
+                    }
+                }
+                missing_keys(kind, path, item)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// `config` merged into `live`: fields set, keyed items merged by key, set
 /// items added, everything else replaced.
 fn merge(kind: Kind, path: &mut Vec<String>, live: Option<&Value>, config: &Value) -> Value {
@@ -488,8 +594,9 @@ fn merge(kind: Kind, path: &mut Vec<String>, live: Option<&Value>, config: &Valu
                 ListType::Atomic => Value::Array(config.clone()),
                 ListType::Set => {
                     let mut out = live.clone();
+                    let mut seen: HashSet<String> = live.iter().map(Value::to_string).collect();
                     for item in config {
-                        if !out.contains(item) {
+                        if seen.insert(item.to_string()) {
                             out.push(item.clone());
                         }
                     }
@@ -497,14 +604,21 @@ fn merge(kind: Kind, path: &mut Vec<String>, live: Option<&Value>, config: &Valu
                 }
                 ListType::Map(keys) => {
                     let mut out = live.clone();
+                    // Items by key, so a long list merges in linear time.
+                    let mut positions: HashMap<String, usize> = HashMap::new();
+                    for (i, item) in out.iter().enumerate() {
+                        if let Some(key) = fieldpath::item_key(item, keys) {
+                            positions.entry(key).or_insert(i);
+                        }
+                    }
                     for item in config {
-                        let key = fieldpath::item_key(item, keys);
-                        match out
-                            .iter()
-                            .position(|x| key.is_some() && fieldpath::item_key(x, keys) == key)
-                        {
-                            Some(i) => out[i] = merge(kind, path, Some(&out[i]), item),
-                            None => out.push(item.clone()),
+                        let key = fieldpath::item_key(item, keys).unwrap_or_default();
+                        match positions.get(&key) {
+                            Some(&i) => out[i] = merge(kind, path, Some(&out[i]), item),
+                            None => {
+                                positions.insert(key, out.len());
+                                out.push(item.clone());
+                            }
                         }
                     }
                     Value::Array(out)

@@ -72,6 +72,7 @@ pub(crate) async fn apply(
     query.field_manager()?;
     let force = query.flag("force");
     let config = parse_config(resource, name, body)?;
+    check_body_namespace(scope, &config)?;
     let key = resource.key(scope.namespace, name);
     for _ in 0..APPLY_ATTEMPTS {
         if state.store.get(&key).await.map_err(store_error)?.is_none() {

@@ -1,0 +1,539 @@
+//! Protobuf request bodies (`application/vnd.kubernetes.protobuf`): the
+//! `k8s\0` magic, then a `runtime.Unknown` envelope around the object's
+//! protobuf encoding. kubectl's typed commands send these (`kubectl create
+//! service`, `kubectl debug --copy-to` sends a Pod), as do client-go
+//! programs set to protobuf. Every served kind is decoded by one walk of the
+//! wire format guided by [`schema`] (generated from `k8s-pb`'s field
+//! numbers and `k8s-openapi`'s JSON names by
+//! `scripts/gen-protobuf-schema.py`) into the JSON form the rest of the
+//! server handles.
+
+mod schema;
+
+use k8s_pb::apimachinery::pkg::runtime::Unknown;
+use prost::Message as _;
+use serde_json::{json, Map, Value};
+
+use crate::decode::DecodeError;
+use crate::resource::Resource;
+
+const MAGIC: &[u8] = b"k8s\0";
+/// Deepest nesting of messages accepted (the served kinds need about 12).
+const MAX_DEPTH: usize = 48;
+
+/// One message of the served kinds: its fields by number.
+#[derive(Debug)]
+pub(crate) struct Message {
+    name: &'static str,
+    fields: &'static [Field],
+}
+
+#[derive(Debug)]
+pub(crate) struct Field {
+    tag: u32,
+    /// The JSON name; empty for an embedded struct whose fields are the
+    /// parent's in JSON.
+    json: &'static str,
+    ty: Type,
+    repeated: bool,
+}
+
+/// What a field holds (the indices are into `schema::MESSAGES`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Type {
+    String,
+    Bool,
+    Int32,
+    Int64,
+    Message(usize),
+    /// `map<string, message>`.
+    MapOf(usize),
+    /// `map<string, string>`.
+    MapOfStrings,
+}
+
+/// Decodes a protobuf body as an object of `resource`.
+pub fn decode(resource: &Resource, body: &[u8]) -> Result<Value, DecodeError> {
+    let envelope = body.strip_prefix(MAGIC).ok_or_else(|| {
+        DecodeError::Malformed("protobuf body does not start with the k8s magic".into())
+    })?;
+    let unknown = Unknown::decode(envelope)
+        .map_err(|e| DecodeError::Malformed(format!("protobuf envelope: {e}")))?;
+    if let Some(encoding) = unknown
+        .content_encoding
+        .as_deref()
+        .filter(|e| !e.is_empty())
+    {
+        return Err(DecodeError::Malformed(format!(
+            "unsupported content encoding {encoding:?}"
+        )));
+    }
+    let type_meta = unknown.type_meta.unwrap_or_default();
+    let kind = type_meta.kind.unwrap_or_default();
+    if !kind.is_empty() && kind != resource.kind_name {
+        return Err(DecodeError::WrongKind(format!(
+            "the kind in the data ({kind}) does not match the expected kind ({})",
+            resource.kind_name
+        )));
+    }
+    let name = resource.openapi_name();
+    let Some(&(_, index)) = schema::KINDS.iter().find(|(n, _)| *n == name) else {
+        return Err(DecodeError::Unsupported(format!(
+            "protobuf bodies for {} are not supported; send JSON",
+            resource.kind_name
+        )));
+    };
+    let raw = unknown.raw.unwrap_or_default();
+    let mut object = message(&raw, index, 0)
+        .map_err(|e| DecodeError::Malformed(format!("protobuf {}: {e}", resource.kind_name)))?;
+    object["apiVersion"] = json!(resource.api_version());
+    object["kind"] = json!(resource.kind_name);
+    Ok(object)
+}
+
+/// The protobuf wire format, read one field at a time.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+/// A field's value as it sits on the wire.
+enum Wire<'a> {
+    Varint(u64),
+    Fixed64,
+    Bytes(&'a [u8]),
+    Fixed32,
+}
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = self.bytes.split_first().ok_or("truncated varint")?;
+            self.bytes = rest;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err("varint too long".into())
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if n > self.bytes.len() {
+            return Err("truncated field".into());
+        }
+        let (taken, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(taken)
+    }
+
+    /// The next field number and value, `None` at the end.
+    fn next(&mut self) -> Result<Option<(u32, Wire<'a>)>, String> {
+        if self.bytes.is_empty() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let tag = u32::try_from(key >> 3).map_err(|_| "field number out of range")?;
+        let value = match key & 7 {
+            0 => Wire::Varint(self.varint()?),
+            1 => {
+                self.take(8)?;
+                Wire::Fixed64
+            }
+            2 => {
+                let len = usize::try_from(self.varint()?).map_err(|_| "length out of range")?;
+                Wire::Bytes(self.take(len)?)
+            }
+            5 => {
+                self.take(4)?;
+                Wire::Fixed32
+            }
+            other => return Err(format!("unsupported wire type {other}")),
+        };
+        Ok(Some((tag, value)))
+    }
+}
+
+fn text(bytes: &[u8]) -> Result<String, String> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| "a string is not UTF-8".to_owned())
+}
+
+/// Decodes message `index` of the schema from `bytes` into its JSON form.
+fn message(bytes: &[u8], index: usize, depth: usize) -> Result<Value, String> {
+    if depth > MAX_DEPTH {
+        return Err("messages nested too deeply".into());
+    }
+    let message = &schema::MESSAGES[index];
+    if let Some(special) = special(message.name, bytes)? {
+        return Ok(special);
+    }
+    let mut out = Map::new();
+    let mut reader = Reader { bytes };
+    while let Some((tag, wire)) = reader.next()? {
+        // Fields this version does not know are skipped, as Kubernetes does.
+        let Some(field) = message.fields.iter().find(|f| f.tag == tag) else {
+            continue;
+        };
+        let value = field_value(field, wire, depth)?;
+        match (field.json, value) {
+            ("", Value::Object(embedded)) => out.extend(embedded),
+            (_, Value::String(s)) if s.is_empty() && !field.repeated => {}
+            (name, Value::Object(entry))
+                if matches!(field.ty, Type::MapOf(_) | Type::MapOfStrings) =>
+            {
+                let map = out.entry(name).or_insert_with(|| json!({}));
+                if let Some(map) = map.as_object_mut() {
+                    map.extend(entry);
+                }
+            }
+            (name, value) if field.repeated => {
+                let list = out.entry(name).or_insert_with(|| json!([]));
+                match (list.as_array_mut(), value) {
+                    (Some(list), Value::Array(packed)) => list.extend(packed),
+                    (Some(list), value) => list.push(value),
+                    (None, _) => {}
+                }
+            }
+            (name, value) => drop(out.insert(name.to_owned(), value)),
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+fn field_value(field: &Field, wire: Wire<'_>, depth: usize) -> Result<Value, String> {
+    let mismatch = || format!("field {} has the wrong wire type", field.tag);
+    Ok(match (field.ty, wire) {
+        (Type::String, Wire::Bytes(b)) => Value::String(text(b)?),
+        (Type::Bool, Wire::Varint(v)) => Value::Bool(v != 0),
+        // Two's complement on the wire, as Go writes negative int32s.
+        (Type::Int32, Wire::Varint(v)) => json!(v as i64 as i32),
+        (Type::Int64, Wire::Varint(v)) => json!(v as i64),
+        (Type::Int32 | Type::Int64 | Type::Bool, Wire::Bytes(packed)) if field.repeated => {
+            let mut reader = Reader { bytes: packed };
+            let mut items = Vec::new();
+            while !reader.bytes.is_empty() {
+                let v = reader.varint()?;
+                items.push(match field.ty {
+                    Type::Int32 => json!(v as i64 as i32),
+                    Type::Bool => json!(v != 0),
+                    _ => json!(v as i64),
+                });
+            }
+            Value::Array(items)
+        }
+        (Type::Message(index), Wire::Bytes(b)) => message(b, index, depth + 1)?,
+        (Type::MapOf(_) | Type::MapOfStrings, Wire::Bytes(b)) => {
+            let mut key = String::new();
+            let mut value = Value::Null;
+            let mut reader = Reader { bytes: b };
+            while let Some((tag, wire)) = reader.next()? {
+                match (tag, wire, field.ty) {
+                    (1, Wire::Bytes(k), _) => key = text(k)?,
+                    (2, Wire::Bytes(v), Type::MapOfStrings) => value = Value::String(text(v)?),
+                    (2, Wire::Bytes(v), Type::MapOf(index)) => {
+                        value = message(v, index, depth + 1)?
+                    }
+                    _ => return Err(mismatch()),
+                }
+            }
+            if value.is_null() {
+                value = match field.ty {
+                    Type::MapOfStrings => json!(""),
+                    Type::MapOf(index) => message(&[], index, depth + 1)?,
+                    _ => Value::Null,
+                };
+            }
+            json!({ key: value })
+        }
+        _ => return Err(mismatch()),
+    })
+}
+
+/// Messages with a JSON form of their own.
+fn special(name: &str, bytes: &[u8]) -> Result<Option<Value>, String> {
+    let fields = || -> Result<Vec<(u32, Wire<'_>)>, String> {
+        let mut reader = Reader { bytes };
+        let mut out = Vec::new();
+        while let Some(field) = reader.next()? {
+            out.push(field);
+        }
+        Ok(out)
+    };
+    Ok(Some(match name {
+        "io.k8s.apimachinery.pkg.api.resource.Quantity" => {
+            let mut quantity = String::new();
+            for (tag, wire) in fields()? {
+                if let (1, Wire::Bytes(b)) = (tag, wire) {
+                    quantity = text(b)?;
+                }
+            }
+            Value::String(quantity)
+        }
+        "io.k8s.apimachinery.pkg.apis.meta.v1.Time"
+        | "io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime" => {
+            let (mut seconds, mut nanos) = (0i64, 0i32);
+            for (tag, wire) in fields()? {
+                match (tag, wire) {
+                    (1, Wire::Varint(v)) => seconds = v as i64,
+                    (2, Wire::Varint(v)) => nanos = v as i64 as i32,
+                    _ => {}
+                }
+            }
+            let time = jiff::Timestamp::new(seconds, nanos).map_err(|e| format!("time: {e}"))?;
+            let format = if name.ends_with("MicroTime") {
+                "%Y-%m-%dT%H:%M:%S.%6fZ"
+            } else {
+                "%Y-%m-%dT%H:%M:%SZ"
+            };
+            Value::String(time.strftime(format).to_string())
+        }
+        "io.k8s.apimachinery.pkg.util.intstr.IntOrString" => {
+            let (mut kind, mut int, mut string) = (0u64, 0i64, String::new());
+            for (tag, wire) in fields()? {
+                match (tag, wire) {
+                    (1, Wire::Varint(v)) => kind = v,
+                    (2, Wire::Varint(v)) => int = i64::from(v as i64 as i32),
+                    (3, Wire::Bytes(b)) => string = text(b)?,
+                    _ => {}
+                }
+            }
+            if kind == 1 {
+                Value::String(string)
+            } else {
+                json!(int)
+            }
+        }
+        "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1" => {
+            let mut raw = Value::Object(Map::new());
+            for (tag, wire) in fields()? {
+                if let (1, Wire::Bytes(b)) = (tag, wire) {
+                    raw = serde_json::from_slice(b).map_err(|e| format!("fieldsV1: {e}"))?;
+                }
+            }
+            raw
+        }
+        _ => return Ok(None),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{resources, Kind};
+    use k8s_pb::api::core::v1 as pb;
+    use k8s_pb::apimachinery::pkg::api::resource::Quantity;
+    use k8s_pb::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_pb::apimachinery::pkg::runtime::TypeMeta;
+    use k8s_pb::apimachinery::pkg::util::intstr::IntOrString;
+
+    fn envelope(kind: &str, raw: Vec<u8>) -> Vec<u8> {
+        let unknown = Unknown {
+            type_meta: Some(TypeMeta {
+                api_version: Some("v1".into()),
+                kind: Some(kind.into()),
+            }),
+            raw: Some(raw),
+            content_encoding: Some(String::new()),
+            content_type: Some(String::new()),
+        };
+        [MAGIC.to_vec(), unknown.encode_to_vec()].concat()
+    }
+
+    #[test]
+    fn service_as_kubectl_create_sends_it() {
+        let service = pb::Service {
+            metadata: Some(ObjectMeta {
+                name: Some("foo".into()),
+                labels: [("app".to_owned(), "foo".to_owned())].into(),
+                ..ObjectMeta::default()
+            }),
+            spec: Some(pb::ServiceSpec {
+                ports: vec![pb::ServicePort {
+                    name: Some("5678-8080".into()),
+                    protocol: Some("TCP".into()),
+                    port: Some(5678),
+                    target_port: Some(IntOrString {
+                        r#type: Some(0),
+                        int_val: Some(8080),
+                        str_val: Some(String::new()),
+                    }),
+                    ..pb::ServicePort::default()
+                }],
+                selector: [("app".to_owned(), "foo".to_owned())].into(),
+                r#type: Some("ClusterIP".into()),
+                cluster_ip: Some(String::new()),
+                ..pb::ServiceSpec::default()
+            }),
+            status: None,
+        };
+        let body = envelope("Service", service.encode_to_vec());
+        let object = decode(Resource::of(Kind::Service), &body).unwrap();
+        assert_eq!(
+            object,
+            json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "foo", "labels": {"app": "foo"}},
+                "spec": {"ports": [{"name": "5678-8080", "protocol": "TCP", "port": 5678, "targetPort": 8080}],
+                         "selector": {"app": "foo"}, "type": "ClusterIP"}})
+        );
+    }
+
+    /// A Pod as `kubectl debug --copy-to` sends it: embedded structs
+    /// (probe handlers, volume sources), quantities, times, named ports,
+    /// false booleans and zero numbers that mean something.
+    #[test]
+    fn a_pod_with_everything_kubectl_debug_copies() {
+        let container = pb::Container {
+            name: Some("app".into()),
+            image: Some("busybox".into()),
+            command: vec!["sh".into(), "-c".into()],
+            ports: vec![pb::ContainerPort {
+                name: Some("http".into()),
+                container_port: Some(8080),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }],
+            env: vec![pb::EnvVar {
+                name: Some("POD".into()),
+                value_from: Some(pb::EnvVarSource {
+                    field_ref: Some(pb::ObjectFieldSelector {
+                        api_version: Some("v1".into()),
+                        field_path: Some("metadata.name".into()),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            resources: Some(pb::ResourceRequirements {
+                limits: [(
+                    "cpu".to_owned(),
+                    Quantity {
+                        string: Some("500m".into()),
+                    },
+                )]
+                .into(),
+                ..Default::default()
+            }),
+            readiness_probe: Some(pb::Probe {
+                handler: Some(pb::ProbeHandler {
+                    http_get: Some(pb::HttpGetAction {
+                        path: Some("/ready".into()),
+                        port: Some(IntOrString {
+                            r#type: Some(1),
+                            int_val: Some(0),
+                            str_val: Some("http".into()),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                period_seconds: Some(5),
+                ..Default::default()
+            }),
+            security_context: Some(pb::SecurityContext {
+                allow_privilege_escalation: Some(false),
+                run_as_user: Some(0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pod = pb::Pod {
+            metadata: Some(ObjectMeta {
+                name: Some("copy".into()),
+                namespace: Some("default".into()),
+                creation_timestamp: Some(Time {
+                    seconds: Some(1_700_000_000),
+                    nanos: Some(0),
+                }),
+                ..Default::default()
+            }),
+            spec: Some(pb::PodSpec {
+                containers: vec![container],
+                volumes: vec![pb::Volume {
+                    name: Some("scratch".into()),
+                    volume_source: Some(pb::VolumeSource {
+                        empty_dir: Some(pb::EmptyDirVolumeSource::default()),
+                        ..Default::default()
+                    }),
+                }],
+                share_process_namespace: Some(true),
+                termination_grace_period_seconds: Some(0),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let object = decode(
+            Resource::of(Kind::Pod),
+            &envelope("Pod", pod.encode_to_vec()),
+        )
+        .unwrap();
+        assert_eq!(
+            object["spec"],
+            json!({
+                "containers": [{
+                    "name": "app", "image": "busybox", "command": ["sh", "-c"],
+                    "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                    "env": [{"name": "POD", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}}],
+                    "resources": {"limits": {"cpu": "500m"}},
+                    "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+                    "securityContext": {"allowPrivilegeEscalation": false, "runAsUser": 0},
+                }],
+                "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "shareProcessNamespace": true,
+                "terminationGracePeriodSeconds": 0,
+            })
+        );
+        assert_eq!(
+            object["metadata"]["creationTimestamp"],
+            "2023-11-14T22:13:20Z"
+        );
+        // The JSON is the Kubernetes form: the typed decoder takes it whole.
+        let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(object).unwrap();
+        assert_eq!(typed.spec.unwrap().containers[0].name, "app");
+    }
+
+    #[test]
+    fn every_kind_decodes() {
+        let meta = ObjectMeta {
+            name: Some("x".into()),
+            ..Default::default()
+        };
+        for resource in resources() {
+            // Every kind's field 1 is its ObjectMeta.
+            let raw = [
+                vec![0x0a],
+                vec![u8::try_from(meta.encoded_len()).unwrap()],
+                meta.encode_to_vec(),
+            ]
+            .concat();
+            let object = decode(resource, &envelope(resource.kind_name, raw))
+                .unwrap_or_else(|e| panic!("{}: {e}", resource.kind_name));
+            assert_eq!(object["metadata"]["name"], "x", "{}", resource.kind_name);
+            assert_eq!(object["kind"], resource.kind_name);
+        }
+    }
+
+    #[test]
+    fn bad_bodies_are_errors() {
+        let svc = Resource::of(Kind::Service);
+        assert!(decode(svc, b"not k8s").is_err());
+        assert!(decode(svc, b"k8s\0\xff\xff\xff").is_err());
+        assert!(matches!(
+            decode(svc, &envelope("Pod", vec![])),
+            Err(DecodeError::WrongKind(_))
+        ));
+        // Truncated, wrong wire types, nesting past the limit: errors.
+        assert!(decode(svc, &envelope("Service", vec![0x0a, 0x05, 0x0a])).is_err());
+        assert!(decode(svc, &envelope("Service", vec![0x08, 0x01])).is_err());
+        let mut deep = Vec::new();
+        for _ in 0..200 {
+            deep = [
+                vec![0x12],
+                vec![u8::try_from(deep.len().min(127)).unwrap()],
+                deep,
+            ]
+            .concat();
+            deep.truncate(129);
+        }
+        assert!(decode(svc, &envelope("Service", deep)).is_err());
+    }
+}

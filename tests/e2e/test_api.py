@@ -504,3 +504,31 @@ def test_a_replication_controller_template_is_validated_as_a_pod(portal):
     code, status = raw(portal, "POST", "/api/v1/namespaces/default/replicationcontrollers", json.dumps(body).encode())
     assert code == 422, status
     assert status["details"]["causes"][0]["field"] == "spec.template.spec.containers[0].image", status
+
+
+def test_protobuf_round_trip_through_the_server(portal):
+    """A client that prefers protobuf gets one (`k8s\\0` + envelope); sent
+    back as a protobuf PUT it is the same object (issue 19)."""
+    core = portal.core()
+    # (Labels given: an empty map has no protobuf form, as in Kubernetes,
+    # where `labels: {}` is never stored either.)
+    core.create_namespaced_service("default", service("pb", labels={"app": "pb"}))
+    context = ssl.create_default_context()
+    context.load_verify_locations(cadata=portal_ca(portal))
+    path = "/api/v1/namespaces/default/services/pb"
+    get = urllib.request.Request(portal.server + path, headers={
+        "Authorization": f"Bearer {portal.token}",
+        "Accept": "application/vnd.kubernetes.protobuf, application/json",
+    })
+    with urllib.request.urlopen(get, context=context, timeout=20) as response:
+        assert response.headers["Content-Type"] == "application/vnd.kubernetes.protobuf"
+        body = response.read()
+    assert body.startswith(b"k8s\x00") and b"pb" in body
+    before = core.read_namespaced_service("pb", "default")
+    code, answer = raw(portal, "PUT", path, body, content_type="application/vnd.kubernetes.protobuf")
+    assert code == 200, answer
+    assert answer["metadata"]["uid"] == before.metadata.uid
+    assert answer["spec"]["clusterIP"] == before.spec.cluster_ip
+    assert answer["spec"]["ports"][0]["port"] == before.spec.ports[0].port
+    # Nothing changed: the same resourceVersion (no write).
+    assert answer["metadata"]["resourceVersion"] == before.metadata.resource_version

@@ -191,6 +191,10 @@ pub(crate) enum Output {
     /// only each object's metadata, as metadata watchers and garbage
     /// collectors ask.
     Metadata,
+    /// `application/vnd.kubernetes.protobuf` asked first: one object in
+    /// protobuf (lists and watches answer JSON, which client-go reads by
+    /// the answer's Content-Type).
+    Protobuf,
 }
 
 /// An object as `PartialObjectMetadata`: its metadata alone.
@@ -220,7 +224,16 @@ impl Output {
                 _ => None,
             })
         });
+        let protobuf_first = accept
+            .split(',')
+            .next()
+            .map(|range| range.split(';').map(str::trim).collect::<Vec<_>>())
+            .is_some_and(|params| {
+                params[0] == portal_api::protobuf::MEDIA_TYPE
+                    && !params.iter().any(|p| p.starts_with("as="))
+            });
         match wanted {
+            None if protobuf_first => return Ok(Output::Protobuf),
             None => return Ok(Output::Json),
             Some(false) => return Ok(Output::Metadata),
             Some(true) => {}

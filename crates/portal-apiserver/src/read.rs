@@ -93,6 +93,16 @@ pub(crate) async fn get(
     };
     Ok(match output {
         Output::Json => json_response(StatusCode::OK, object.json.clone()),
+        Output::Protobuf => {
+            let bytes = portal_api::protobuf::encode(scope.resource, &object.value)
+                .map_err(|e| Status::internal(format!("protobuf encoding: {e}")))?;
+            let mut response = json_response(StatusCode::OK, bytes);
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(portal_api::protobuf::MEDIA_TYPE),
+            );
+            response
+        }
         Output::Metadata => json_response(
             StatusCode::OK,
             serde_json::to_vec(&crate::http::partial_metadata(&object.value)).unwrap_or_default(),

@@ -5,7 +5,7 @@ from the `k8s-pb` crate Portal depends on) joined to the JSON field names
 (from `k8s-openapi`, whose deserializers name them exactly: `clusterIP`,
 `hostIPC`, `Port`). Run it again after upgrading either crate:
 
-    python3 scripts/gen-protobuf-schema.py
+    python3 scripts/gen-protobuf-schema.py          (--check: fail if stale)
 
 The generic decoder in `protobuf/mod.rs` reads Kubernetes protobuf bodies
 with this table, for every kind, without a hand-written conversion each.
@@ -222,7 +222,17 @@ def main():
     for name in ROOTS:
         lines.append(f"    ({json.dumps(name)}, {index[name]}),")
     lines.append("];")
-    OUT.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    # Formatted as `cargo fmt` leaves it, so the check compares like with like.
+    text = subprocess.run(
+        ["rustfmt", "--edition", "2021", "--emit", "stdout", "--config-path", str(ROOT)],
+        input=text, capture_output=True, text=True, check=True,
+    ).stdout
+    if "--check" in sys.argv:
+        if OUT.read_text() != text:
+            sys.exit(f"{OUT.relative_to(ROOT)} is stale: run scripts/gen-protobuf-schema.py")
+        return
+    OUT.write_text(text)
     print(f"wrote {OUT.relative_to(ROOT)}: {len(wanted)} messages, {len(skipped)} newer fields left out")
 
 

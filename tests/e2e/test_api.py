@@ -379,6 +379,18 @@ def test_replace_with_resource_version_zero_is_unconditional(portal):
 
 
 POD_SPEC_RULES = [
+    (
+        {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "2"}}}]},
+        'spec.containers[0].resources.requests[cpu]: Invalid value: "2": must be less than or equal to cpu limit of 1',
+    ),
+    (
+        {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"gpu": "1"}}}]},
+        'spec.containers[0].resources.limits[gpu]: Invalid value: "gpu": must be a standard resource type or fully qualified',
+    ),
+    (
+        {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"example.com/gpu": "1"}}}]},
+        "spec.containers[0].resources.limits[example.com/gpu]: Required value: Limit must be set for non overcommitable resources",
+    ),
     ({"containers": []}, "spec.containers: Required value"),
     ({"containers": [{"name": "", "image": "x"}]}, "spec.containers[0].name: Required value"),
     ({"containers": [{"name": None, "image": "x"}]}, "spec.containers[0].name: Required value"),

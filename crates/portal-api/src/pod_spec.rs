@@ -151,6 +151,7 @@ fn validate_container(
             ));
         }
     }
+    validate_resources(container, at, causes);
     let mut port_names = HashSet::new();
     for (i, port) in items(&container["ports"]).iter().enumerate() {
         let at = format!("{at}.ports[{i}]");
@@ -264,6 +265,86 @@ fn validate_container(
     }
 }
 
+/// A container's `resources`, as Kubernetes checks them: standard or fully
+/// qualified names, quantities that parse and are not negative, requests
+/// no larger than limits, and extended resources (not overcommitable)
+/// requested exactly at their limit.
+fn validate_resources(container: &Value, at: &str, causes: &mut Vec<Cause>) {
+    let resources = &container["resources"];
+    let mut parsed: [Vec<(String, String, i64)>; 2] = [Vec::new(), Vec::new()];
+    for (part, list) in ["limits", "requests"].iter().zip(parsed.iter_mut()) {
+        let Some(map) = resources[*part].as_object() else {
+            continue;
+        };
+        for (name, quantity) in map {
+            let field = format!("{at}.resources.{part}[{name}]");
+            if !resource_name_ok(name) {
+                causes.push(Cause::invalid(
+                    &field,
+                    name.as_str(),
+                    "must be a standard resource type or fully qualified",
+                ));
+                continue;
+            }
+            let text = match quantity {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                _ => String::new(),
+            };
+            match crate::quantity::millicores(&text) {
+                Some(value) => list.push((name.clone(), text, value)),
+                None if text.trim_start().starts_with('-') => causes.push(Cause::invalid(
+                    &field,
+                    text.as_str(),
+                    "must be greater than or equal to 0",
+                )),
+                None => causes.push(Cause::invalid(
+                    &field,
+                    text.as_str(),
+                    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                )),
+            }
+        }
+    }
+    let [limits, requests] = parsed;
+    for (name, text, value) in &requests {
+        let field = format!("{at}.resources.requests[{name}]");
+        let limit = limits.iter().find(|(n, _, _)| n == name);
+        let extended = name.contains('/') && !name.starts_with("kubernetes.io/");
+        match limit {
+            Some((_, limit_text, limit)) if extended && value != limit => causes.push(Cause::invalid(
+                &field,
+                text.as_str(),
+                &format!("must be equal to {name} limit of {limit_text}"),
+            )),
+            Some((_, limit_text, limit)) if value > limit => causes.push(Cause::invalid(
+                &field,
+                text.as_str(),
+                &format!("must be less than or equal to {name} limit of {limit_text}"),
+            )),
+            None if extended => causes.push(Cause::required(
+                &format!("{at}.resources.limits[{name}]"),
+                "Limit must be set for non overcommitable resources",
+            )),
+            _ => {}
+        }
+    }
+}
+
+/// `cpu`, `memory`, `ephemeral-storage`, `hugepages-<size>`, or a name
+/// with a domain prefix (`example.com/gpu`).
+fn resource_name_ok(name: &str) -> bool {
+    match name.split_once('/') {
+        None => matches!(name, "cpu" | "memory" | "ephemeral-storage") || name.starts_with("hugepages-"),
+        Some((domain, rest)) => {
+            !domain.is_empty()
+                && domain.contains('.')
+                && !rest.is_empty()
+                && rest.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        }
+    }
+}
+
 /// Exactly one handler of `kinds`.
 fn handler(value: &Value, field: &str, kinds: &[&str], causes: &mut Vec<Cause>) {
     let named = kinds.iter().filter(|k| !value[**k].is_null()).count();
@@ -363,6 +444,27 @@ mod tests {
 
     fn messages(spec: &Value) -> Vec<String> {
         validate(spec, "spec").iter().map(Cause::display).collect()
+    }
+
+    #[test]
+    fn resources_are_checked_as_kubernetes_does() {
+        let with = |resources: Value| messages(&spec(json!([{"name": "c", "image": "i", "resources": resources}])));
+        assert!(with(json!({"limits": {"cpu": "1", "memory": "1Gi", "example.com/gpu": "1"},
+            "requests": {"cpu": "500m", "memory": "512Mi", "example.com/gpu": "1"}})).is_empty());
+        assert_eq!(
+            with(json!({"limits": {"memory": "1Gi"}, "requests": {"memory": "2Gi"}})),
+            ["spec.containers[0].resources.requests[memory]: Invalid value: \"2Gi\": must be less than or equal to memory limit of 1Gi"]
+        );
+        assert_eq!(
+            with(json!({"limits": {"cpu": "-1"}})),
+            ["spec.containers[0].resources.limits[cpu]: Invalid value: \"-1\": must be greater than or equal to 0"]
+        );
+        assert_eq!(
+            with(json!({"limits": {"example.com/gpu": "2"}, "requests": {"example.com/gpu": "1"}})),
+            ["spec.containers[0].resources.requests[example.com/gpu]: Invalid value: \"1\": must be equal to example.com/gpu limit of 2"]
+        );
+        assert_eq!(with(json!({"limits": {"cpu": "lots"}})).len(), 1);
+        assert_eq!(with(json!({"limits": {"disk": "1"}})).len(), 1);
     }
 
     #[test]

@@ -406,17 +406,25 @@ def client_minor(binary):
     return int("".join(c for c in json.loads(out)["clientVersion"]["minor"] if c.isdigit()))
 
 
-def test_explain_shows_the_real_schemas(portal, tmp_path):
+def test_explain_shows_the_real_schemas(kubectl):
     """`kubectl explain` reads the kinds' schemas from /openapi/v3 (kubectl
-    1.27+; 1.20 reads /openapi/v2, which has no definitions)."""
-    modern = [k for k in KUBECTLS if client_minor(k) >= 27]
-    if not modern:
-        pytest.skip("needs kubectl 1.27+ (explain from OpenAPI v3); only older kubectls here")
-    kubectl = Kubectl(modern[0], portal, tmp_path)
+    1.27+) or /openapi/v2 (1.20): Kubernetes' descriptions."""
     out = kubectl.out("explain", "service.spec.ports")
-    assert "FIELD: ports <[]ServicePort>" in out and "targetPort\t<IntOrString>" in out, out
+    assert "The list of ports that are exposed by this service" in out and "targetPort" in out, out
     assert "Container image name" in kubectl.out("explain", "pod.spec.containers.image")
     assert "holderIdentity" in kubectl.out("explain", "lease.spec", "--api-version=coordination.k8s.io/v1")
+
+
+def test_kubectl_1_20_validates_against_the_schemas(kubectl):
+    """kubectl 1.20 validates client-side with /openapi/v2's definitions
+    (newer kubectls leave it to the server): either way a typo is refused
+    and names the field."""
+    result = kubectl("apply", "-f", "-", check=False, input=MANIFEST.replace("  selector: {app: web}\n  ports:", "  selector: {app: web}\n  portz: []\n  ports:", 1))
+    assert result.returncode != 0
+    assert "portz" in result.stderr, result.stderr
+    if "1.20" in kubectl.binary:
+        assert "ValidationError(Service.spec)" in result.stderr, result.stderr
+    assert kubectl("get", "svc", "web", check=False).returncode != 0, "nothing was created"
 
 
 def test_debug_copy_to_sends_a_pod_as_protobuf(kubectl):

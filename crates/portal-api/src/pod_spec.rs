@@ -312,11 +312,13 @@ fn validate_resources(container: &Value, at: &str, causes: &mut Vec<Cause>) {
         let limit = limits.iter().find(|(n, _, _)| n == name);
         let extended = name.contains('/') && !name.starts_with("kubernetes.io/");
         match limit {
-            Some((_, limit_text, limit)) if extended && value != limit => causes.push(Cause::invalid(
-                &field,
-                text.as_str(),
-                &format!("must be equal to {name} limit of {limit_text}"),
-            )),
+            Some((_, limit_text, limit)) if extended && value != limit => {
+                causes.push(Cause::invalid(
+                    &field,
+                    text.as_str(),
+                    &format!("must be equal to {name} limit of {limit_text}"),
+                ))
+            }
             Some((_, limit_text, limit)) if value > limit => causes.push(Cause::invalid(
                 &field,
                 text.as_str(),
@@ -335,12 +337,16 @@ fn validate_resources(container: &Value, at: &str, causes: &mut Vec<Cause>) {
 /// with a domain prefix (`example.com/gpu`).
 fn resource_name_ok(name: &str) -> bool {
     match name.split_once('/') {
-        None => matches!(name, "cpu" | "memory" | "ephemeral-storage") || name.starts_with("hugepages-"),
+        None => {
+            matches!(name, "cpu" | "memory" | "ephemeral-storage") || name.starts_with("hugepages-")
+        }
         Some((domain, rest)) => {
             !domain.is_empty()
                 && domain.contains('.')
                 && !rest.is_empty()
-                && rest.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && rest
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         }
     }
 }
@@ -448,9 +454,16 @@ mod tests {
 
     #[test]
     fn resources_are_checked_as_kubernetes_does() {
-        let with = |resources: Value| messages(&spec(json!([{"name": "c", "image": "i", "resources": resources}])));
-        assert!(with(json!({"limits": {"cpu": "1", "memory": "1Gi", "example.com/gpu": "1"},
-            "requests": {"cpu": "500m", "memory": "512Mi", "example.com/gpu": "1"}})).is_empty());
+        let with = |resources: Value| {
+            messages(&spec(
+                json!([{"name": "c", "image": "i", "resources": resources}]),
+            ))
+        };
+        assert!(with(
+            json!({"limits": {"cpu": "1", "memory": "1Gi", "example.com/gpu": "1"},
+            "requests": {"cpu": "500m", "memory": "512Mi", "example.com/gpu": "1"}})
+        )
+        .is_empty());
         assert_eq!(
             with(json!({"limits": {"memory": "1Gi"}, "requests": {"memory": "2Gi"}})),
             ["spec.containers[0].resources.requests[memory]: Invalid value: \"2Gi\": must be less than or equal to memory limit of 1Gi"]

@@ -375,6 +375,11 @@ pub fn apply(
     }
     let intended: Set = members_in_part(kind, &intent, writer).into_keys().collect();
     let mut entries = decode(live).unwrap_or_default();
+    // The applier's own entry as it was (its fields; kept if nothing changes).
+    let own_before = entries
+        .iter()
+        .find(|e| e.is(writer, Operation::Apply))
+        .cloned();
     let mut merged = merge(kind, &mut Vec::new(), Some(live), &intent);
 
     // Conflicts: values the apply changes that others own.
@@ -418,9 +423,8 @@ pub fn apply(
 
     // Fields the applier owned and no longer names go, unless another
     // manager owns them or something below them.
-    let previous = entries
-        .iter()
-        .find(|e| e.is(writer, Operation::Apply))
+    let previous = own_before
+        .as_ref()
         .map(|e| e.set.clone())
         .unwrap_or_default();
     let others: Set = entries
@@ -465,11 +469,8 @@ pub fn apply(
         object
     };
     let same_object = without_entries(&merged) == without_entries(live);
-    let unchanged = decode(live)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|e| e.is(writer, Operation::Apply))
-        .filter(|e| same_object && e.set == own.set && e.api_version == own.api_version);
+    let unchanged =
+        own_before.filter(|e| same_object && e.set == own.set && e.api_version == own.api_version);
     entries.push(unchanged.unwrap_or(own));
     finish(&mut merged, entries);
     keep_last_applied(&mut merged, live, config, writer);

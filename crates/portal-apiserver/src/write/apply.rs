@@ -64,12 +64,12 @@ pub(crate) async fn apply(
     query: &Query,
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
-    let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
+    if query.get("fieldManager").is_none_or(str::is_empty) {
         return Err(crate::http::invalid_option(
             "fieldManager: Required value: is required for apply patch".into(),
         ));
-    };
-    query.field_manager()?;
+    }
+    let manager = query.field_manager()?;
     let force = query.flag("force");
     let config = parse_config(resource, name, body)?;
     check_body_namespace(scope, &config)?;
@@ -79,7 +79,7 @@ pub(crate) async fn apply(
             if part == Part::Status {
                 return Err(Status::not_found(scope.target(), name));
             }
-            let names = [manager.to_owned(), resource.api_version(), strategy::now()];
+            let names = [manager.clone(), resource.api_version(), strategy::now()];
             let writer = writer(resource, &names, part);
             let object = managed::apply(resource.kind, &json!({}), &config, &writer, force)
                 .map_err(apply_error)?;
@@ -97,7 +97,7 @@ pub(crate) async fn apply(
             }
         }
         let propose = |visible: &Value| {
-            let names = [manager.to_owned(), resource.api_version(), strategy::now()];
+            let names = [manager.clone(), resource.api_version(), strategy::now()];
             let writer = writer(resource, &names, part);
             let merged = managed::apply(resource.kind, visible, &config, &writer, force)
                 .map_err(apply_error)?;

@@ -15,7 +15,9 @@
 mod actions;
 mod backoff;
 mod cluster;
+mod durable;
 pub mod env;
+mod events;
 pub mod files;
 pub mod images;
 pub mod join;
@@ -24,6 +26,7 @@ mod mirror;
 pub mod network;
 pub mod node;
 mod pods;
+mod probe_results;
 pub mod prober;
 pub mod routes;
 pub mod runtime;
@@ -32,6 +35,7 @@ pub mod shim;
 pub mod sources;
 pub mod status;
 pub mod vxlan;
+mod wake;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -223,11 +227,25 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         sources.push(sources::Source::Url);
     }
     tracing::info!(node = %me.name, ip = %me.ip, pod_cidr = %range, sources = ?sources.iter().map(|s| s.name()).collect::<Vec<_>>(), api = client.is_some(), "node agent running");
+    // One way: sources, probes and the mirror manager wake pods by UID
+    // (`waker`); only the pod manager (`pods`) holds the workers.
+    let (waker, wakes) = wake::PodWaker::channel();
+    let runtime = Arc::new(runtime);
+    let status = Arc::new(status::StatusManager::new(client.clone()));
+    let mirrors = Arc::new(mirror::Mirrors::default());
+    let recorder = client.as_ref().map(|client| {
+        portal_controllers::events::Recorder::new(client.clone(), "kubelet").on_host(&me.name)
+    });
+    let events = Arc::new(events::Events::new(
+        recorder,
+        me.name.clone(),
+        mirrors.clone(),
+        status.clone(),
+    ));
     let context = Arc::new(pods::Context {
-        events: client.as_ref().map(|client| {
-            portal_controllers::events::Recorder::new(client.clone(), "kubelet").on_host(&me.name)
-        }),
-        status: status::StatusManager::new(client.clone()),
+        prober: prober::Prober::new(runtime.clone(), events.clone(), waker.clone()),
+        events,
+        status,
         client: client.clone(),
         me,
         runtime,
@@ -237,9 +255,9 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         dns_known: std::sync::atomic::AtomicBool::new(cluster_dns.is_some() || client.is_none()),
         services,
         metrics: metrics.clone(),
-        probes: prober::Probes::default(),
-        desired: sources::Desired::expecting(&sources),
-        mirrors: mirror::Mirrors::default(),
+        desired: Arc::new(sources::Desired::expecting(&sources)),
+        mirrors,
+        waker,
         workers: parking_lot::Mutex::new(std::collections::HashMap::new()),
         terminating: parking_lot::Mutex::default(),
         confirmed: parking_lot::Mutex::default(),
@@ -294,18 +312,31 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
             learn_dns,
             metrics.clone(),
         ));
-        tokio::spawn(sources::api::run(context.clone(), client.clone()));
+        let (api_pods, api_events) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(sources::api::run(
+            client.clone(),
+            context.me.name.clone(),
+            api_pods,
+        ));
+        tokio::spawn(pods::follow_api(context.clone(), api_events));
         tokio::spawn(routes::run(
             client.clone(),
             context.me.name.clone(),
             config.pod_network,
             context.me.ip,
         ));
-        tokio::spawn(mirror::run(context.clone(), client));
+        tokio::spawn(mirror::run(mirror::Mirroring {
+            mirrors: context.mirrors.clone(),
+            desired: context.desired.clone(),
+            status: context.status.clone(),
+            waker: context.waker.clone(),
+            node: context.me.name.clone(),
+            client,
+        }));
     } else {
         drop(writer);
     }
-    tokio::spawn(pods::run(context));
+    tokio::spawn(pods::run(context, wakes));
     Ok(Agent { metrics })
 }
 

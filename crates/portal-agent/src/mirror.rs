@@ -21,27 +21,14 @@ use kube::{Api, Client};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::pods::Context;
-use crate::runtime::Runtime;
-use crate::sources::{CONFIG_HASH, CONFIG_MIRROR};
+use crate::sources::{mirror_hash, Desired, CONFIG_HASH, CONFIG_MIRROR};
+use crate::status::StatusManager;
+use crate::wake::PodWaker;
 
 /// Mirrors are checked at least this often.
 const RESYNC: Duration = Duration::from_secs(10);
 
 type Key = (String, String);
-
-/// Whether the API pod is a mirror pod.
-pub(crate) fn is_mirror(pod: &Pod) -> bool {
-    mirror_hash(pod).is_some()
-}
-
-fn mirror_hash(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(CONFIG_MIRROR)
-        .map(String::as_str)
-}
 
 fn key(pod: &Pod) -> Key {
     (
@@ -92,9 +79,21 @@ impl Mirrors {
     }
 }
 
+/// What keeping the mirrors needs: the API's mirrors, the static pods,
+/// where their status goes, and how to wake a static pod's worker.
+pub(crate) struct Mirroring {
+    pub mirrors: Arc<Mirrors>,
+    pub desired: Arc<Desired>,
+    pub status: Arc<StatusManager>,
+    pub waker: PodWaker,
+    /// This node's name.
+    pub node: String,
+    pub client: Client,
+}
+
 /// Keeps the mirrors in line with the static pods for as long as the agent
 /// runs (from when the Node is registered and the API's pods are listed).
-pub(crate) async fn run<R: Runtime>(ctx: Arc<Context<R>>, client: Client) {
+pub(crate) async fn run(ctx: Mirroring) {
     loop {
         tokio::select! {
             () = ctx.mirrors.wake.notified() => {}
@@ -106,11 +105,12 @@ pub(crate) async fn run<R: Runtime>(ctx: Arc<Context<R>>, client: Client) {
         if !ctx.mirrors.listed.load(Ordering::Acquire) {
             continue;
         }
-        sync(&ctx, &client, &node_uid).await;
+        sync(&ctx, &node_uid).await;
     }
 }
 
-async fn sync<R: Runtime>(ctx: &Arc<Context<R>>, client: &Client, node_uid: &str) {
+async fn sync(ctx: &Mirroring, node_uid: &str) {
+    let client = &ctx.client;
     let mut mirrors = ctx.mirrors.snapshot();
     for pod in ctx.desired.statics() {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -122,7 +122,7 @@ async fn sync<R: Runtime>(ctx: &Arc<Context<R>>, client: &Client, node_uid: &str
                 let mirror_uid = mirror.metadata.uid.clone().unwrap_or_default();
                 if ctx.status.link_mirror(&uid, &mirror_uid) {
                     // Its worker writes the status to the new mirror.
-                    ctx.dispatch(&uid);
+                    ctx.waker.wake(&uid);
                 }
             }
             Some(stale) => {
@@ -131,7 +131,7 @@ async fn sync<R: Runtime>(ctx: &Arc<Context<R>>, client: &Client, node_uid: &str
             }
             None => {
                 ctx.status.unlink_mirror(&uid);
-                create(client, &pod, &ctx.me.name, node_uid).await;
+                create(client, &pod, &ctx.node, node_uid).await;
             }
         }
     }
@@ -223,7 +223,7 @@ mod tests {
             .unwrap()
             .remove(0);
         let mirror = mirror_of(&pod, "n1", "node-uid");
-        assert!(is_mirror(&mirror) && !is_mirror(&pod));
+        assert!(crate::sources::is_mirror(&mirror) && !crate::sources::is_mirror(&pod));
         assert_eq!(mirror_hash(&mirror), pod.metadata.uid.as_deref());
         assert_eq!(
             mirror.metadata.uid, None,

@@ -174,7 +174,7 @@ impl Network {
                     file.write_all(pod_uid.as_bytes())
                         .and_then(|()| file.sync_all())
                         .map_err(|source| self.lease_error(source))?;
-                    crate::shim::write_atomic(&last_path, ip.to_string().as_bytes())
+                    crate::durable::write_atomic(&last_path, ip.to_string().as_bytes())
                         .map_err(|source| self.lease_error(source))?;
                     return Ok(ip);
                 }

@@ -15,39 +15,11 @@ use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use parking_lot::Mutex;
 
 use crate::actions;
-use crate::pods::Context;
+use crate::events::Events;
+use crate::probe_results::Outcome;
+pub use crate::probe_results::{Kind, Verdict};
 use crate::runtime::Runtime;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Readiness,
-    Liveness,
-    Startup,
-}
-
-impl Kind {
-    fn label(self) -> &'static str {
-        match self {
-            Kind::Readiness => "Readiness",
-            Kind::Liveness => "Liveness",
-            Kind::Startup => "Startup",
-        }
-    }
-
-    fn of(self, container: &Container) -> Option<&Probe> {
-        match self {
-            Kind::Readiness => container.readiness_probe.as_ref(),
-            Kind::Liveness => container.liveness_probe.as_ref(),
-            Kind::Startup => container.startup_probe.as_ref(),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
-    Success,
-    Failure,
-}
+use crate::wake::PodWaker;
 
 /// The probes of this agent's containers, by container instance id.
 #[derive(Debug, Default)]
@@ -56,27 +28,47 @@ pub struct Probes {
     tasks: Mutex<HashMap<String, Vec<tokio::task::AbortHandle>>>,
 }
 
-/// What the probes say of one container instance.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    /// Started (no startup probe, or it succeeded).
-    pub started: bool,
-    /// Ready to serve (started, and no readiness probe or it succeeds).
-    pub ready: bool,
-    /// Liveness or startup failed: to be restarted.
-    pub failed: Option<Kind>,
+/// Runs probes: what a probe task needs, and nothing of the pod workers
+/// (a changed result wakes the pod's worker through its UID).
+pub(crate) struct Prober<R: Runtime> {
+    probes: Arc<Probes>,
+    runtime: Arc<R>,
+    events: Arc<Events>,
+    waker: PodWaker,
 }
 
-impl Probes {
+impl<R: Runtime> Clone for Prober<R> {
+    fn clone(&self) -> Self {
+        Prober {
+            probes: self.probes.clone(),
+            runtime: self.runtime.clone(),
+            events: self.events.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+}
+
+impl<R: Runtime> std::fmt::Debug for Prober<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prober")
+            .field("probes", &self.probes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Runtime> Prober<R> {
+    pub(crate) fn new(runtime: Arc<R>, events: Arc<Events>, waker: PodWaker) -> Self {
+        Prober {
+            probes: Arc::default(),
+            runtime,
+            events,
+            waker,
+        }
+    }
+
     /// Starts the probes of a running container instance (once).
-    pub(crate) fn ensure<R: Runtime>(
-        ctx: &Arc<Context<R>>,
-        pod: &Arc<Pod>,
-        container: &Container,
-        id: &str,
-        pod_ip: &str,
-    ) {
-        let mut tasks = ctx.probes.tasks.lock();
+    pub(crate) fn ensure(&self, pod: &Arc<Pod>, container: &Container, id: &str, pod_ip: &str) {
+        let mut tasks = self.probes.tasks.lock();
         if tasks.contains_key(id) {
             return;
         }
@@ -86,7 +78,7 @@ impl Probes {
                 continue;
             };
             let task = tokio::spawn(run(
-                ctx.clone(),
+                self.clone(),
                 pod.clone(),
                 container.clone(),
                 id.to_owned(),
@@ -99,6 +91,18 @@ impl Probes {
         tasks.insert(id.to_owned(), handles);
     }
 
+    /// What the probes say of container instance `id` of `container`.
+    pub(crate) fn verdict(&self, container: &Container, id: &str) -> Verdict {
+        self.probes.verdict(container, id)
+    }
+
+    /// Stops the probes of an instance that ended or was removed.
+    pub(crate) fn forget(&self, id: &str) {
+        self.probes.forget(id);
+    }
+}
+
+impl Probes {
     /// What the probes say of container instance `id` of `container`.
     pub(crate) fn verdict(&self, container: &Container, id: &str) -> Verdict {
         let results = self.results.lock();
@@ -147,7 +151,7 @@ fn seconds(value: Option<i32>, default: u64) -> Duration {
 }
 
 async fn run<R: Runtime>(
-    ctx: Arc<Context<R>>,
+    prober: Prober<R>,
     pod: Arc<Pod>,
     container: Container,
     id: String,
@@ -170,7 +174,7 @@ async fn run<R: Runtime>(
     );
     // Until it has run: not ready; alive (liveness has not failed).
     if kind == Kind::Liveness {
-        ctx.probes.set(&id, kind, Outcome::Success);
+        prober.probes.set(&id, kind, Outcome::Success);
     }
     tokio::time::sleep(Duration::from_secs(
         probe
@@ -183,18 +187,19 @@ async fn run<R: Runtime>(
     loop {
         let waits_for_start = kind != Kind::Startup
             && container.startup_probe.is_some()
-            && ctx.probes.get(&id, Kind::Startup) != Some(Outcome::Success);
+            && prober.probes.get(&id, Kind::Startup) != Some(Outcome::Success);
         if !waits_for_start {
             let outcome = match &action {
-                Ok(action) => actions::run(&ctx.runtime, &id, action, timeout).await,
+                Ok(action) => actions::run(&*prober.runtime, &id, action, timeout).await,
                 Err(error) => Err(error.clone()),
             };
             match outcome {
                 Ok(()) => {
                     (successes, failures) = (successes + 1, 0);
-                    if successes >= needed_successes && ctx.probes.set(&id, kind, Outcome::Success)
+                    if successes >= needed_successes
+                        && prober.probes.set(&id, kind, Outcome::Success)
                     {
-                        ctx.dispatch(&uid);
+                        prober.waker.wake(&uid);
                     }
                     // A startup probe is done once it succeeds.
                     if kind == Kind::Startup && successes >= needed_successes {
@@ -204,10 +209,12 @@ async fn run<R: Runtime>(
                 Err(message) => {
                     (successes, failures) = (0, failures + 1);
                     let text = format!("{} probe failed: {message}", kind.label());
-                    ctx.event(&pod, Some(&container.name), "Warning", "Unhealthy", &text)
+                    (prober.events)
+                        .pod_event(&pod, Some(&container.name), "Warning", "Unhealthy", &text)
                         .await;
-                    if failures >= needed_failures && ctx.probes.set(&id, kind, Outcome::Failure) {
-                        ctx.dispatch(&uid);
+                    if failures >= needed_failures && prober.probes.set(&id, kind, Outcome::Failure)
+                    {
+                        prober.waker.wake(&uid);
                     }
                 }
             }

@@ -1,16 +1,10 @@
 //! Defaulting, as Kubernetes applies it to every object a client writes
 //! (`pkg/apis/core/v1/defaults.go`): what an omitted field means is
-//! written down, so every reader sees the same object.
+//! written down, so every reader sees the same object. Each kind's
+//! defaults are its `Resource::defaults` (in `crate::kinds`); these are
+//! the helpers they share.
 
 use serde_json::Value;
-
-use crate::resource::Kind;
-
-/// Fills in the defaults of `object`, a decoded object of `kind` (each
-/// kind's are in its module of [`crate::kinds`]).
-pub fn apply(kind: Kind, object: &mut Value) {
-    (crate::kinds::of(kind).defaults)(object);
-}
 
 /// Sets `field` when it is missing or null.
 pub(crate) fn default(object: &mut Value, field: &str, value: Value) {
@@ -35,7 +29,6 @@ pub(crate) fn array_mut<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use serde_json::json;
 
     #[test]
@@ -44,7 +37,7 @@ mod tests {
             "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
             "readinessProbe": {"httpGet": {"port": 80}},
             "lifecycle": {"preStop": {"httpGet": {"port": 80, "path": "/stop"}}}}]}});
-        apply(Kind::Pod, &mut pod);
+        (crate::kinds::pod::RESOURCE.defaults)(&mut pod);
         let container = &pod["spec"]["containers"][0];
         assert_eq!(
             container["env"][0]["valueFrom"]["fieldRef"]["apiVersion"],
@@ -67,7 +60,7 @@ mod tests {
     #[test]
     fn service_defaults() {
         let mut svc = json!({"spec": {"ports": [{"port": 80}, {"port": 53, "protocol": "UDP", "targetPort": "dns"}], "sessionAffinity": "ClientIP"}});
-        apply(Kind::Service, &mut svc);
+        (crate::kinds::service::RESOURCE.defaults)(&mut svc);
         assert_eq!(svc["spec"]["type"], "ClusterIP");
         assert_eq!(
             svc["spec"]["ports"][0],
@@ -85,7 +78,7 @@ mod tests {
     #[test]
     fn rc_defaults_from_template() {
         let mut rc = json!({"metadata": {"name": "r"}, "spec": {"template": {"metadata": {"labels": {"app": "a"}}, "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}}}});
-        apply(Kind::ReplicationController, &mut rc);
+        (crate::kinds::replication_controller::RESOURCE.defaults)(&mut rc);
         assert_eq!(rc["spec"]["replicas"], 1);
         assert_eq!(rc["spec"]["selector"], json!({"app": "a"}));
         assert_eq!(rc["metadata"]["labels"], json!({"app": "a"}));

@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use crate::name;
-use crate::resource::{Kind, NameRule, Resource};
+use crate::schema::{NameRule, Resource};
 use crate::status::Cause;
 
 /// Annotations may not add up to more than this (bytes of keys and values).
@@ -107,44 +107,6 @@ pub fn validate(resource: &Resource, object: &Value) -> Vec<Cause> {
     causes
 }
 
-/// The field-selector fields a kind supports beyond `metadata.name` and
-/// `metadata.namespace`, as in Kubernetes.
-pub fn selectable_fields(kind: Kind) -> &'static [&'static str] {
-    crate::kinds::of(kind).selectable_fields
-}
-
-/// Whether `field` may be used in a field selector on `kind`.
-pub fn is_selectable(kind: Kind, field: &str) -> bool {
-    matches!(field, "metadata.name" | "metadata.namespace")
-        || selectable_fields(kind).contains(&field)
-}
-
-/// The value of a selectable field as a string ("" when absent), the way
-/// Kubernetes' field sets present it.
-pub fn field_value(kind: Kind, object: &Value, field: &str) -> String {
-    let definition = crate::kinds::of(kind);
-    let lookup = |pairs: &[(&'static str, &'static str)]| {
-        pairs.iter().find(|(name, _)| *name == field).map(|p| p.1)
-    };
-    let path = lookup(definition.field_paths).unwrap_or(field);
-    let mut current = object;
-    for part in path.split('.') {
-        match current.get(part) {
-            Some(next) => current = next,
-            None => {
-                return lookup(definition.field_defaults)
-                    .unwrap_or_default()
-                    .to_owned()
-            }
-        }
-    }
-    match current {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,7 +114,7 @@ mod tests {
 
     #[test]
     fn names_follow_the_kind() {
-        let svc = Resource::of(Kind::Service);
+        let svc = &crate::kinds::service::RESOURCE;
         let bad = json!({"metadata": {"name": "1web"}});
         let causes = validate(svc, &bad);
         assert_eq!(causes.len(), 1);
@@ -161,7 +123,7 @@ mod tests {
             .message
             .starts_with("Invalid value: \"1web\": a DNS-1035 label"));
         assert!(
-            validate(Resource::of(Kind::Pod), &bad).is_empty(),
+            validate(&crate::kinds::pod::RESOURCE, &bad).is_empty(),
             "pods allow a leading digit"
         );
         let missing = validate(svc, &json!({"metadata": {}}));
@@ -171,7 +133,7 @@ mod tests {
 
     #[test]
     fn labels_and_annotations() {
-        let pod = Resource::of(Kind::Pod);
+        let pod = &crate::kinds::pod::RESOURCE;
         let bad = json!({"metadata": {"name": "p", "labels": {"a b": "x", "ok": "has space"}}});
         assert_eq!(validate(pod, &bad).len(), 2);
         let big = "x".repeat(TOTAL_ANNOTATION_SIZE_LIMIT + 1);
@@ -182,13 +144,11 @@ mod tests {
     #[test]
     fn field_values() {
         let event = json!({"involvedObject": {"name": "web", "kind": "Service"}, "source": {"component": "portal"}});
-        assert_eq!(
-            field_value(Kind::Event, &event, "involvedObject.name"),
-            "web"
-        );
-        assert_eq!(field_value(Kind::Event, &event, "source"), "portal");
-        assert_eq!(field_value(Kind::Event, &event, "reason"), "");
-        assert!(is_selectable(Kind::Pod, "spec.nodeName"));
-        assert!(!is_selectable(Kind::Service, "spec.nodeName"));
+        let events = &crate::kinds::event::RESOURCE;
+        assert_eq!(events.field_value(&event, "involvedObject.name"), "web");
+        assert_eq!(events.field_value(&event, "source"), "portal");
+        assert_eq!(events.field_value(&event, "reason"), "");
+        assert!(crate::kinds::pod::RESOURCE.is_selectable("spec.nodeName"));
+        assert!(!crate::kinds::service::RESOURCE.is_selectable("spec.nodeName"));
     }
 }

@@ -123,7 +123,7 @@ impl Target<'_> {
 }
 
 impl Status {
-    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         Status {
             code,
             reason,
@@ -185,24 +185,6 @@ impl Status {
         );
         let mut status = Status::new(409, "Conflict", message);
         status.details = Some(Box::new(target.details(name)));
-        status
-    }
-
-    /// A server-side apply that would change fields other managers own:
-    /// one `FieldManagerConflict` cause per field, Kubernetes' message.
-    pub fn apply_conflict(conflicts: &[crate::managed::Conflict]) -> Self {
-        let mut status = Status::new(409, "Conflict", crate::managed::conflict_message(conflicts));
-        status.details = Some(Box::new(Details {
-            causes: conflicts
-                .iter()
-                .map(|c| Cause {
-                    reason: "FieldManagerConflict".into(),
-                    message: format!("conflict with {}", c.manager),
-                    field: c.field.clone(),
-                })
-                .collect(),
-            ..Details::default()
-        }));
         status
     }
 

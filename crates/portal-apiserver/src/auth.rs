@@ -12,7 +12,7 @@
 //! or exec into a pod).
 
 use http::{header, HeaderMap};
-use portal_api::{Kind, Resource, Status};
+use portal_api::{kinds, Resource, Status};
 use rustls_pki_types::CertificateDer;
 use serde_json::Value;
 
@@ -147,30 +147,34 @@ pub(crate) fn authorize(user: &User, request: &Attributes<'_>) -> Result<Allowed
 fn node_rules(node: &str, r: &Attributes<'_>) -> Option<Allowed> {
     let reading = matches!(r.verb, "get" | "list" | "watch");
     let own = r.name == Some(node);
-    let kind = r.resource.kind;
+    let kind = r.resource.kind();
     match (kind, r.subresource) {
         (
-            Kind::Pod | Kind::Service | Kind::Endpoints | Kind::EndpointSlice | Kind::Node,
+            kinds::pod::KIND
+            | kinds::service::KIND
+            | kinds::endpoints::KIND
+            | kinds::endpoint_slice::KIND
+            | kinds::node::KIND,
             None | Some("status"),
         ) if reading => Some(Allowed::Yes),
-        (Kind::Node, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
-        (Kind::Node, Some("status")) if own && matches!(r.verb, "update" | "patch") => {
+        (kinds::node::KIND, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
+        (kinds::node::KIND, Some("status")) if own && matches!(r.verb, "update" | "patch") => {
             Some(Allowed::Yes)
         }
-        (Kind::Node, None) if own && matches!(r.verb, "update" | "patch") => {
+        (kinds::node::KIND, None) if own && matches!(r.verb, "update" | "patch") => {
             Some(Allowed::IfTaintsKept)
         }
-        (Kind::Lease, None) if r.namespace == Some(NODE_LEASES) => match r.verb {
+        (kinds::lease::KIND, None) if r.namespace == Some(NODE_LEASES) => match r.verb {
             "create" => Some(Allowed::IfOwnObject),
             "get" | "update" | "patch" if own => Some(Allowed::Yes),
             _ => None,
         },
-        (Kind::Event, None) if matches!(r.verb, "create" | "update" | "patch") => {
+        (kinds::event::KIND, None) if matches!(r.verb, "create" | "update" | "patch") => {
             Some(Allowed::Yes)
         }
-        (Kind::Pod, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
-        (Kind::Pod, None) if r.verb == "delete" => Some(Allowed::IfPodOnNode),
-        (Kind::Pod, Some("status")) if matches!(r.verb, "update" | "patch") => {
+        (kinds::pod::KIND, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
+        (kinds::pod::KIND, None) if r.verb == "delete" => Some(Allowed::IfPodOnNode),
+        (kinds::pod::KIND, Some("status")) if matches!(r.verb, "update" | "patch") => {
             Some(Allowed::IfPodOnNode)
         }
         _ => None,
@@ -239,13 +243,13 @@ pub(crate) fn admit_create(user: &User, r: &Attributes<'_>, object: &Value) -> R
         }));
         status
     };
-    match r.resource.kind {
-        Kind::Node | Kind::Lease if name == node => Ok(()),
-        Kind::Node | Kind::Lease => Err(refuse(format!(
+    match r.resource.kind() {
+        kinds::node::KIND | kinds::lease::KIND if name == node => Ok(()),
+        kinds::node::KIND | kinds::lease::KIND => Err(refuse(format!(
             "node {node:?} can only create its own {}",
             r.resource.kind_name
         ))),
-        Kind::Pod => {
+        kinds::pod::KIND => {
             if object
                 .pointer("/metadata/annotations")
                 .and_then(|a| a.get(MIRROR_ANNOTATION))
@@ -388,25 +392,25 @@ mod tests {
         let node = User::Node("n2".into());
         let allowed = |r: Attributes<'_>| authorize(&node, &r).ok();
         assert_eq!(
-            allowed(ask("watch", Resource::of(Kind::Pod), None, None)),
+            allowed(ask("watch", &kinds::pod::RESOURCE, None, None)),
             Some(Allowed::Yes)
         );
         assert_eq!(
-            allowed(ask("list", Resource::of(Kind::Service), None, None)),
+            allowed(ask("list", &kinds::service::RESOURCE, None, None)),
             Some(Allowed::Yes)
         );
         assert_eq!(
-            allowed(ask("patch", Resource::of(Kind::Node), None, Some("n2"))),
+            allowed(ask("patch", &kinds::node::RESOURCE, None, Some("n2"))),
             Some(Allowed::IfTaintsKept)
         );
         assert_eq!(
-            allowed(ask("patch", Resource::of(Kind::Node), None, Some("n1"))),
+            allowed(ask("patch", &kinds::node::RESOURCE, None, Some("n1"))),
             None
         );
         assert_eq!(
             allowed(ask(
                 "delete",
-                Resource::of(Kind::Service),
+                &kinds::service::RESOURCE,
                 Some("default"),
                 Some("web")
             )),
@@ -415,25 +419,20 @@ mod tests {
         assert_eq!(
             allowed(ask(
                 "list",
-                Resource::of(Kind::ReplicationController),
+                &kinds::replication_controller::RESOURCE,
                 None,
                 None
             )),
             None
         );
         assert_eq!(
-            allowed(ask(
-                "create",
-                Resource::of(Kind::Pod),
-                Some("default"),
-                None
-            )),
+            allowed(ask("create", &kinds::pod::RESOURCE, Some("default"), None)),
             Some(Allowed::IfOwnObject)
         );
         assert_eq!(
             allowed(ask(
                 "delete",
-                Resource::of(Kind::Pod),
+                &kinds::pod::RESOURCE,
                 Some("default"),
                 Some("p")
             )),
@@ -442,7 +441,7 @@ mod tests {
         assert_eq!(
             allowed(ask(
                 "update",
-                Resource::of(Kind::Lease),
+                &kinds::lease::RESOURCE,
                 Some("kube-node-lease"),
                 Some("n2")
             )),
@@ -451,7 +450,7 @@ mod tests {
         assert_eq!(
             allowed(ask(
                 "update",
-                Resource::of(Kind::Lease),
+                &kinds::lease::RESOURCE,
                 Some("kube-node-lease"),
                 Some("n1")
             )),
@@ -460,7 +459,7 @@ mod tests {
         assert_eq!(
             allowed(ask(
                 "update",
-                Resource::of(Kind::Lease),
+                &kinds::lease::RESOURCE,
                 Some("default"),
                 Some("n2")
             )),
@@ -469,7 +468,7 @@ mod tests {
         assert_eq!(
             authorize(
                 &User::Other("bob".into()),
-                &ask("get", Resource::of(Kind::Pod), Some("default"), Some("p"))
+                &ask("get", &kinds::pod::RESOURCE, Some("default"), Some("p"))
             )
             .ok(),
             None
@@ -482,7 +481,7 @@ mod tests {
             &User::Node("n2".into()),
             &ask(
                 "delete",
-                Resource::of(Kind::Service),
+                &kinds::service::RESOURCE,
                 Some("default"),
                 Some("web"),
             ),
@@ -494,12 +493,7 @@ mod tests {
         );
         let status = forbidden(
             &User::Node("n2".into()),
-            &ask(
-                "list",
-                Resource::of(Kind::ReplicationController),
-                None,
-                None,
-            ),
+            &ask("list", &kinds::replication_controller::RESOURCE, None, None),
         );
         assert_eq!(
             status.message,
@@ -510,7 +504,7 @@ mod tests {
     #[test]
     fn a_node_creates_only_its_own_mirror_pods() {
         let node = User::Node("n2".into());
-        let r = ask("create", Resource::of(Kind::Pod), Some("default"), None);
+        let r = ask("create", &kinds::pod::RESOURCE, Some("default"), None);
         let mirror = serde_json::json!({
             "metadata": {"name": "web-n2", "annotations": {MIRROR_ANNOTATION: "h"},
                          "ownerReferences": [{"kind": "Node", "name": "n2"}]},
@@ -527,7 +521,7 @@ mod tests {
         assert!(admit_create(&node, &r, &owned).is_err());
         let lease = ask(
             "create",
-            Resource::of(Kind::Lease),
+            &kinds::lease::RESOURCE,
             Some("kube-node-lease"),
             None,
         );

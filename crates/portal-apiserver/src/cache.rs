@@ -98,7 +98,7 @@ pub(crate) struct WatchCache {
 fn kind_of_key(key: &str) -> Option<Kind> {
     resources()
         .find(|r| key.starts_with(&r.key_prefix()))
-        .map(|r| r.kind)
+        .map(|r| r.kind())
 }
 
 impl WatchCache {
@@ -166,7 +166,7 @@ impl WatchCache {
         let mut resources: HashMap<Kind, ResourceState> = resources()
             .map(|r| {
                 (
-                    r.kind,
+                    r.kind(),
                     ResourceState {
                         floor: revision,
                         ..ResourceState::default()
@@ -287,7 +287,7 @@ impl WatchCache {
         self.state
             .read()
             .resources
-            .get(&resource.kind)?
+            .get(&resource.kind())?
             .objects
             .get(key)
             .cloned()
@@ -305,7 +305,7 @@ impl WatchCache {
         keep: impl Fn(&CachedObject) -> bool,
     ) -> (Vec<Arc<CachedObject>>, Revision, usize) {
         let state = self.state.read();
-        let Some(objects) = state.resources.get(&resource.kind).map(|r| &r.objects) else {
+        let Some(objects) = state.resources.get(&resource.kind()).map(|r| &r.objects) else {
             return (Vec::new(), state.revision, 0);
         };
         let start = match after {
@@ -338,7 +338,7 @@ impl WatchCache {
         position: Revision,
     ) -> Result<(Vec<Arc<CacheEvent>>, Revision), TooOld> {
         let state = self.state.read();
-        let Some(ring) = state.resources.get(&resource.kind) else {
+        let Some(ring) = state.resources.get(&resource.kind()) else {
             return Ok((Vec::new(), state.revision));
         };
         if position < ring.floor {
@@ -356,7 +356,7 @@ impl WatchCache {
         self.state
             .read()
             .resources
-            .get(&resource.kind)
+            .get(&resource.kind())
             .map_or(0, |r| r.floor)
     }
 

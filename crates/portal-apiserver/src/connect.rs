@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::{header, HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
-use portal_api::{Kind, Resource, Status};
+use portal_api::{kinds, Status};
 use serde_json::Value;
 
 use crate::http::{full, relay_body, splice, upstream_connection, Body, Query};
@@ -78,7 +78,7 @@ pub(crate) async fn serve(
         )));
     }
     let query = Query::parse(request.uri().query());
-    let pods = Resource::of(Kind::Pod);
+    let pods = &kinds::pod::RESOURCE;
     let pod = read::stored(state, &pods.key(Some(namespace), name))
         .await?
         .ok_or_else(|| Status::not_found(Scope::cluster(pods).target(), name))?
@@ -203,7 +203,7 @@ fn container(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, Sta
 
 /// The node's agent: its InternalIP and the port it reports.
 async fn agent_address(state: &ApiState, node: &str) -> Result<SocketAddr, Status> {
-    let nodes = Resource::of(Kind::Node);
+    let nodes = &kinds::node::RESOURCE;
     let object = read::stored(state, &nodes.key(None, node))
         .await?
         .ok_or_else(|| Status::not_found(Scope::cluster(nodes).target(), node))?;

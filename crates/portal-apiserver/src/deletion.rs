@@ -8,7 +8,7 @@
 //! finalizers (`kubectl delete --force --grace-period=0`).
 
 use bytes::Bytes;
-use portal_api::{meta, Kind, Resource};
+use portal_api::{kinds, meta, Resource};
 use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
@@ -37,7 +37,7 @@ fn finalizers(object: &Value) -> bool {
 
 /// The grace period a delete gives `object` (`asked`: the request's).
 fn grace_period(resource: &Resource, object: &Value, asked: Option<i64>) -> i64 {
-    if resource.kind != Kind::Pod {
+    if resource.kind() != kinds::pod::KIND {
         return 0;
     }
     let scheduled = object["spec"]["nodeName"]
@@ -100,7 +100,7 @@ pub(crate) fn plan(
 /// last finalizer, and no grace period runs (a pod waits for its agent).
 /// Namespaces keep theirs in `spec` and their own termination.
 pub(crate) fn released(resource: &Resource, old: &Value, new: &Value) -> bool {
-    resource.kind != Kind::Namespace && finalizers(old) && finished(new)
+    resource.kind() != kinds::namespace::KIND && finalizers(old) && finished(new)
 }
 
 fn finished(object: &Value) -> bool {
@@ -142,8 +142,8 @@ pub(crate) async fn delete_object(
         .as_str()
         .filter(|n| !n.is_empty());
     let asked = match node {
-        Some(node) if resource.kind == Kind::Pod => {
-            let key = Resource::of(Kind::Node).key(None, node);
+        Some(node) if resource.kind() == kinds::pod::KIND => {
+            let key = kinds::node::RESOURCE.key(None, node);
             if store.get(&key).await?.is_none() {
                 Some(0)
             } else {
@@ -183,7 +183,7 @@ mod tests {
 
     #[test]
     fn pods_on_a_node_are_marked_others_go_at_once() {
-        let pods = Resource::of(Kind::Pod);
+        let pods = &kinds::pod::RESOURCE;
         let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
         assert_eq!(plan(pods, &pod("", "Pending"), None, now), Plan::Now);
         assert_eq!(plan(pods, &pod("n", "Succeeded"), None, now), Plan::Now);
@@ -216,7 +216,7 @@ mod tests {
 
     #[test]
     fn finalizers_hold_any_kind() {
-        let services = Resource::of(Kind::Service);
+        let services = &kinds::service::RESOURCE;
         let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
         let held = json!({"metadata": {"name": "s", "finalizers": ["example.com/x"]}});
         let Plan::Mark(marked) = plan(services, &held, None, now) else {
@@ -230,7 +230,7 @@ mod tests {
             !super::released(services, &released, &released),
             "nothing was removed"
         );
-        let namespaces = Resource::of(Kind::Namespace);
+        let namespaces = &kinds::namespace::RESOURCE;
         assert!(!super::released(namespaces, &marked, &released));
         assert_eq!(
             plan(services, &json!({"metadata": {"name": "s"}}), None, now),

@@ -71,7 +71,7 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
                 "verbs": ["get", "patch", "update"],
             }));
         }
-        for sub in r.definition().subresources {
+        for sub in r.subresources {
             let mut entry = json!({
                 "name": format!("{}/{}", r.plural, sub.name),
                 "singularName": "",

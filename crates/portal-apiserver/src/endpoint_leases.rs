@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use portal_api::{Kind, Resource};
+use portal_api::kinds;
 use portal_store::{Error as StoreError, Op, Revision, Store};
 use serde_json::{json, Value};
 
@@ -161,7 +161,7 @@ async fn write_endpoints(
     store: &dyn Store,
     alive: &BTreeMap<u16, Vec<String>>,
 ) -> Result<(), StoreError> {
-    let endpoints = Resource::of(Kind::Endpoints);
+    let endpoints = &kinds::endpoints::RESOURCE;
     let key = endpoints.key(Some("default"), "kubernetes");
     let subsets = subsets(alive);
     match store.get(&key).await? {
@@ -204,7 +204,7 @@ mod tests {
     use portal_store::{EmbeddedOptions, EmbeddedStore};
 
     async fn endpoints(store: &dyn Store) -> Value {
-        let key = Resource::of(Kind::Endpoints).key(Some("default"), "kubernetes");
+        let key = kinds::endpoints::RESOURCE.key(Some("default"), "kubernetes");
         let kv = store.get(&key).await.unwrap().unwrap();
         serde_json::from_slice::<Value>(&kv.value).unwrap()["subsets"].clone()
     }

@@ -11,6 +11,7 @@
 //! Node object exists: another machine with the token cannot take over a
 //! live node's identity (k3s's node password, by public key here).
 
+use portal_api::kinds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -149,7 +150,7 @@ async fn pin(state: &crate::ApiState, node: &str, key_hash: &str) -> Result<(), 
     if joining.pinned(node).as_deref() == Some(key_hash) {
         return Ok(());
     }
-    let key = portal_api::Resource::of(portal_api::Kind::Node).key(None, node);
+    let key = kinds::node::RESOURCE.key(None, node);
     if crate::read::stored(state, &key).await?.is_some() {
         return Err(Status::forbidden(format!(
             "node {node:?} already joined with another key; delete the Node to join under that name again"

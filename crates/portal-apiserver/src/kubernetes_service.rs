@@ -7,7 +7,7 @@
 //! pods: the built-in DNS publishes its own address as its Endpoints.
 
 use bytes::Bytes;
-use portal_api::{defaults, Kind, Resource};
+use portal_api::kinds;
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::{json, Value};
 
@@ -20,7 +20,7 @@ pub(crate) async fn ensure_dns(
     store: &dyn Store,
     allocators: &Allocators,
 ) -> Result<(), StoreError> {
-    let resource = Resource::of(Kind::Service);
+    let resource = &kinds::service::RESOURCE;
     let key = resource.key(Some("kube-system"), "kube-dns");
     let Some(address) = allocators.dns_address() else {
         return Ok(());
@@ -41,7 +41,7 @@ pub(crate) async fn ensure_dns(
         },
     });
     strategy::prepare_create(resource, &mut svc, Some("kube-system"));
-    defaults::apply(Kind::Service, &mut svc);
+    (kinds::service::RESOURCE.defaults)(&mut svc);
     let mut reservation = allocators
         .for_create(resource, &mut svc)
         .map_err(|cause| StoreError::Backend(format!("kube-dns Service: {}", cause.display())))?;
@@ -77,7 +77,7 @@ pub(crate) async fn ensure(
     allocators: &Allocators,
     api_port: u16,
 ) -> Result<(), StoreError> {
-    let resource = Resource::of(Kind::Service);
+    let resource = &kinds::service::RESOURCE;
     let key = resource.key(Some("default"), "kubernetes");
     match store.get(&key).await? {
         None => {
@@ -87,7 +87,7 @@ pub(crate) async fn ensure(
                 "spec": {"type": "ClusterIP", "clusterIP": allocators.first_address(), "ports": ports(api_port)},
             });
             strategy::prepare_create(resource, &mut svc, Some("default"));
-            defaults::apply(Kind::Service, &mut svc);
+            (kinds::service::RESOURCE.defaults)(&mut svc);
             let mut reservation = allocators.for_create(resource, &mut svc).map_err(|cause| {
                 StoreError::Backend(format!("kubernetes Service: {}", cause.display()))
             })?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use portal_api::{Kind, Resource};
+use portal_api::kinds;
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::{json, Value};
 
@@ -54,7 +54,7 @@ pub(crate) async fn reconcile(
     cache: &WatchCache,
     pool: &Pool,
 ) -> Result<(), StoreError> {
-    let resource = Resource::of(Kind::Service);
+    let resource = &kinds::service::RESOURCE;
     let (services, _, _) = cache.list(resource, &resource.key_prefix(), None, 0, |o| {
         is_load_balancer(&o.value)
     });
@@ -184,7 +184,7 @@ async fn release(store: &dyn Store, holder: &str, ip: &str) -> Result<(), StoreE
     let Some((namespace, name)) = holder.split_once('/') else {
         return Ok(());
     };
-    let key = Resource::of(Kind::Service).key(Some(namespace), name);
+    let key = kinds::service::RESOURCE.key(Some(namespace), name);
     let Some(current) = store.get(&key).await? else {
         return Ok(());
     };

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use portal_api::{meta, resources, Kind, Resource, Status};
+use portal_api::{kinds, meta, resources, Resource, Status};
 use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
@@ -17,12 +17,15 @@ use crate::allocator::Allocators;
 use crate::cache::CachedObject;
 use crate::deletion::{delete_object, Outcome};
 use crate::http::{json_response, Body};
-use crate::write::SYSTEM_NAMESPACES;
 use crate::{store_error, strategy, ApiState, Scope};
+
+/// Namespaces that exist from the start and may not be deleted.
+pub(crate) const SYSTEM_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// Creates the system namespaces that are missing.
 pub(crate) async fn bootstrap(store: &dyn Store) -> Result<(), StoreError> {
-    let resource = Resource::of(Kind::Namespace);
+    let resource = &kinds::namespace::RESOURCE;
     for name in SYSTEM_NAMESPACES {
         let key = resource.key(None, name);
         if store.get(&key).await?.is_some() {
@@ -45,9 +48,7 @@ pub(crate) async fn resume_terminations(
     store: Arc<dyn Store>,
     allocators: Arc<Allocators>,
 ) -> Result<(), StoreError> {
-    let (namespaces, _) = store
-        .list(&Resource::of(Kind::Namespace).key_prefix())
-        .await?;
+    let (namespaces, _) = store.list(&kinds::namespace::RESOURCE.key_prefix()).await?;
     for kv in namespaces {
         let Ok(value) = serde_json::from_slice::<Value>(&kv.value) else {
             continue;
@@ -224,7 +225,7 @@ async fn terminating(
     namespace: &str,
     uid: &str,
 ) -> Result<Option<(KeyValue, Value)>, StoreError> {
-    let key = Resource::of(Kind::Namespace).key(None, namespace);
+    let key = kinds::namespace::RESOURCE.key(None, namespace);
     let Some(current) = store.get(&key).await? else {
         return Ok(None);
     };

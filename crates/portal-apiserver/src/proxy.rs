@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, HeaderName, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use portal_api::{Kind, Resource, Status};
+use portal_api::{kinds, Resource, Status};
 use serde_json::Value;
 
 use crate::http::{full, relay_body, splice, upstream_connection, Body};
@@ -75,11 +75,10 @@ fn split_name(name: &str) -> Result<(&str, Option<&str>), Status> {
 
 async fn object(
     state: &ApiState,
-    kind: Kind,
+    resource: &'static Resource,
     namespace: &str,
     name: &str,
 ) -> Result<Value, Status> {
-    let resource = Resource::of(kind);
     let found = read::stored(state, &resource.key(Some(namespace), name)).await?;
     found
         .map(|o| o.value.clone())
@@ -90,7 +89,7 @@ async fn object(
 /// declared port (80 when it declares none).
 async fn pod_target(state: &ApiState, namespace: &str, name: &str) -> Result<SocketAddr, Status> {
     let (name, port) = split_name(name)?;
-    let pod = object(state, Kind::Pod, namespace, name).await?;
+    let pod = object(state, &kinds::pod::RESOURCE, namespace, name).await?;
     let ip: IpAddr = pod["status"]["podIP"]
         .as_str()
         .and_then(|ip| ip.parse().ok())
@@ -128,7 +127,7 @@ async fn service_target(
     name: &str,
 ) -> Result<SocketAddr, Status> {
     let (name, port) = split_name(name)?;
-    let service = object(state, Kind::Service, namespace, name).await?;
+    let service = object(state, &kinds::service::RESOURCE, namespace, name).await?;
     let ports: Vec<&Value> = service["spec"]["ports"]
         .as_array()
         .into_iter()
@@ -142,7 +141,7 @@ async fn service_target(
     }
     .ok_or_else(|| Status::service_unavailable(format!("no such port on service {name:?}")))?;
     let port_name = chosen["name"].as_str().unwrap_or("");
-    let endpoints = object(state, Kind::Endpoints, namespace, name).await?;
+    let endpoints = object(state, &kinds::endpoints::RESOURCE, namespace, name).await?;
     let mut candidates = Vec::new();
     for subset in endpoints["subsets"].as_array().into_iter().flatten() {
         let port = subset["ports"]

@@ -142,7 +142,7 @@ impl Filter {
         let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or(""))
             .map_err(Status::bad_request)?;
         for requirement in &fields.requirements {
-            if !meta::is_selectable(resource.kind, &requirement.field) {
+            if !resource.is_selectable(&requirement.field) {
                 return Err(Status::bad_request(format!(
                     "field label not supported: {}",
                     requirement.field
@@ -156,7 +156,7 @@ impl Filter {
         self.labels.matches(|key| meta::label(object, key))
             && self
                 .fields
-                .matches(|field| meta::field_value(resource.kind, object, field))
+                .matches(|field| resource.field_value(object, field))
     }
 
     /// A name the field selector pins (`metadata.name=x`), to skip scanning.

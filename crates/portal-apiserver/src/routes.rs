@@ -7,7 +7,7 @@ use std::time::Instant;
 use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use portal_api::patch::PatchType;
-use portal_api::{path, Resource, Status};
+use portal_api::{kinds, path, Resource, Status};
 
 use crate::auth::User;
 use crate::http::{json_response, read_body, status_response, text_response, Body, Output, Query};
@@ -188,7 +188,7 @@ async fn route(
         span.record("name", name.as_str());
     }
     let resource: &'static Resource =
-        Resource::find(&api_path.group, &api_path.version, &api_path.resource)
+        portal_api::registry::find(&api_path.group, &api_path.version, &api_path.resource)
             .ok_or_else(Status::no_route)?;
     if !resource.namespaced && api_path.namespace.is_some() {
         return Err(Status::no_route());
@@ -235,7 +235,7 @@ async fn route(
         api_path
             .subresource
             .as_deref()
-            .filter(|_| resource.kind == portal_api::Kind::Pod)
+            .filter(|_| resource.kind() == kinds::pod::KIND)
             .and_then(connect::Connect::parse),
         api_path.name.as_deref(),
         api_path.namespace.as_deref(),
@@ -255,8 +255,8 @@ async fn route(
         None => Target::Part(Part::Main),
         Some("status") if resource.has_status => Target::Part(Part::Status),
         Some("scale") if scale::supports(&scope) => Target::Scale,
-        Some("binding") if resource.kind == portal_api::Kind::Pod => Target::Binding,
-        Some("eviction") if resource.kind == portal_api::Kind::Pod => Target::Eviction,
+        Some("binding") if resource.kind() == kinds::pod::KIND => Target::Binding,
+        Some("eviction") if resource.kind() == kinds::pod::KIND => Target::Eviction,
         Some(_) => return Err(Status::no_route()),
     };
     let output = Output::negotiate(request.headers(), &query)?;

@@ -3,7 +3,7 @@
 
 use http::{Response, StatusCode};
 use portal_api::patch::PatchType;
-use portal_api::{meta, Cause, Kind, Status, Target};
+use portal_api::{kinds, meta, Cause, Status, Target};
 use serde_json::{json, Value};
 
 use crate::http::{json_response, Body, Query};
@@ -64,7 +64,7 @@ fn respond(rc: &Value) -> Response<Body> {
 }
 
 pub(crate) fn supports(scope: &Scope<'_>) -> bool {
-    scope.resource.kind == Kind::ReplicationController
+    scope.resource.kind() == kinds::replication_controller::KIND
 }
 
 pub(crate) async fn get(
@@ -135,9 +135,13 @@ pub(crate) async fn patch(
     query: &Query,
 ) -> Result<Response<Body>, Status> {
     let propose = |rc: &Value| {
-        let patched =
-            portal_api::patch::apply(Kind::ReplicationController, patch_type, &scale_of(rc), body)
-                .map_err(|e| patch_error(scope, name, e))?;
+        let patched = portal_api::patch::apply(
+            &kinds::replication_controller::RESOURCE,
+            patch_type,
+            &scale_of(rc),
+            body,
+        )
+        .map_err(|e| patch_error(scope, name, e))?;
         apply_scale(name, rc, &patched)
     };
     let (stored, _) = guaranteed_update(state, scope, name, Part::Main, query, propose).await?;

@@ -33,12 +33,12 @@ pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace:
         }
         _ => metadata.remove("namespace"),
     };
-    if resource.definition().tracks_generation {
+    if resource.tracks_generation {
         metadata.insert("generation".into(), json!(1));
     } else {
         metadata.remove("generation");
     }
-    (resource.definition().prepare_create)(object);
+    (resource.prepare_create)(object);
 }
 
 /// Carries over from `old` what an update may not change. A write to the
@@ -82,7 +82,7 @@ pub(crate) fn prepare_update(
         };
     }
     metadata.remove("resourceVersion");
-    if resource.definition().tracks_generation && new.get("spec") != old.get("spec") {
+    if resource.tracks_generation && new.get("spec") != old.get("spec") {
         let generation = old_meta
             .get("generation")
             .and_then(Value::as_i64)
@@ -91,7 +91,7 @@ pub(crate) fn prepare_update(
         meta::metadata_mut(new).insert("generation".into(), json!(generation));
     }
     // Server-owned fields (a Namespace's finalizers live on its spec).
-    for field in resource.definition().kept_on_update {
+    for field in resource.kept_on_update {
         if let Some(kept) = old.get(*field) {
             new[*field] = kept.clone();
         }
@@ -112,11 +112,10 @@ pub(crate) fn unchanged(new: &Value, old: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use portal_api::Kind;
 
     #[test]
     fn status_and_spec_are_written_separately() {
-        let rc = Resource::of(Kind::ReplicationController);
+        let rc = &portal_api::kinds::replication_controller::RESOURCE;
         let mut created = json!({"metadata": {"name": "r", "uid": "client-chosen"}, "spec": {"replicas": 1}, "status": {"replicas": 9}});
         prepare_create(rc, &mut created, Some("default"));
         assert_eq!(created["status"], json!({"replicas": 0}));

@@ -20,7 +20,7 @@ fn tempfile_dir(service: &ImageService) -> Result<PathBuf> {
     let dir = service.dir.join("tmp").join(format!(
         "import-{}-{}",
         std::process::id(),
-        crate::short_hash(&crate::shim::now())
+        crate::short_hash(&crate::durable::now())
     ));
     std::fs::create_dir_all(&dir).map_err(super::io(dir.display().to_string()))?;
     Ok(dir)

@@ -24,7 +24,14 @@ use sha2::Digest;
 
 pub use config::{resolve_user, ImageConfig};
 
-use crate::runtime::Image;
+/// The image a container is made from, as the image service resolved it.
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// The unpacked root filesystem (read-only; containers write above it).
+    pub rootfs: PathBuf,
+    pub config: ImageConfig,
+    pub id: String,
+}
 
 /// Why an image cannot be had.
 #[derive(Debug, thiserror::Error)]
@@ -337,7 +344,7 @@ impl ImageService {
         }
         let text = serde_json::to_vec(resolved).map_err(|e| Error::Format(e.to_string()))?;
         let path = self.ref_path(key);
-        crate::shim::write_atomic(&path, &text).map_err(io(path.display().to_string()))?;
+        crate::durable::write_atomic(&path, &text).map_err(io(path.display().to_string()))?;
         self.image(resolved)
             .ok_or_else(|| Error::Format(format!("image {key} did not unpack")))
     }

@@ -12,21 +12,25 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, Service};
+use k8s_openapi::api::core::v1::{Container, Pod, Service};
 use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
+use crate::events::Events;
 use crate::files::DnsSettings;
 use crate::images::ImageService;
 use crate::metrics::Metrics;
 use crate::mirror::Mirrors;
 use crate::network::Network;
 use crate::node::Identity;
+use crate::prober::Prober;
 use crate::runtime::{Runtime, State};
-use crate::sources::{Desired, Source};
+use crate::sources::{is_mirror, Desired, Source};
 use crate::status::StatusManager;
+use crate::wake::{PodWaker, Wakes};
 
 /// How often the runtime is relisted for container changes.
 const RELIST: Duration = Duration::from_secs(1);
@@ -57,7 +61,7 @@ pub(crate) struct Context<R: Runtime> {
     /// The API server; `None` in standalone mode (static pods only).
     pub client: Option<Client>,
     pub me: Identity,
-    pub runtime: R,
+    pub runtime: Arc<R>,
     pub images: ImageService,
     pub network: Network,
     /// The cluster DNS address is learnt from the API once it is reachable.
@@ -65,13 +69,15 @@ pub(crate) struct Context<R: Runtime> {
     /// Whether the cluster DNS address is known (until it is, a pod's
     /// existing `resolv.conf` is left as it is, not rewritten without it).
     pub dns_known: std::sync::atomic::AtomicBool,
-    pub status: StatusManager,
-    pub events: Option<portal_controllers::events::Recorder>,
-    pub mirrors: Mirrors,
+    pub status: Arc<StatusManager>,
+    pub events: Arc<Events>,
+    pub mirrors: Arc<Mirrors>,
     pub services: Store<Service>,
     pub metrics: Metrics,
-    pub probes: crate::prober::Probes,
-    pub desired: Desired,
+    pub prober: Prober<R>,
+    pub desired: Arc<Desired>,
+    /// How anything below the pod manager asks for a pod to be looked at.
+    pub waker: PodWaker,
     /// Pods whose deletion this agent confirmed, until the API shows them
     /// gone (a finalizer may hold one).
     pub confirmed: Mutex<std::collections::HashSet<String>>,
@@ -122,27 +128,9 @@ impl<R: Runtime> Context<R> {
         tokio::spawn(worker.run(wake));
     }
 
-    /// Where Events go: nowhere before the Node is registered (with no API
-    /// server, or none answering yet, waiting on one would hold the pod
-    /// up; the agent's log has them).
-    fn events(&self) -> Option<&portal_controllers::events::Recorder> {
-        self.mirrors.node_uid.get()?;
-        self.events.as_ref()
-    }
-
     /// Records an Event about this node (its Node object).
     pub(crate) async fn node_event(&self, kind: &str, reason: &str, message: &str) {
-        let Some(events) = self.events() else {
-            return;
-        };
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(self.me.name.clone()),
-            uid: self.mirrors.node_uid.get().cloned(),
-            ..ObjectReference::default()
-        };
-        events.record(&reference, kind, reason, message).await;
+        self.events.node_event(kind, reason, message).await;
     }
 
     /// Records an Event about the pod (and one of its containers).
@@ -154,24 +142,9 @@ impl<R: Runtime> Context<R> {
         reason: &str,
         message: &str,
     ) {
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: pod.metadata.name.clone(),
-            namespace: pod.metadata.namespace.clone(),
-            // A static pod's Events name its mirror pod, when it has one,
-            // so `kubectl describe` of the mirror shows them.
-            uid: self
-                .status
-                .mirror_of(pod.metadata.uid.as_deref().unwrap_or_default())
-                .or_else(|| pod.metadata.uid.clone()),
-            field_path: container.map(|c| format!("spec.containers{{{c}}}")),
-            ..ObjectReference::default()
-        };
-        match self.events() {
-            Some(events) => events.record(&reference, kind, reason, message).await,
-            None => tracing::info!(pod = %describe(pod), kind, reason, message, "event"),
-        }
+        self.events
+            .pod_event(pod, container, kind, reason, message)
+            .await;
     }
 
     /// The Services whose variables a new container gets: its namespace's
@@ -360,14 +333,75 @@ pub(crate) fn full_name(pod: &Pod) -> (String, String) {
     )
 }
 
-/// Runs the relist until the process ends (the sources wake the workers).
-pub(crate) async fn run<R: Runtime>(ctx: Arc<Context<R>>) {
+/// Runs the pod manager until the process ends: the workers woken by UID
+/// (from the sources, probes, mirror manager and the relist).
+pub(crate) async fn run<R: Runtime>(ctx: Arc<Context<R>>, mut wakes: Wakes) {
     // With no source to wait for (no API, no manifests), what is left on
     // the node from an earlier run is cleaned up now.
     if ctx.desired.all_ready() {
         sweep(&ctx);
     }
-    relist(ctx).await;
+    let relisting = tokio::spawn(relist(ctx.clone()));
+    while let Some(uid) = wakes.recv().await {
+        ctx.dispatch(&uid);
+    }
+    relisting.abort();
+}
+
+/// Applies what the `api` source reports: this node's pods to run, and the
+/// mirror pods to the mirror manager. A relist (the first one, or after the
+/// watch fell behind) also ends the API pods that vanished meanwhile.
+pub(crate) async fn follow_api<R: Runtime>(
+    ctx: Arc<Context<R>>,
+    mut events: tokio::sync::mpsc::Receiver<watcher::Event<Pod>>,
+) {
+    let mut relisted: Vec<String> = Vec::new();
+    let mut mirrors: Vec<Pod> = Vec::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            watcher::Event::Apply(pod) if is_mirror(&pod) => {
+                if let Some(uid) = ctx.status.mirror_drifted(&pod) {
+                    ctx.dispatch(&uid);
+                }
+                ctx.mirrors.apply(pod);
+            }
+            watcher::Event::Delete(pod) if is_mirror(&pod) => ctx.mirrors.delete(&pod),
+            watcher::Event::Apply(pod) => {
+                if let Some(uid) = ctx.desired.set(pod) {
+                    ctx.dispatch(&uid);
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    ctx.confirmed.lock().remove(uid);
+                    ctx.desired.remove(uid);
+                    ctx.dispatch(uid);
+                }
+            }
+            watcher::Event::Init => {
+                relisted.clear();
+                mirrors.clear();
+            }
+            watcher::Event::InitApply(pod) if is_mirror(&pod) => mirrors.push(pod),
+            watcher::Event::InitApply(pod) => {
+                if let Some(uid) = pod.metadata.uid.clone() {
+                    ctx.desired.set(pod);
+                    relisted.push(uid);
+                }
+            }
+            watcher::Event::InitDone => {
+                for uid in ctx.desired.uids_of(Source::Api) {
+                    if !relisted.contains(&uid) {
+                        ctx.desired.remove(&uid);
+                        ctx.dispatch(&uid);
+                    }
+                }
+                ctx.mirrors.relisted(std::mem::take(&mut mirrors));
+                ctx.desired.source_ready(Source::Api);
+                sweep(&ctx);
+            }
+        }
+    }
 }
 
 /// Every second: wakes the workers of pods whose containers changed state.

@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::{Context, PodFiles};
 use crate::backoff::Backoff;
 use crate::env::{self, PodFacts};
+use crate::images::Image;
 use crate::images::{self, PullPolicy};
-use crate::runtime::{ContainerConfig, ContainerMeta, Image, Runtime, SandboxPaths, State};
+use crate::runtime::{ContainerConfig, ContainerMeta, Runtime, SandboxPaths, State};
 use crate::status::Waiting;
 
 /// Why the container did not start now; the worker tries again later.
@@ -108,7 +109,7 @@ pub(super) async fn start<R: Runtime>(
         attempt,
         image: container.image.clone().unwrap_or_default(),
         image_id: image.id.clone(),
-        created_at: crate::shim::now(),
+        created_at: crate::durable::now(),
         log_path: ctx.log_path(pod, name, attempt),
         stop_signal: image.config.stop_signal.clone(),
         termination_message: Some(message_file),

@@ -4,7 +4,7 @@
 //! implementation (ADR 0007), and tests can put a fake behind it.
 
 pub mod bundle;
-pub mod console;
+
 pub mod runc;
 
 use std::future::Future;
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::images::ImageConfig;
+use crate::images::Image;
 use crate::shim::{Exit, Started};
 
 /// Why a runtime call failed.
@@ -125,15 +125,6 @@ pub struct SandboxPaths {
     pub ipc: PathBuf,
 }
 
-/// The image a container is made from, as the image service resolved it.
-#[derive(Clone, Debug)]
-pub struct Image {
-    /// The unpacked root filesystem (read-only; containers write above it).
-    pub rootfs: PathBuf,
-    pub config: ImageConfig,
-    pub id: String,
-}
-
 /// A CRI-shaped runtime. (Futures are `Send`: pod workers run on tokio's
 /// multi-threaded runtime.)
 pub trait Runtime: Send + Sync + 'static {
@@ -203,7 +194,7 @@ pub struct ExecSession {
     pub stdout: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
     pub stderr: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
     /// The session's terminal, for resizes.
-    pub terminal: Option<console::Terminal>,
+    pub terminal: Option<crate::shim::console::Terminal>,
 }
 
 impl std::fmt::Debug for ExecSession {

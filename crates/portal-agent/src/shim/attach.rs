@@ -114,7 +114,7 @@ impl Attach {
                     if let Some(terminal) = &self.terminal {
                         let width = u16::from_be_bytes([data[0], data[1]]);
                         let height = u16::from_be_bytes([data[2], data[3]]);
-                        let _ = crate::runtime::console::resize(terminal, width, height);
+                        let _ = crate::shim::console::resize(terminal, width, height);
                     }
                 }
                 Ok(Some((CLOSE_STDIN, _))) | Ok(None) | Err(_) => break,

@@ -14,6 +14,7 @@
 //! in a fresh process that the agent spawned (no fork inside tokio).
 
 pub mod attach;
+pub mod console;
 mod log;
 
 use std::io::Read;
@@ -83,7 +84,7 @@ pub fn run(args: &ShimArgs) -> i32 {
         return fail(args, &format!("cannot become a subreaper: {error}"));
     }
     let me = std::process::id().to_string();
-    if let Err(error) = write_atomic(&args.state.join("shim.pid"), me.as_bytes()) {
+    if let Err(error) = crate::durable::write_atomic(&args.state.join("shim.pid"), me.as_bytes()) {
         return fail(args, &format!("cannot write its state: {error}"));
     }
     match supervise(args) {
@@ -103,7 +104,7 @@ fn supervise(args: &ShimArgs) -> Result<i32, String> {
     let console_path = args.attach_socket.with_extension("console");
     let console = args
         .tty
-        .then(|| crate::runtime::console::ConsoleSocket::bind(&console_path))
+        .then(|| console::ConsoleSocket::bind(&console_path))
         .transpose()
         .map_err(|e| format!("console socket: {e}"))?;
     let (stdin, input) = if args.stdin && !args.tty {
@@ -184,10 +185,11 @@ fn supervise(args: &ShimArgs) -> Result<i32, String> {
         .ok_or("runc wrote no pid file")?;
     let started = Started {
         pid,
-        started_at: now(),
+        started_at: crate::durable::now(),
     };
     let text = serde_json::to_vec(&started).map_err(|e| e.to_string())?;
-    write_atomic(&args.state.join("started"), &text).map_err(|e| format!("state: {e}"))?;
+    crate::durable::write_atomic(&args.state.join("started"), &text)
+        .map_err(|e| format!("state: {e}"))?;
     let code = reap(Pid::from_raw(pid));
     // The output ends with the container (its pid namespace died with it).
     for copier in copiers {
@@ -291,10 +293,10 @@ fn record_exit(args: &ShimArgs, exit_code: i32, reason: &str, message: &str) {
         exit_code,
         reason: reason.into(),
         message: message.into(),
-        finished_at: now(),
+        finished_at: crate::durable::now(),
     };
     if let Ok(text) = serde_json::to_vec(&exit) {
-        let _ = write_atomic(&args.state.join("exit"), &text);
+        let _ = crate::durable::write_atomic(&args.state.join("exit"), &text);
     }
 }
 
@@ -314,20 +316,4 @@ fn fail(args: &ShimArgs, message: &str) -> i32 {
     record_exit(args, 128, "StartError", message);
     delete(args);
     1
-}
-
-/// Now in RFC 3339 with nanoseconds.
-pub(crate) fn now() -> String {
-    jiff::Timestamp::now().to_string()
-}
-
-/// Writes a file whole or not at all (write to a temporary beside it, then
-/// rename); concurrent writers never share a temporary.
-pub(crate) fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let temporary = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
-    std::fs::write(&temporary, contents)?;
-    std::fs::rename(&temporary, path)
 }

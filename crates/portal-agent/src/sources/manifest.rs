@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::core::v1::Pod;
-use portal_api::{Kind, Resource};
+use portal_api::kinds;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -104,7 +104,7 @@ pub fn read(bytes: &[u8], origin: Origin<'_>) -> Result<Vec<Pod>, String> {
 
 /// One manifest object as the static pod this node runs.
 pub fn static_pod(object: Value, origin: Origin<'_>) -> Result<Pod, String> {
-    let resource = Resource::of(Kind::Pod);
+    let resource = &kinds::pod::RESOURCE;
     let decoded = portal_api::decode::decode_object(resource, object).map_err(|e| e.to_string())?;
     let mut object = decoded.object;
     check(&object)?;

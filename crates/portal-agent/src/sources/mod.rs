@@ -21,6 +21,20 @@ use parking_lot::Mutex;
 
 pub use manifest::{Problem, CONFIG_HASH, CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE};
 
+/// Whether an API pod is a mirror pod (the API's copy of a static pod).
+pub(crate) fn is_mirror(pod: &Pod) -> bool {
+    mirror_hash(pod).is_some()
+}
+
+/// The hash of the static pod a mirror pod copies.
+pub(crate) fn mirror_hash(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(CONFIG_MIRROR)
+        .map(String::as_str)
+}
+
 /// What a static source read: its whole set (`None`: keep the last one,
 /// as for a URL that cannot be reached), and what was wrong with the
 /// manifests it skipped.

@@ -33,7 +33,7 @@ pub struct Observed<'a> {
     pub containers: &'a [ContainerStatus],
     pub waiting: &'a HashMap<String, Waiting>,
     /// What the probes say, by container instance id (none: no probes ran).
-    pub verdicts: &'a HashMap<String, crate::prober::Verdict>,
+    pub verdicts: &'a HashMap<String, crate::probe_results::Verdict>,
     /// The sandbox is up (network and namespaces).
     pub sandbox_ready: bool,
     pub pod_ip: Option<String>,

@@ -3,28 +3,28 @@
 
 use serde_json::{json, Value};
 
-use super::{nothing, replace_lists, Definition};
-use crate::decode::typed;
+use super::{nothing, replace_lists};
 use crate::defaults::{array_mut, default};
-use crate::resource::{Kind, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Kind, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
-pub(super) const DEFINITION: Definition = Definition {
-    resource: Resource {
-        kind: Kind::Endpoints,
-        group: "",
-        version: "v1",
-        plural: "endpoints",
-        singular: "endpoints",
-        kind_name: "Endpoints",
-        namespaced: true,
-        short_names: &["ep"],
-        categories: &[],
-        has_status: false,
-        name_rule: NameRule::Subdomain,
-    },
+/// The kind this module defines.
+pub const KIND: Kind = Kind::new("", "Endpoints");
+
+pub static RESOURCE: Resource = Resource {
+    group: KIND.group,
+    version: "v1",
+    plural: "endpoints",
+    singular: "endpoints",
+    kind_name: KIND.name,
+    namespaced: true,
+    short_names: &["ep"],
+    categories: &[],
+    has_status: false,
+    name_rule: NameRule::Subdomain,
     decode: typed::<k8s_openapi::api::core::v1::Endpoints>,
+    openapi_schema: openapi_schema::<k8s_openapi::api::core::v1::Endpoints>,
     defaults,
     validate,
     prepare_create: nothing,
@@ -34,7 +34,8 @@ pub(super) const DEFINITION: Definition = Definition {
     selectable_fields: &[],
     field_paths: &[],
     field_defaults: &[],
-    list_strategy: replace_lists,
+    own_list_strategy: replace_lists,
+    list_map_keys: &[],
     columns,
     cells,
     subresources: &[],

@@ -3,27 +3,27 @@
 
 use serde_json::{json, Value};
 
-use super::{no_validation, nothing, replace_lists, Definition};
-use crate::decode::typed;
-use crate::resource::{Kind, NameRule, Resource};
+use super::{no_validation, nothing, replace_lists};
+use crate::schema::{openapi_schema, typed, Kind, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, NAME};
 
-pub(super) const DEFINITION: Definition = Definition {
-    resource: Resource {
-        kind: Kind::Event,
-        group: "",
-        version: "v1",
-        plural: "events",
-        singular: "event",
-        kind_name: "Event",
-        namespaced: true,
-        short_names: &["ev"],
-        categories: &[],
-        has_status: false,
-        name_rule: NameRule::Subdomain,
-    },
+/// The kind this module defines.
+pub const KIND: Kind = Kind::new("", "Event");
+
+pub static RESOURCE: Resource = Resource {
+    group: KIND.group,
+    version: "v1",
+    plural: "events",
+    singular: "event",
+    kind_name: KIND.name,
+    namespaced: true,
+    short_names: &["ev"],
+    categories: &[],
+    has_status: false,
+    name_rule: NameRule::Subdomain,
     decode: typed::<k8s_openapi::api::core::v1::Event>,
+    openapi_schema: openapi_schema::<k8s_openapi::api::core::v1::Event>,
     defaults: nothing,
     validate: no_validation,
     prepare_create: nothing,
@@ -45,7 +45,8 @@ pub(super) const DEFINITION: Definition = Definition {
     ],
     field_paths: &[("source", "source.component")],
     field_defaults: &[],
-    list_strategy: replace_lists,
+    own_list_strategy: replace_lists,
+    list_map_keys: &[],
     columns,
     cells,
     subresources: &[],

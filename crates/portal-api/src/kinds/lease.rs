@@ -2,27 +2,27 @@
 
 use serde_json::{json, Value};
 
-use super::{no_validation, nothing, replace_lists, Definition};
-use crate::decode::typed;
-use crate::resource::{Kind, NameRule, Resource};
+use super::{no_validation, nothing, replace_lists};
+use crate::schema::{openapi_schema, typed, Kind, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
-pub(super) const DEFINITION: Definition = Definition {
-    resource: Resource {
-        kind: Kind::Lease,
-        group: "coordination.k8s.io",
-        version: "v1",
-        plural: "leases",
-        singular: "lease",
-        kind_name: "Lease",
-        namespaced: true,
-        short_names: &[],
-        categories: &[],
-        has_status: false,
-        name_rule: NameRule::Subdomain,
-    },
+/// The kind this module defines.
+pub const KIND: Kind = Kind::new("coordination.k8s.io", "Lease");
+
+pub static RESOURCE: Resource = Resource {
+    group: KIND.group,
+    version: "v1",
+    plural: "leases",
+    singular: "lease",
+    kind_name: KIND.name,
+    namespaced: true,
+    short_names: &[],
+    categories: &[],
+    has_status: false,
+    name_rule: NameRule::Subdomain,
     decode: typed::<k8s_openapi::api::coordination::v1::Lease>,
+    openapi_schema: openapi_schema::<k8s_openapi::api::coordination::v1::Lease>,
     defaults: nothing,
     validate: no_validation,
     prepare_create: nothing,
@@ -32,7 +32,8 @@ pub(super) const DEFINITION: Definition = Definition {
     selectable_fields: &[],
     field_paths: &[],
     field_defaults: &[],
-    list_strategy: replace_lists,
+    own_list_strategy: replace_lists,
+    list_map_keys: &[],
     columns,
     cells,
     subresources: &[],

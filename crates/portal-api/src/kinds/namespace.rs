@@ -3,29 +3,28 @@
 
 use serde_json::{json, Value};
 
-use super::{no_validation, nothing, Definition};
-use crate::decode::typed;
+use super::{no_validation, nothing};
 use crate::meta;
-use crate::patch::ListStrategy;
-use crate::resource::{Kind, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
-pub(super) const DEFINITION: Definition = Definition {
-    resource: Resource {
-        kind: Kind::Namespace,
-        group: "",
-        version: "v1",
-        plural: "namespaces",
-        singular: "namespace",
-        kind_name: "Namespace",
-        namespaced: false,
-        short_names: &["ns"],
-        categories: &[],
-        has_status: true,
-        name_rule: NameRule::Label1123,
-    },
+/// The kind this module defines.
+pub const KIND: Kind = Kind::new("", "Namespace");
+
+pub static RESOURCE: Resource = Resource {
+    group: KIND.group,
+    version: "v1",
+    plural: "namespaces",
+    singular: "namespace",
+    kind_name: KIND.name,
+    namespaced: false,
+    short_names: &["ns"],
+    categories: &[],
+    has_status: true,
+    name_rule: NameRule::Label1123,
     decode: typed::<k8s_openapi::api::core::v1::Namespace>,
+    openapi_schema: openapi_schema::<k8s_openapi::api::core::v1::Namespace>,
     defaults: nothing,
     validate: no_validation,
     prepare_create,
@@ -35,7 +34,8 @@ pub(super) const DEFINITION: Definition = Definition {
     selectable_fields: &["status.phase"],
     field_paths: &[],
     field_defaults: &[],
-    list_strategy,
+    own_list_strategy: list_strategy,
+    list_map_keys: &[],
     columns,
     cells,
     subresources: &[],

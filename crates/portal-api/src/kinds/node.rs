@@ -3,28 +3,27 @@
 
 use serde_json::{json, Value};
 
-use super::{nothing, Definition};
-use crate::decode::typed;
-use crate::patch::ListStrategy;
-use crate::resource::{Kind, NameRule, Resource};
+use super::nothing;
+use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
-pub(super) const DEFINITION: Definition = Definition {
-    resource: Resource {
-        kind: Kind::Node,
-        group: "",
-        version: "v1",
-        plural: "nodes",
-        singular: "node",
-        kind_name: "Node",
-        namespaced: false,
-        short_names: &["no"],
-        categories: &[],
-        has_status: true,
-        name_rule: NameRule::Subdomain,
-    },
+/// The kind this module defines.
+pub const KIND: Kind = Kind::new("", "Node");
+
+pub static RESOURCE: Resource = Resource {
+    group: KIND.group,
+    version: "v1",
+    plural: "nodes",
+    singular: "node",
+    kind_name: KIND.name,
+    namespaced: false,
+    short_names: &["no"],
+    categories: &[],
+    has_status: true,
+    name_rule: NameRule::Subdomain,
     decode: typed::<k8s_openapi::api::core::v1::Node>,
+    openapi_schema: openapi_schema::<k8s_openapi::api::core::v1::Node>,
     defaults: nothing,
     validate,
     prepare_create: nothing,
@@ -34,7 +33,8 @@ pub(super) const DEFINITION: Definition = Definition {
     selectable_fields: &["spec.unschedulable"],
     field_paths: &[],
     field_defaults: &[("spec.unschedulable", "false")],
-    list_strategy,
+    own_list_strategy: list_strategy,
+    list_map_keys: &[],
     columns,
     cells,
     subresources: &[],

@@ -4,29 +4,28 @@
 
 use serde_json::{json, Value};
 
-use super::{Definition, Subresource, PROXY_VERBS};
-use crate::decode::typed;
+use super::{Subresource, PROXY_VERBS};
 use crate::defaults::{array_mut, default};
-use crate::patch::ListStrategy;
-use crate::resource::{Kind, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, human_duration, Column, AGE, NAME};
 
-pub(super) const DEFINITION: Definition = Definition {
-    resource: Resource {
-        kind: Kind::Pod,
-        group: "",
-        version: "v1",
-        plural: "pods",
-        singular: "pod",
-        kind_name: "Pod",
-        namespaced: true,
-        short_names: &["po"],
-        categories: &["all"],
-        has_status: true,
-        name_rule: NameRule::Subdomain,
-    },
+/// The kind this module defines.
+pub const KIND: Kind = Kind::new("", "Pod");
+
+pub static RESOURCE: Resource = Resource {
+    group: KIND.group,
+    version: "v1",
+    plural: "pods",
+    singular: "pod",
+    kind_name: KIND.name,
+    namespaced: true,
+    short_names: &["po"],
+    categories: &["all"],
+    has_status: true,
+    name_rule: NameRule::Subdomain,
     decode: typed::<k8s_openapi::api::core::v1::Pod>,
+    openapi_schema: openapi_schema::<k8s_openapi::api::core::v1::Pod>,
     defaults,
     validate,
     prepare_create,
@@ -45,7 +44,8 @@ pub(super) const DEFINITION: Definition = Definition {
     ],
     field_paths: &[],
     field_defaults: &[("spec.hostNetwork", "false")],
-    list_strategy,
+    own_list_strategy: list_strategy,
+    list_map_keys: &[],
     columns,
     cells,
     subresources: &[

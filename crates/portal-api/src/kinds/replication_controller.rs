@@ -4,29 +4,28 @@
 
 use serde_json::{json, Value};
 
-use super::{Definition, Subresource};
-use crate::decode::typed;
+use super::Subresource;
 use crate::defaults::default;
-use crate::patch::ListStrategy;
-use crate::resource::{Kind, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
-pub(super) const DEFINITION: Definition = Definition {
-    resource: Resource {
-        kind: Kind::ReplicationController,
-        group: "",
-        version: "v1",
-        plural: "replicationcontrollers",
-        singular: "replicationcontroller",
-        kind_name: "ReplicationController",
-        namespaced: true,
-        short_names: &["rc"],
-        categories: &["all"],
-        has_status: true,
-        name_rule: NameRule::Subdomain,
-    },
+/// The kind this module defines.
+pub const KIND: Kind = Kind::new("", "ReplicationController");
+
+pub static RESOURCE: Resource = Resource {
+    group: KIND.group,
+    version: "v1",
+    plural: "replicationcontrollers",
+    singular: "replicationcontroller",
+    kind_name: KIND.name,
+    namespaced: true,
+    short_names: &["rc"],
+    categories: &["all"],
+    has_status: true,
+    name_rule: NameRule::Subdomain,
     decode: typed::<k8s_openapi::api::core::v1::ReplicationController>,
+    openapi_schema: openapi_schema::<k8s_openapi::api::core::v1::ReplicationController>,
     defaults,
     validate,
     prepare_create,
@@ -36,7 +35,8 @@ pub(super) const DEFINITION: Definition = Definition {
     selectable_fields: &["status.replicas"],
     field_paths: &[],
     field_defaults: &[],
-    list_strategy,
+    own_list_strategy: list_strategy,
+    list_map_keys: &[],
     columns,
     cells,
     subresources: &[Subresource {

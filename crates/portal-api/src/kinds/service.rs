@@ -5,29 +5,28 @@
 
 use serde_json::{json, Value};
 
-use super::{Definition, Subresource, PROXY_VERBS};
-use crate::decode::typed;
+use super::{Subresource, PROXY_VERBS};
 use crate::defaults::{array_mut, default};
-use crate::patch::ListStrategy;
-use crate::resource::{Kind, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
-pub(super) const DEFINITION: Definition = Definition {
-    resource: Resource {
-        kind: Kind::Service,
-        group: "",
-        version: "v1",
-        plural: "services",
-        singular: "service",
-        kind_name: "Service",
-        namespaced: true,
-        short_names: &["svc"],
-        categories: &["all"],
-        has_status: true,
-        name_rule: NameRule::Label1035,
-    },
+/// The kind this module defines.
+pub const KIND: Kind = Kind::new("", "Service");
+
+pub static RESOURCE: Resource = Resource {
+    group: KIND.group,
+    version: "v1",
+    plural: "services",
+    singular: "service",
+    kind_name: KIND.name,
+    namespaced: true,
+    short_names: &["svc"],
+    categories: &["all"],
+    has_status: true,
+    name_rule: NameRule::Label1035,
     decode: typed::<k8s_openapi::api::core::v1::Service>,
+    openapi_schema: openapi_schema::<k8s_openapi::api::core::v1::Service>,
     defaults,
     validate: crate::service::validate,
     prepare_create,
@@ -37,7 +36,9 @@ pub(super) const DEFINITION: Definition = Definition {
     selectable_fields: &["spec.clusterIP", "spec.type"],
     field_paths: &[],
     field_defaults: &[],
-    list_strategy,
+    own_list_strategy: list_strategy,
+    // Port numbers may be shared by TCP and UDP.
+    list_map_keys: &[(&["spec", "ports"], &["port", "protocol"])],
     columns,
     cells,
     subresources: &[Subresource {

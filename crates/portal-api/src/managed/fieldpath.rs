@@ -9,7 +9,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use super::schema::{self, ListType};
-use crate::resource::Kind;
+use crate::schema::Resource;
 
 /// One step of a path. The order (fields, keys, values, indices) is the
 /// order `fieldsV1` lists them in.
@@ -89,14 +89,14 @@ fn field_names(path: &[Element]) -> Vec<&str> {
 
 /// Every member of the set `object` makes, with its value. `root` is where
 /// `value` sits (empty for a whole object).
-pub fn members<'a>(kind: Kind, value: &'a Value) -> Members<'a> {
+pub fn members<'a>(resource: &Resource, value: &'a Value) -> Members<'a> {
     let mut out = Members::new();
-    walk(kind, &mut Vec::new(), value, &mut out);
-    out.retain(|path, _| !schema::ignored(path));
+    walk(resource, &mut Vec::new(), value, &mut out);
+    out.retain(|path, _| !ignored(path));
     out
 }
 
-fn walk<'a>(kind: Kind, path: &mut Path, value: &'a Value, out: &mut Members<'a>) {
+fn walk<'a>(resource: &Resource, path: &mut Path, value: &'a Value, out: &mut Members<'a>) {
     match value {
         Value::Object(map) if !map.is_empty() => {
             let names = field_names(path);
@@ -105,11 +105,11 @@ fn walk<'a>(kind: Kind, path: &mut Path, value: &'a Value, out: &mut Members<'a>
             }
             for (name, child) in map {
                 path.push(Element::Field(name.clone()));
-                walk(kind, path, child, out);
+                walk(resource, path, child, out);
                 path.pop();
             }
         }
-        Value::Array(items) => match schema::list_type(kind, &field_names(path)) {
+        Value::Array(items) => match schema::list_type(resource, &field_names(path)) {
             ListType::Atomic => {
                 out.insert(path.clone(), Some(value));
             }
@@ -130,7 +130,7 @@ fn walk<'a>(kind: Kind, path: &mut Path, value: &'a Value, out: &mut Members<'a>
                     };
                     path.push(Element::Key(key));
                     out.insert(path.clone(), None);
-                    walk(kind, path, item, out);
+                    walk(resource, path, item, out);
                     path.pop();
                 }
             }
@@ -143,8 +143,8 @@ fn walk<'a>(kind: Kind, path: &mut Path, value: &'a Value, out: &mut Members<'a>
 }
 
 /// The set of an object's members.
-pub fn set_of(kind: Kind, value: &Value) -> Set {
-    members(kind, value).into_keys().collect()
+pub fn set_of(resource: &Resource, value: &Value) -> Set {
+    members(resource, value).into_keys().collect()
 }
 
 /// `fieldsV1`: the set nested by path, `"."` marking a member that also has
@@ -225,6 +225,32 @@ pub fn is_under(path: &[Element], prefix: &[Element]) -> bool {
     path.starts_with(prefix)
 }
 
+/// Fields no manager owns: identity and what the server alone sets.
+fn ignored(path: &[Element]) -> bool {
+    let field = |i: usize| match path.get(i) {
+        Some(Element::Field(name)) => Some(name.as_str()),
+        _ => None,
+    };
+    match (field(0), field(1)) {
+        (Some("apiVersion" | "kind"), _) => true,
+        (Some("metadata"), None) => false,
+        (Some("metadata"), Some(name)) => matches!(
+            name,
+            "name"
+                | "namespace"
+                | "uid"
+                | "resourceVersion"
+                | "creationTimestamp"
+                | "generation"
+                | "managedFields"
+                | "selfLink"
+                | "deletionTimestamp"
+                | "deletionGracePeriodSeconds"
+        ),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,7 +266,7 @@ mod tests {
                 "tolerations": [{"key": "a"}],
             },
         });
-        let set = set_of(Kind::Pod, &pod);
+        let set = set_of(&crate::kinds::pod::RESOURCE, &pod);
         let fields = to_fields_v1(&set);
         assert_eq!(
             fields,
@@ -273,7 +299,7 @@ mod tests {
     #[test]
     fn finalizers_are_a_set() {
         let object = json!({"metadata": {"finalizers": ["a", "b"]}});
-        let fields = to_fields_v1(&set_of(Kind::Service, &object));
+        let fields = to_fields_v1(&set_of(&crate::kinds::service::RESOURCE, &object));
         assert_eq!(
             fields,
             json!({"f:metadata": {"f:finalizers": {"v:\"a\"": {}, "v:\"b\"": {}}}})

@@ -17,7 +17,8 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{json, Map, Value};
 
 use crate::meta;
-use crate::resource::Kind;
+use crate::schema::Resource;
+use crate::status::{Cause, Details, Status};
 use fieldpath::{Element, Path, Set};
 pub use schema::{list_type, ListType};
 
@@ -176,11 +177,11 @@ fn in_part(path: &[Element], writer: &Writer<'_>) -> bool {
 }
 
 fn members_in_part<'a>(
-    kind: Kind,
+    resource: &Resource,
     object: &'a Value,
     writer: &Writer<'_>,
 ) -> fieldpath::Members<'a> {
-    let mut members = fieldpath::members(kind, object);
+    let mut members = fieldpath::members(resource, object);
     members.retain(|path, _| in_part(path, writer));
     members
 }
@@ -207,7 +208,7 @@ fn base_entries(old: &Value, new: &Value) -> Result<Option<Vec<Entry>>, String> 
 /// takes what it added or changed, what it removed is nobody's. A bad
 /// `managedFields` in the request is the error.
 pub fn track_update(
-    kind: Kind,
+    resource: &Resource,
     old: &Value,
     new: &mut Value,
     writer: &Writer<'_>,
@@ -216,8 +217,8 @@ pub fn track_update(
         store(new, &[]);
         return Ok(());
     };
-    let before = members_in_part(kind, old, writer);
-    let after = members_in_part(kind, new, writer);
+    let before = members_in_part(resource, old, writer);
+    let after = members_in_part(resource, new, writer);
     let mut taken = Set::new();
     for (path, value) in &after {
         match before.get(path) {
@@ -314,6 +315,24 @@ pub enum ApplyError {
 
 /// Kubernetes' message for conflicts: `Apply failed with 1 conflict:
 /// conflict with "m" using v1: .spec.replicas`.
+/// The 409 a conflicting apply answers: one `FieldManagerConflict` cause
+/// per field, Kubernetes' message.
+pub fn conflict_status(conflicts: &[Conflict]) -> Status {
+    let mut status = Status::new(409, "Conflict", conflict_message(conflicts));
+    status.details = Some(Box::new(Details {
+        causes: conflicts
+            .iter()
+            .map(|c| Cause {
+                reason: "FieldManagerConflict".into(),
+                message: format!("conflict with {}", c.manager),
+                field: c.field.clone(),
+            })
+            .collect(),
+        ..Details::default()
+    }));
+    status
+}
+
 pub fn conflict_message(conflicts: &[Conflict]) -> String {
     if let [only] = conflicts {
         return format!(
@@ -342,7 +361,7 @@ pub fn conflict_message(conflicts: &[Conflict]) -> String {
 /// (`{}` when the object does not exist yet): the new object, with its
 /// `managedFields`.
 pub fn apply(
-    kind: Kind,
+    resource: &Resource,
     live: &Value,
     config: &Value,
     writer: &Writer<'_>,
@@ -361,7 +380,7 @@ pub fn apply(
             "metadata.managedFields must be nil".into(),
         ));
     }
-    missing_keys(kind, &mut Vec::new(), config).map_err(ApplyError::Invalid)?;
+    missing_keys(resource, &mut Vec::new(), config).map_err(ApplyError::Invalid)?;
     // What the applier may own: its part of the object.
     let mut intent = config.clone();
     if let Some(object) = intent.as_object_mut() {
@@ -373,18 +392,20 @@ pub fn apply(
             None => {}
         }
     }
-    let intended: Set = members_in_part(kind, &intent, writer).into_keys().collect();
+    let intended: Set = members_in_part(resource, &intent, writer)
+        .into_keys()
+        .collect();
     let mut entries = decode(live).unwrap_or_default();
     // The applier's own entry as it was (its fields; kept if nothing changes).
     let own_before = entries
         .iter()
         .find(|e| e.is(writer, Operation::Apply))
         .cloned();
-    let mut merged = merge(kind, &mut Vec::new(), Some(live), &intent);
+    let mut merged = merge(resource, &mut Vec::new(), Some(live), &intent);
 
     // Conflicts: values the apply changes that others own.
-    let before = members_in_part(kind, live, writer);
-    let after = members_in_part(kind, &merged, writer);
+    let before = members_in_part(resource, live, writer);
+    let after = members_in_part(resource, &merged, writer);
     let changed: Set = intended
         .iter()
         .filter(|p| before.get(*p) != after.get(*p))
@@ -399,7 +420,7 @@ pub fn apply(
     // last-applied configuration still says (Kubernetes' lastAppliedManager).
     let force = force
         || (!conflicting.is_empty() && {
-            let allowed = client_side_applied(kind, live, writer);
+            let allowed = client_side_applied(resource, live, writer);
             conflicting.iter().all(|(_, path)| allowed.contains(*path))
         });
     if !force && !conflicting.is_empty() {
@@ -446,7 +467,7 @@ pub fn apply(
     // Deepest first, so a list item is found before its list changes.
     dropped.sort_by_key(|p| std::cmp::Reverse(p.len()));
     for path in dropped {
-        remove(kind, &mut merged, path);
+        remove(resource, &mut merged, path);
     }
 
     entries.retain(|e| !e.is(writer, Operation::Apply));
@@ -479,7 +500,7 @@ pub fn apply(
 
 /// For the `kubectl` manager: the fields kubectl's client-side apply last
 /// set (its annotation) that still hold those values.
-fn client_side_applied(kind: Kind, live: &Value, writer: &Writer<'_>) -> Set {
+fn client_side_applied(resource: &Resource, live: &Value, writer: &Writer<'_>) -> Set {
     let remembered = live
         .pointer("/metadata/annotations")
         .and_then(|a| a.get(LAST_APPLIED))
@@ -488,8 +509,8 @@ fn client_side_applied(kind: Kind, live: &Value, writer: &Writer<'_>) -> Set {
     let Some(remembered) = remembered.filter(|_| writer.manager == "kubectl") else {
         return Set::new();
     };
-    let live_members = fieldpath::members(kind, live);
-    fieldpath::members(kind, &remembered)
+    let live_members = fieldpath::members(resource, live);
+    fieldpath::members(resource, &remembered)
         .into_iter()
         .filter(|(path, value)| live_members.get(path) == Some(value))
         .map(|(path, _)| path)
@@ -534,18 +555,18 @@ fn keep_last_applied(merged: &mut Value, live: &Value, config: &Value, writer: &
 
 /// Refuses a keyed list item that lacks one of its keys (with no default),
 /// as Kubernetes does: it could never be told apart from the others.
-fn missing_keys(kind: Kind, path: &mut Vec<String>, value: &Value) -> Result<(), String> {
+fn missing_keys(resource: &Resource, path: &mut Vec<String>, value: &Value) -> Result<(), String> {
     match value {
         Value::Object(map) => {
             for (name, child) in map {
                 path.push(name.clone());
-                missing_keys(kind, path, child)?;
+                missing_keys(resource, path, child)?;
                 path.pop();
             }
         }
         Value::Array(items) => {
             let names: Vec<&str> = path.iter().map(String::as_str).collect();
-            let keyed = match schema::list_type(kind, &names) {
+            let keyed = match schema::list_type(resource, &names) {
                 ListType::Map(keys) => Some(keys),
                 _ => None,
             };
@@ -560,7 +581,7 @@ fn missing_keys(kind: Kind, path: &mut Vec<String>, value: &Value) -> Result<(),
                         ));
                     }
                 }
-                missing_keys(kind, path, item)?;
+                missing_keys(resource, path, item)?;
             }
         }
         _ => {}
@@ -570,7 +591,12 @@ fn missing_keys(kind: Kind, path: &mut Vec<String>, value: &Value) -> Result<(),
 
 /// `config` merged into `live`: fields set, keyed items merged by key, set
 /// items added, everything else replaced.
-fn merge(kind: Kind, path: &mut Vec<String>, live: Option<&Value>, config: &Value) -> Value {
+fn merge(
+    resource: &Resource,
+    path: &mut Vec<String>,
+    live: Option<&Value>,
+    config: &Value,
+) -> Value {
     match (live, config) {
         (Some(Value::Object(live)), Value::Object(config)) => {
             let mut out = live.clone();
@@ -583,7 +609,7 @@ fn merge(kind: Kind, path: &mut Vec<String>, live: Option<&Value>, config: &Valu
                     continue;
                 }
                 path.push(name.clone());
-                let merged = merge(kind, path, live.get(name), value);
+                let merged = merge(resource, path, live.get(name), value);
                 path.pop();
                 out.insert(name.clone(), merged);
             }
@@ -591,7 +617,7 @@ fn merge(kind: Kind, path: &mut Vec<String>, live: Option<&Value>, config: &Valu
         }
         (Some(Value::Array(live)), Value::Array(config)) => {
             let names: Vec<&str> = path.iter().map(String::as_str).collect();
-            match schema::list_type(kind, &names) {
+            match schema::list_type(resource, &names) {
                 ListType::Atomic => Value::Array(config.clone()),
                 ListType::Set => {
                     let mut out = live.clone();
@@ -615,7 +641,7 @@ fn merge(kind: Kind, path: &mut Vec<String>, live: Option<&Value>, config: &Valu
                     for item in config {
                         let key = fieldpath::item_key(item, keys).unwrap_or_default();
                         match positions.get(&key) {
-                            Some(&i) => out[i] = merge(kind, path, Some(&out[i]), item),
+                            Some(&i) => out[i] = merge(resource, path, Some(&out[i]), item),
                             None => {
                                 positions.insert(key, out.len());
                                 out.push(item.clone());
@@ -637,7 +663,7 @@ fn merge(kind: Kind, path: &mut Vec<String>, live: Option<&Value>, config: &Valu
 }
 
 /// Removes what `path` names from `object` (nothing if it is not there).
-fn remove(kind: Kind, object: &mut Value, path: &[Element]) {
+fn remove(resource: &Resource, object: &mut Value, path: &[Element]) {
     let Some((last, parents)) = path.split_last() else {
         return;
     };
@@ -649,7 +675,7 @@ fn remove(kind: Kind, object: &mut Value, path: &[Element]) {
                 names.push(name);
                 node.get_mut(name.as_str())
             }
-            Element::Key(key) => find_keyed(kind, &names, node, key),
+            Element::Key(key) => find_keyed(resource, &names, node, key),
             Element::Value(json) => {
                 let wanted: Option<Value> = serde_json::from_str(json).ok();
                 node.as_array_mut()
@@ -665,7 +691,7 @@ fn remove(kind: Kind, object: &mut Value, path: &[Element]) {
     match last {
         Element::Field(name) => drop(node.as_object_mut().map(|o| o.remove(name))),
         Element::Key(key) => {
-            let ListType::Map(keys) = schema::list_type(kind, &names) else {
+            let ListType::Map(keys) = schema::list_type(resource, &names) else {
                 return;
             };
             if let Some(items) = node.as_array_mut() {
@@ -687,12 +713,12 @@ fn remove(kind: Kind, object: &mut Value, path: &[Element]) {
 }
 
 fn find_keyed<'a>(
-    kind: Kind,
+    resource: &Resource,
     names: &[&str],
     node: &'a mut Value,
     key: &str,
 ) -> Option<&'a mut Value> {
-    let ListType::Map(keys) = schema::list_type(kind, names) else {
+    let ListType::Map(keys) = schema::list_type(resource, names) else {
         return None;
     };
     node.as_array_mut()?

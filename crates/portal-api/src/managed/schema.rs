@@ -7,9 +7,7 @@
 
 use serde_json::Value;
 
-use super::fieldpath::Element;
-use crate::patch::ListStrategy;
-use crate::resource::Kind;
+use crate::schema::{ListStrategy, Resource};
 
 /// How a list's items are told apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,17 +21,19 @@ pub enum ListType {
 }
 
 /// The list at `path` (field names, items skipped) in an object of `kind`.
-pub fn list_type(kind: Kind, path: &[&str]) -> ListType {
+pub fn list_type(resource: &Resource, path: &[&str]) -> ListType {
+    if let Some((_, keys)) = resource.list_map_keys.iter().find(|(at, _)| *at == path) {
+        return ListType::Map(keys);
+    }
     match path {
         // Keyed by more than the strategic merge key (port numbers may be
         // shared by TCP and UDP).
         [.., "containers" | "initContainers" | "ephemeralContainers", "ports"] => {
             ListType::Map(&["containerPort", "protocol"])
         }
-        ["spec", "ports"] if kind == Kind::Service => ListType::Map(&["port", "protocol"]),
         [.., "topologySpreadConstraints"] => ListType::Map(&["topologyKey", "whenUnsatisfiable"]),
         ["spec", "taints"] => ListType::Atomic,
-        _ => match crate::patch::list_strategy(kind, path) {
+        _ => match resource.list_strategy(path) {
             ListStrategy::Replace => ListType::Atomic,
             ListStrategy::MergePrimitives => ListType::Set,
             ListStrategy::MergeKey(key) => ListType::Map(key_list(key)),
@@ -79,30 +79,4 @@ pub(crate) fn is_map(path: &[&str]) -> bool {
         ] | [.., "capacity" | "allocatable" | "data"]
             | ["spec", "selector"]
     )
-}
-
-/// Fields no manager owns: identity and what the server alone sets.
-pub(crate) fn ignored(path: &[Element]) -> bool {
-    let field = |i: usize| match path.get(i) {
-        Some(Element::Field(name)) => Some(name.as_str()),
-        _ => None,
-    };
-    match (field(0), field(1)) {
-        (Some("apiVersion" | "kind"), _) => true,
-        (Some("metadata"), None) => false,
-        (Some("metadata"), Some(name)) => matches!(
-            name,
-            "name"
-                | "namespace"
-                | "uid"
-                | "resourceVersion"
-                | "creationTimestamp"
-                | "generation"
-                | "managedFields"
-                | "selfLink"
-                | "deletionTimestamp"
-                | "deletionGracePeriodSeconds"
-        ),
-        _ => false,
-    }
 }

@@ -41,7 +41,7 @@ fn fields_of(object: &Value, manager: &str) -> Value {
 fn create_and_update_record_their_managers() {
     let mut created = json!({"metadata": {"name": "s", "labels": {"a": "1"}}, "spec": {"replicas": 1}, "status": {"replicas": 0}});
     track_update(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &json!({}),
         &mut created,
         &writer("kubectl-create"),
@@ -55,7 +55,7 @@ fn create_and_update_record_their_managers() {
     labelled["metadata"]["labels"]["b"] = json!("2");
     labelled["metadata"]["labels"]["a"] = json!("changed");
     track_update(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &created,
         &mut labelled,
         &writer("kubectl-label"),
@@ -82,7 +82,7 @@ fn create_and_update_record_their_managers() {
     relabelled["metadata"]["labels"] = json!({"a": "changed", "b": "2", "c": "3"});
     relabelled["spec"]["replicas"] = json!(2);
     track_update(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &labelled,
         &mut relabelled,
         &writer("kubectl-label"),
@@ -98,7 +98,7 @@ fn create_and_update_record_their_managers() {
 fn managed_fields_in_a_request_replace_or_clear() {
     let mut created = json!({"metadata": {"name": "s"}, "spec": {"replicas": 1}});
     track_update(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &json!({}),
         &mut created,
         &writer("a"),
@@ -108,7 +108,7 @@ fn managed_fields_in_a_request_replace_or_clear() {
     cleared["metadata"]["managedFields"] = json!([{}]);
     cleared["spec"]["replicas"] = json!(2);
     track_update(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &created,
         &mut cleared,
         &writer("b"),
@@ -118,7 +118,7 @@ fn managed_fields_in_a_request_replace_or_clear() {
     let mut bad = created.clone();
     bad["metadata"]["managedFields"] = json!([{"manager": "x", "operation": "Delete"}]);
     assert!(track_update(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &created,
         &mut bad,
         &writer("b")
@@ -131,7 +131,7 @@ fn apply_merges_owns_and_conflicts() {
     let config = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "labels": {"app": "web"}},
         "spec": {"ports": [{"port": 80}], "selector": {"app": "web"}}});
     let created = apply(
-        Kind::Service,
+        &crate::kinds::service::RESOURCE,
         &json!({}),
         &config,
         &writer("kubectl"),
@@ -149,7 +149,7 @@ fn apply_merges_owns_and_conflicts() {
     edited["metadata"]["labels"]["app"] = json!("other");
     edited["spec"]["ports"] = json!([{"port": 80}, {"port": 81, "protocol": "TCP"}]);
     track_update(
-        Kind::Service,
+        &crate::kinds::service::RESOURCE,
         &created,
         &mut edited,
         &writer("kubectl-edit"),
@@ -157,9 +157,13 @@ fn apply_merges_owns_and_conflicts() {
     .unwrap();
 
     // Applying the old value again conflicts with the editor.
-    let Err(ApplyError::Conflicts(conflicts)) =
-        apply(Kind::Service, &edited, &config, &writer("kubectl"), false)
-    else {
+    let Err(ApplyError::Conflicts(conflicts)) = apply(
+        &crate::kinds::service::RESOURCE,
+        &edited,
+        &config,
+        &writer("kubectl"),
+        false,
+    ) else {
         panic!("expected a conflict")
     };
     assert_eq!(
@@ -175,7 +179,14 @@ fn apply_merges_owns_and_conflicts() {
     );
 
     // Forced: the value is the applier's again, the editor keeps its port.
-    let forced = apply(Kind::Service, &edited, &config, &writer("kubectl"), true).unwrap();
+    let forced = apply(
+        &crate::kinds::service::RESOURCE,
+        &edited,
+        &config,
+        &writer("kubectl"),
+        true,
+    )
+    .unwrap();
     assert_eq!(forced["metadata"]["labels"]["app"], "web");
     assert_eq!(forced["spec"]["ports"].as_array().unwrap().len(), 2);
     assert_eq!(
@@ -187,7 +198,14 @@ fn apply_merges_owns_and_conflicts() {
     let mut smaller = config.clone();
     smaller["metadata"]["labels"] = json!({});
     smaller["spec"].as_object_mut().unwrap().remove("selector");
-    let pruned = apply(Kind::Service, &forced, &smaller, &writer("kubectl"), false).unwrap();
+    let pruned = apply(
+        &crate::kinds::service::RESOURCE,
+        &forced,
+        &smaller,
+        &writer("kubectl"),
+        false,
+    )
+    .unwrap();
     assert_eq!(pruned["metadata"]["labels"], json!({}));
     assert!(pruned["spec"].get("selector").is_none());
     assert_eq!(pruned["spec"]["ports"].as_array().unwrap().len(), 2);
@@ -197,7 +215,7 @@ fn apply_merges_owns_and_conflicts() {
 fn two_appliers_share_equal_values() {
     let config = json!({"metadata": {"name": "r"}, "spec": {"replicas": 3}});
     let first = apply(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &json!({}),
         &config,
         &writer("a"),
@@ -205,7 +223,7 @@ fn two_appliers_share_equal_values() {
     )
     .unwrap();
     let both = apply(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &first,
         &config,
         &writer("b"),
@@ -215,7 +233,7 @@ fn two_appliers_share_equal_values() {
     assert_eq!(fields_of(&both, "a"), fields_of(&both, "b"));
     // `a` drops replicas: `b` still owns it, so it stays.
     let dropped = apply(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &both,
         &json!({"metadata": {"name": "r"}}),
         &writer("a"),
@@ -225,7 +243,7 @@ fn two_appliers_share_equal_values() {
     assert_eq!(dropped["spec"]["replicas"], 3);
     // `b` changes it: nobody else owns it any more, no conflict.
     let changed = apply(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &dropped,
         &json!({"metadata": {"name": "r"}, "spec": {"replicas": 5}}),
         &writer("b"),
@@ -241,7 +259,7 @@ fn status_is_its_own_part() {
     let mut w = writer("agent");
     w.subresource = Some("status");
     let applied = apply(
-        Kind::Pod,
+        &crate::kinds::pod::RESOURCE,
         &live,
         &json!({"metadata": {"name": "p"}, "spec": {"x": 1}, "status": {"phase": "Running"}}),
         &w,
@@ -270,7 +288,7 @@ fn old_update_entries_are_merged() {
         let mut w = writer(&manager);
         let now = format!("2026-11-23T10:00:{i:02}Z");
         w.now = &now;
-        track_update(Kind::Service, &object, &mut next, &w).unwrap();
+        track_update(&crate::kinds::service::RESOURCE, &object, &mut next, &w).unwrap();
         object = next;
     }
     let names: Vec<String> = managers(&object).into_iter().map(|(m, _)| m).collect();
@@ -283,7 +301,14 @@ fn old_update_entries_are_merged() {
 fn the_kubectl_manager_keeps_the_last_applied_configuration() {
     let live = json!({"metadata": {"name": "s", "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\"old\":1}"}}});
     let config = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {"type": "NodePort"}});
-    let applied = apply(Kind::Service, &live, &config, &writer("kubectl"), false).unwrap();
+    let applied = apply(
+        &crate::kinds::service::RESOURCE,
+        &live,
+        &config,
+        &writer("kubectl"),
+        false,
+    )
+    .unwrap();
     let remembered: Value = serde_json::from_str(
         applied["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
             .as_str()
@@ -292,13 +317,20 @@ fn the_kubectl_manager_keeps_the_last_applied_configuration() {
     .unwrap();
     assert_eq!(remembered, config);
     // Other managers, and objects without the annotation, are left alone.
-    let other = apply(Kind::Service, &live, &config, &writer("flux"), false).unwrap();
+    let other = apply(
+        &crate::kinds::service::RESOURCE,
+        &live,
+        &config,
+        &writer("flux"),
+        false,
+    )
+    .unwrap();
     assert_eq!(
         other["metadata"]["annotations"],
         live["metadata"]["annotations"]
     );
     let fresh = apply(
-        Kind::Service,
+        &crate::kinds::service::RESOURCE,
         &json!({}),
         &config,
         &writer("kubectl"),
@@ -322,7 +354,7 @@ fn cost_of_recording_a_create() {
     for _ in 0..rounds {
         let mut object = service.clone();
         track_update(
-            Kind::Service,
+            &crate::kinds::service::RESOURCE,
             &json!({}),
             &mut object,
             &writer("kubectl-create"),
@@ -333,7 +365,7 @@ fn cost_of_recording_a_create() {
     let create = start.elapsed() / rounds;
     let mut stored = service.clone();
     track_update(
-        Kind::Service,
+        &crate::kinds::service::RESOURCE,
         &json!({}),
         &mut stored,
         &writer("kubectl-create"),
@@ -344,7 +376,7 @@ fn cost_of_recording_a_create() {
         let mut object = stored.clone();
         object["metadata"]["labels"]["tier"] = json!(i);
         track_update(
-            Kind::Service,
+            &crate::kinds::service::RESOURCE,
             &stored,
             &mut object,
             &writer("kubectl-label"),
@@ -366,7 +398,7 @@ fn review_findings_stay_fixed() {
     // An empty object the applier had, filled in by the next apply, stays.
     let first = json!({"metadata": {"name": "r"}, "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i", "resources": {}}]}}}});
     let live = apply(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &json!({}),
         &first,
         &writer("a"),
@@ -377,7 +409,7 @@ fn review_findings_stay_fixed() {
     second["spec"]["template"]["spec"]["containers"][0]["resources"] =
         json!({"limits": {"cpu": "1"}});
     let filled = apply(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &live,
         &second,
         &writer("a"),
@@ -392,7 +424,7 @@ fn review_findings_stay_fixed() {
     // A keyed item without its key is refused, not appended again and again.
     let keyless = json!({"metadata": {"name": "r"}, "spec": {"template": {"spec": {"imagePullSecrets": [{}]}}}});
     let Err(ApplyError::Invalid(why)) = apply(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &json!({}),
         &keyless,
         &writer("a"),
@@ -405,7 +437,7 @@ fn review_findings_stay_fixed() {
     let with_entries = json!({"metadata": {"name": "r", "managedFields": [{}]}});
     assert!(matches!(
         apply(
-            Kind::ReplicationController,
+            &crate::kinds::replication_controller::RESOURCE,
             &json!({}),
             &with_entries,
             &writer("a"),
@@ -419,14 +451,14 @@ fn review_findings_stay_fixed() {
     let mut updated = filled.clone();
     updated["metadata"]["labels"] = json!({"x": "1"});
     track_update(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &filled,
         &mut updated,
         &writer("kubectl-label"),
     )
     .unwrap();
     let again = apply(
-        Kind::ReplicationController,
+        &crate::kinds::replication_controller::RESOURCE,
         &updated,
         &second,
         &writer("a"),
@@ -440,8 +472,22 @@ fn review_findings_stay_fixed() {
         .map(|p| json!({"containerPort": p, "protocol": "TCP"}))
         .collect();
     let big = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i", "ports": ports}]}});
-    let applied = apply(Kind::Pod, &json!({}), &big, &writer("a"), false).unwrap();
-    let reapplied = apply(Kind::Pod, &applied, &big, &writer("a"), false).unwrap();
+    let applied = apply(
+        &crate::kinds::pod::RESOURCE,
+        &json!({}),
+        &big,
+        &writer("a"),
+        false,
+    )
+    .unwrap();
+    let reapplied = apply(
+        &crate::kinds::pod::RESOURCE,
+        &applied,
+        &big,
+        &writer("a"),
+        false,
+    )
+    .unwrap();
     assert_eq!(
         reapplied["spec"]["containers"][0]["ports"]
             .as_array()

@@ -2,18 +2,13 @@
 //! Kubernetes strategic merge patch with the merge keys and directives of
 //! the kinds Portal serves.
 
-mod schema;
-pub use schema::ListStrategy;
-
-/// How the list at `path` (field names, items skipped) in a `kind` merges.
-pub fn list_strategy(kind: Kind, path: &[&str]) -> ListStrategy {
-    schema::list_strategy(kind, path)
-}
 mod strategic;
+
+pub use crate::schema::ListStrategy;
 
 use serde_json::Value;
 
-use crate::resource::Kind;
+use crate::schema::Resource;
 
 /// The patch formats, by `Content-Type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +44,7 @@ pub enum PatchError {
 
 /// Applies `patch` (raw bytes) of `patch_type` to `original`.
 pub fn apply(
-    kind: Kind,
+    resource: &Resource,
     patch_type: PatchType,
     original: &Value,
     patch: &[u8],
@@ -78,7 +73,7 @@ pub fn apply(
             json_patch::merge(&mut doc, &parsed);
             Ok(doc)
         }
-        PatchType::Strategic => strategic::apply(kind, original, &parsed),
+        PatchType::Strategic => strategic::apply(resource, original, &parsed),
         PatchType::Apply => Err(PatchError::Malformed(
             "server-side apply is merged by its field manager, not as a patch".into(),
         )),
@@ -94,7 +89,7 @@ mod tests {
     fn json_and_merge_patches() {
         let original = json!({"metadata": {"name": "a", "labels": {"x": "1", "y": "2"}}, "spec": {"replicas": 1}});
         let merged = apply(
-            Kind::ReplicationController,
+            &crate::kinds::replication_controller::RESOURCE,
             PatchType::Merge,
             &original,
             br#"{"metadata":{"labels":{"x":null,"z":"3"}},"spec":{"replicas":3}}"#,
@@ -103,7 +98,7 @@ mod tests {
         assert_eq!(merged["metadata"]["labels"], json!({"y": "2", "z": "3"}));
         assert_eq!(merged["spec"]["replicas"], 3);
         let patched = apply(
-            Kind::ReplicationController,
+            &crate::kinds::replication_controller::RESOURCE,
             PatchType::Json,
             &original,
             br#"[{"op":"replace","path":"/spec/replicas","value":5}]"#,
@@ -111,18 +106,28 @@ mod tests {
         .unwrap();
         assert_eq!(patched["spec"]["replicas"], 5);
         let failed = apply(
-            Kind::ReplicationController,
+            &crate::kinds::replication_controller::RESOURCE,
             PatchType::Json,
             &original,
             br#"[{"op":"test","path":"/spec/replicas","value":9}]"#,
         );
         assert!(matches!(failed, Err(PatchError::Failed(_))));
         assert!(matches!(
-            apply(Kind::Pod, PatchType::Merge, &original, b"[1]"),
+            apply(
+                &crate::kinds::pod::RESOURCE,
+                PatchType::Merge,
+                &original,
+                b"[1]"
+            ),
             Err(PatchError::Malformed(_))
         ));
         assert!(matches!(
-            apply(Kind::Pod, PatchType::Json, &original, b"{not json"),
+            apply(
+                &crate::kinds::pod::RESOURCE,
+                PatchType::Json,
+                &original,
+                b"{not json"
+            ),
             Err(PatchError::Malformed(_))
         ));
     }

@@ -5,16 +5,20 @@
 
 use serde_json::{Map, Value};
 
-use super::schema::{list_strategy, ListStrategy};
+use super::ListStrategy;
 use super::PatchError;
-use crate::resource::Kind;
+use crate::schema::Resource;
 
 const PATCH: &str = "$patch";
 const RETAIN_KEYS: &str = "$retainKeys";
 const SET_ORDER: &str = "$setElementOrder/";
 const DELETE_PRIMITIVES: &str = "$deleteFromPrimitiveList/";
 
-pub(super) fn apply(kind: Kind, original: &Value, patch: &Value) -> Result<Value, PatchError> {
+pub(super) fn apply(
+    resource: &Resource,
+    original: &Value,
+    patch: &Value,
+) -> Result<Value, PatchError> {
     let (Some(original), Some(patch)) = (original.as_object(), patch.as_object()) else {
         return Err(PatchError::Malformed(
             "a strategic merge patch must be a JSON object".into(),
@@ -22,7 +26,7 @@ pub(super) fn apply(kind: Kind, original: &Value, patch: &Value) -> Result<Value
     };
     let mut path = Vec::new();
     Ok(Value::Object(
-        merge_map(kind, original, patch, &mut path)?.unwrap_or_default(),
+        merge_map(resource, original, patch, &mut path)?.unwrap_or_default(),
     ))
 }
 
@@ -32,7 +36,7 @@ fn malformed(message: String) -> PatchError {
 
 /// Merges `patch` into `original`; `None` when the patch deletes the map.
 fn merge_map(
-    kind: Kind,
+    resource: &Resource,
     original: &Map<String, Value>,
     patch: &Map<String, Value>,
     path: &mut Vec<String>,
@@ -77,11 +81,13 @@ fn merge_map(
         path.push(key.clone());
         let merged = match (result.get(key), value) {
             (Some(Value::Object(o)), Value::Object(p)) => {
-                merge_map(kind, o, p, path)?.map(Value::Object)
+                merge_map(resource, o, p, path)?.map(Value::Object)
             }
-            (None, Value::Object(p)) => merge_map(kind, &Map::new(), p, path)?.map(Value::Object),
-            (Some(Value::Array(o)), Value::Array(p)) => Some(merge_list(kind, o, p, path)?),
-            (None, Value::Array(p)) => Some(merge_list(kind, &[], p, path)?),
+            (None, Value::Object(p)) => {
+                merge_map(resource, &Map::new(), p, path)?.map(Value::Object)
+            }
+            (Some(Value::Array(o)), Value::Array(p)) => Some(merge_list(resource, o, p, path)?),
+            (None, Value::Array(p)) => Some(merge_list(resource, &[], p, path)?),
             (_, p) => Some(p.clone()),
         };
         path.pop();
@@ -104,7 +110,7 @@ fn merge_map(
             .ok_or_else(|| malformed(format!("{SET_ORDER}{list} must be a list")))?;
         let mut list_path: Vec<&str> = path.iter().map(String::as_str).collect();
         list_path.push(list);
-        let key = match list_strategy(kind, &list_path) {
+        let key = match resource.list_strategy(&list_path) {
             ListStrategy::MergeKey(key) => Some(key),
             _ => None,
         };
@@ -122,13 +128,13 @@ fn merge_map(
 }
 
 fn merge_list(
-    kind: Kind,
+    resource: &Resource,
     original: &[Value],
     patch: &[Value],
     path: &[String],
 ) -> Result<Value, PatchError> {
     let field: Vec<&str> = path.iter().map(String::as_str).collect();
-    match list_strategy(kind, &field) {
+    match resource.list_strategy(&field) {
         ListStrategy::Replace => Ok(Value::Array(patch.to_vec())),
         ListStrategy::MergePrimitives => {
             let mut merged = original.to_vec();
@@ -139,12 +145,14 @@ fn merge_list(
             }
             Ok(Value::Array(merged))
         }
-        ListStrategy::MergeKey(key) => merge_keyed(kind, original, patch, key, &mut path.to_vec()),
+        ListStrategy::MergeKey(key) => {
+            merge_keyed(resource, original, patch, key, &mut path.to_vec())
+        }
     }
 }
 
 fn merge_keyed(
-    kind: Kind,
+    resource: &Resource,
     original: &[Value],
     patch: &[Value],
     key: &str,
@@ -182,7 +190,7 @@ fn merge_keyed(
         let base = position
             .and_then(|i| merged[i].as_object().cloned())
             .unwrap_or_default();
-        match (merge_map(kind, &base, fields, path)?, position) {
+        match (merge_map(resource, &base, fields, path)?, position) {
             (Some(m), Some(i)) => merged[i] = Value::Object(m),
             (Some(m), None) => merged.push(Value::Object(m)),
             (None, Some(i)) => drop(merged.remove(i)),
@@ -218,15 +226,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn smp(kind: Kind, original: Value, patch: Value) -> Value {
-        apply(kind, &original, &patch).unwrap()
+    fn smp(resource: &Resource, original: Value, patch: Value) -> Value {
+        apply(resource, &original, &patch).unwrap()
     }
 
     #[test]
     fn service_ports_merge_by_port() {
         let svc = json!({"spec": {"ports": [{"port": 80, "targetPort": 8080}, {"port": 443}], "selector": {"app": "a"}}});
         let patched = smp(
-            Kind::Service,
+            &crate::kinds::service::RESOURCE,
             svc.clone(),
             json!({"spec": {"ports": [{"port": 80, "targetPort": 9090}, {"port": 53, "protocol": "UDP"}]}}),
         );
@@ -235,7 +243,7 @@ mod tests {
             json!([{"port": 80, "targetPort": 9090}, {"port": 443}, {"port": 53, "protocol": "UDP"}])
         );
         let deleted = smp(
-            Kind::Service,
+            &crate::kinds::service::RESOURCE,
             svc.clone(),
             json!({"spec": {"ports": [{"port": 443, "$patch": "delete"}]}}),
         );
@@ -244,7 +252,7 @@ mod tests {
             json!([{"port": 80, "targetPort": 8080}])
         );
         let replaced = smp(
-            Kind::Service,
+            &crate::kinds::service::RESOURCE,
             svc,
             json!({"spec": {"selector": {"$patch": "replace", "new": "x"}}}),
         );
@@ -257,7 +265,7 @@ mod tests {
         let svc = json!({"spec": {"ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81}], "type": "ClusterIP"}});
         let patch = json!({"spec": {"$setElementOrder/ports": [{"port": 81}], "ports": [{"port": 80, "$patch": "delete"}, {"name": "bb", "port": 81}]}});
         assert_eq!(
-            smp(Kind::Service, svc, patch)["spec"]["ports"],
+            smp(&crate::kinds::service::RESOURCE, svc, patch)["spec"]["ports"],
             json!([{"name": "bb", "port": 81}])
         );
     }
@@ -266,7 +274,7 @@ mod tests {
     fn containers_and_env_merge_by_name() {
         let pod = json!({"spec": {"containers": [{"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]}, {"name": "b", "image": "y"}]}});
         let patched = smp(
-            Kind::Pod,
+            &crate::kinds::pod::RESOURCE,
             pod,
             json!({"spec": {"containers": [{"name": "a", "env": [{"name": "B", "value": "2"}]}]}}),
         );
@@ -282,7 +290,7 @@ mod tests {
     fn other_lists_replace_and_null_deletes() {
         let svc = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"externalIPs": ["1.1.1.1"]}});
         let patched = smp(
-            Kind::Service,
+            &crate::kinds::service::RESOURCE,
             svc,
             json!({"metadata": {"labels": {"a": null}}, "spec": {"externalIPs": ["2.2.2.2"]}}),
         );
@@ -294,20 +302,25 @@ mod tests {
     fn primitive_lists_and_directives() {
         let ns = json!({"metadata": {"finalizers": ["a", "b"]}, "spec": {"x": 1, "y": 2}});
         let patched = smp(
-            Kind::Namespace,
+            &crate::kinds::namespace::RESOURCE,
             ns.clone(),
             json!({"metadata": {"finalizers": ["c"], "$deleteFromPrimitiveList/finalizers": ["a"]}}),
         );
         assert_eq!(patched["metadata"]["finalizers"], json!(["b", "c"]));
         let retained = smp(
-            Kind::Namespace,
+            &crate::kinds::namespace::RESOURCE,
             ns,
             json!({"spec": {"$retainKeys": ["y"], "y": 3}}),
         );
         assert_eq!(retained["spec"], json!({"y": 3}));
-        assert!(apply(Kind::Pod, &json!({}), &json!({"$bogus": 1})).is_err());
         assert!(apply(
-            Kind::Service,
+            &crate::kinds::pod::RESOURCE,
+            &json!({}),
+            &json!({"$bogus": 1})
+        )
+        .is_err());
+        assert!(apply(
+            &crate::kinds::service::RESOURCE,
             &json!({"spec": {"ports": []}}),
             &json!({"spec": {"ports": [{"name": "no-key"}]}})
         )

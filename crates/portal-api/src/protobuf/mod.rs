@@ -14,8 +14,7 @@ use k8s_pb::apimachinery::pkg::runtime::Unknown;
 use prost::Message as _;
 use serde_json::{json, Map, Value};
 
-use crate::decode::DecodeError;
-use crate::resource::Resource;
+use crate::schema::{DecodeError, Resource};
 
 const MAGIC: &[u8] = b"k8s\0";
 /// Deepest nesting of messages accepted (the served kinds need about 12).
@@ -511,7 +510,7 @@ fn encode_special(name: &str, value: &Value, out: &mut Vec<u8>) -> Result<bool, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{resources, Kind};
+    use crate::resources;
     use k8s_pb::api::core::v1 as pb;
     use k8s_pb::apimachinery::pkg::api::resource::Quantity;
     use k8s_pb::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -559,7 +558,7 @@ mod tests {
             status: None,
         };
         let body = envelope("Service", service.encode_to_vec());
-        let object = decode(Resource::of(Kind::Service), &body).unwrap();
+        let object = decode(&crate::kinds::service::RESOURCE, &body).unwrap();
         assert_eq!(
             object,
             json!({"apiVersion": "v1", "kind": "Service",
@@ -654,7 +653,7 @@ mod tests {
             status: None,
         };
         let object = decode(
-            Resource::of(Kind::Pod),
+            &crate::kinds::pod::RESOURCE,
             &envelope("Pod", pod.encode_to_vec()),
         )
         .unwrap();
@@ -706,7 +705,7 @@ mod tests {
 
     #[test]
     fn bad_bodies_are_errors() {
-        let svc = Resource::of(Kind::Service);
+        let svc = &crate::kinds::service::RESOURCE;
         assert!(decode(svc, b"not k8s").is_err());
         assert!(decode(svc, b"k8s\0\xff\xff\xff").is_err());
         assert!(matches!(
@@ -739,11 +738,11 @@ mod tests {
                 "time": "2026-11-23T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {"f:a": {}}}}}]});
         let samples = [
             (
-                Kind::Namespace,
+                &crate::kinds::namespace::RESOURCE,
                 json!({"spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}),
             ),
             (
-                Kind::Pod,
+                &crate::kinds::pod::RESOURCE,
                 json!({"spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80, "protocol": "TCP"}],
                 "livenessProbe": {"tcpSocket": {"port": 80}, "periodSeconds": 10},
                 "resources": {"requests": {"memory": "64Mi"}}}],
@@ -751,77 +750,85 @@ mod tests {
                 "status": {"phase": "Running", "podIP": "10.244.0.5", "conditions": [{"type": "Ready", "status": "True"}]}}),
             ),
             (
-                Kind::Service,
+                &crate::kinds::service::RESOURCE,
                 json!({"spec": {"type": "NodePort", "ports": [{"port": 80, "targetPort": "http", "nodePort": 30080, "protocol": "TCP"}],
                 "clusterIP": "10.96.0.9", "clusterIPs": ["10.96.0.9"], "selector": {"app": "a"}}, "status": {"loadBalancer": {}}}),
             ),
             (
-                Kind::Endpoints,
+                &crate::kinds::endpoints::RESOURCE,
                 json!({"subsets": [{"addresses": [{"ip": "10.244.0.5", "targetRef": {"kind": "Pod", "name": "p"}}], "ports": [{"port": 80}]}]}),
             ),
             (
-                Kind::ReplicationController,
+                &crate::kinds::replication_controller::RESOURCE,
                 json!({"spec": {"replicas": 0, "selector": {"app": "a"}, "template": {"metadata": {"labels": {"app": "a"}},
                 "spec": {"containers": [{"name": "c", "image": "i"}]}}}, "status": {"replicas": 0}}),
             ),
             (
-                Kind::Node,
+                &crate::kinds::node::RESOURCE,
                 json!({"spec": {"podCIDR": "10.244.1.0/24", "taints": [{"key": "k", "effect": "NoSchedule"}]},
                 "status": {"capacity": {"cpu": "2"}, "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
                 "addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]}}),
             ),
             (
-                Kind::Event,
+                &crate::kinds::event::RESOURCE,
                 json!({"involvedObject": {"kind": "Pod", "name": "p"}, "reason": "Started", "count": 2,
                 "eventTime": "2026-11-23T10:00:00.123456Z", "firstTimestamp": "2026-11-23T10:00:00Z"}),
             ),
             (
-                Kind::EndpointSlice,
+                &crate::kinds::endpoint_slice::RESOURCE,
                 json!({"addressType": "IPv4", "endpoints": [{"addresses": ["10.244.0.5"], "conditions": {"ready": true}}],
                 "ports": [{"name": "", "port": 80, "protocol": "TCP"}]}),
             ),
             (
-                Kind::Lease,
+                &crate::kinds::lease::RESOURCE,
                 json!({"spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40, "renewTime": "2026-11-23T10:00:00.000000Z"}}),
             ),
         ];
         for (kind, body) in samples {
-            let resource = Resource::of(kind);
+            let resource = kind;
             let mut object = body.clone();
             object["metadata"] = metadata.clone();
             object["apiVersion"] = json!(resource.api_version());
             object["kind"] = json!(resource.kind_name);
-            let bytes = encode(resource, &object).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            let bytes =
+                encode(resource, &object).unwrap_or_else(|e| panic!("{}: {e}", kind.kind_name));
             // Independent check: prost decodes the same bytes as the kind.
             let unknown = Unknown::decode(&bytes[MAGIC.len()..]).unwrap();
             let raw = unknown.raw.unwrap();
-            let name = match kind {
-                Kind::Namespace => pb::Namespace::decode(raw.as_slice()).map(|o| o.metadata),
-                Kind::Pod => pb::Pod::decode(raw.as_slice()).map(|o| o.metadata),
-                Kind::Service => pb::Service::decode(raw.as_slice()).map(|o| o.metadata),
-                Kind::Endpoints => pb::Endpoints::decode(raw.as_slice()).map(|o| o.metadata),
-                Kind::ReplicationController => {
+            let name = match kind.kind_name {
+                "Namespace" => pb::Namespace::decode(raw.as_slice()).map(|o| o.metadata),
+                "Pod" => pb::Pod::decode(raw.as_slice()).map(|o| o.metadata),
+                "Service" => pb::Service::decode(raw.as_slice()).map(|o| o.metadata),
+                "Endpoints" => pb::Endpoints::decode(raw.as_slice()).map(|o| o.metadata),
+                "ReplicationController" => {
                     pb::ReplicationController::decode(raw.as_slice()).map(|o| o.metadata)
                 }
-                Kind::Node => pb::Node::decode(raw.as_slice()).map(|o| o.metadata),
-                Kind::Event => pb::Event::decode(raw.as_slice()).map(|o| o.metadata),
-                Kind::EndpointSlice => {
+                "Node" => pb::Node::decode(raw.as_slice()).map(|o| o.metadata),
+                "Event" => pb::Event::decode(raw.as_slice()).map(|o| o.metadata),
+                "EndpointSlice" => {
                     k8s_pb::api::discovery::v1::EndpointSlice::decode(raw.as_slice())
                         .map(|o| o.metadata)
                 }
-                Kind::Lease => {
+                "Lease" => {
                     k8s_pb::api::coordination::v1::Lease::decode(raw.as_slice()).map(|o| o.metadata)
                 }
+                other => panic!("no sample decoder for {other}"),
             };
             assert_eq!(
                 name.unwrap().unwrap().name.as_deref(),
                 Some("x"),
-                "{kind:?}"
+                "{}",
+                kind.kind_name
             );
-            assert_eq!(decode(resource, &bytes).unwrap(), object, "{kind:?}");
+            assert_eq!(
+                decode(resource, &bytes).unwrap(),
+                object,
+                "{}",
+                kind.kind_name
+            );
         }
         // An RC's zero replicas and a Pod's `false` survive (they mean something).
-        let rc = Resource::of(Kind::ReplicationController);
+        let rc = &crate::kinds::replication_controller::RESOURCE;
         let zero = json!({"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "r"}, "spec": {"replicas": 0}});
         assert_eq!(decode(rc, &encode(rc, &zero).unwrap()).unwrap(), zero);
     }

@@ -63,11 +63,12 @@ pub(crate) fn format_labels(map: Option<&Value>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Kind;
+    use crate::kinds::{endpoints, pod, service};
+    use crate::Resource;
     use serde_json::json;
 
-    fn row(kind: Kind, object: &Value, now: i64) -> Vec<Value> {
-        crate::table::cells(kind, object, now)
+    fn row(resource: &Resource, object: &Value, now: i64) -> Vec<Value> {
+        (resource.cells)(object, now)
     }
 
     #[test]
@@ -77,7 +78,7 @@ mod tests {
             "spec": {"type": "NodePort", "clusterIP": "10.0.0.11", "selector": {"b": "2", "a": "1"},
                      "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}, {"port": 53, "protocol": "UDP"}]},
         });
-        let row = row(Kind::Service, &svc, 300);
+        let row = row(&service::RESOURCE, &svc, 300);
         assert_eq!(
             row,
             vec![
@@ -91,13 +92,13 @@ mod tests {
             ]
         );
         let lb = json!({"spec": {"type": "LoadBalancer"}});
-        assert_eq!(crate::table::cells(Kind::Service, &lb, 0)[3], "<pending>");
+        assert_eq!((service::RESOURCE.cells)(&lb, 0)[3], "<pending>");
     }
 
     #[test]
     fn endpoints_cells() {
         let ep = json!({"subsets": [{"addresses": [{"ip": "10.1.0.1"}, {"ip": "10.1.0.2"}], "ports": [{"port": 80}, {"port": 443}]}]});
-        let endpoints = |ep: &Value| row(Kind::Endpoints, ep, 0)[1].clone();
+        let endpoints = |ep: &Value| row(&endpoints::RESOURCE, ep, 0)[1].clone();
         assert_eq!(
             endpoints(&ep),
             "10.1.0.1:80,10.1.0.2:80,10.1.0.1:443 + 1 more..."
@@ -113,7 +114,7 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.244.0.5", "containerStatuses": [
                 {"ready": true, "restartCount": 2, "state": {"running": {}}}, {"ready": false, "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]},
         });
-        let row = row(Kind::Pod, &pod, 0);
+        let row = row(&pod::RESOURCE, &pod, 0);
         assert_eq!(
             &row[1..4],
             &[json!("1/2"), json!("CrashLoopBackOff"), json!("3")]
@@ -123,7 +124,7 @@ mod tests {
 
     #[test]
     fn pod_status_as_kubectl_prints_it() {
-        let status = |pod: serde_json::Value| row(Kind::Pod, &pod, 100)[2].clone();
+        let status = |pod: serde_json::Value| row(&pod::RESOURCE, &pod, 100)[2].clone();
         let init = |statuses: serde_json::Value| {
             json!({
                 "metadata": {"name": "p"},
@@ -161,7 +162,7 @@ mod tests {
                 "lastState": {"terminated": {"finishedAt": "1970-01-01T00:00:40Z"}},
                 "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}});
         assert_eq!(status(done.clone()), "Completed");
-        assert_eq!(row(Kind::Pod, &done, 100)[3], json!("1 (60s ago)"));
+        assert_eq!(row(&pod::RESOURCE, &done, 100)[3], json!("1 (60s ago)"));
         let mut deleting = done;
         deleting["metadata"]["deletionTimestamp"] = json!("1970-01-01T00:01:00Z");
         assert_eq!(status(deleting), "Terminating");

@@ -7,19 +7,10 @@ mod duration;
 
 use serde_json::{json, Value};
 
-use crate::resource::{Kind, Resource};
+pub use crate::schema::Column;
+use crate::schema::Resource;
 
 pub use duration::human_duration;
-
-/// One column: name, type, and priority (0 = always, 1 = `-o wide`).
-#[derive(Clone, Copy, Debug)]
-pub struct Column {
-    pub name: &'static str,
-    pub kind: &'static str,
-    pub format: &'static str,
-    pub description: &'static str,
-    pub priority: u8,
-}
 
 pub(crate) const fn col(name: &'static str, description: &'static str, priority: u8) -> Column {
     Column {
@@ -43,17 +34,6 @@ pub(crate) const AGE: Column = col(
     "CreationTimestamp is a timestamp representing the server time when this object was created.",
     0,
 );
-
-/// The columns of a kind, in order (each kind's are in its module of
-/// [`crate::kinds`]).
-pub fn columns(kind: Kind) -> Vec<Column> {
-    (crate::kinds::of(kind).columns)()
-}
-
-/// The cells of one object's row, matching [`columns`].
-pub fn cells(kind: Kind, object: &Value, now: i64) -> Vec<Value> {
-    (crate::kinds::of(kind).cells)(object, now)
-}
 
 fn column_json(column: &Column) -> Value {
     json!({
@@ -107,7 +87,7 @@ pub fn table<'a>(
     let rows: Vec<Value> = objects
         .into_iter()
         .map(|object| {
-            let mut row = json!({"cells": cells(resource.kind, object, now)});
+            let mut row = json!({"cells": (resource.cells)(object, now)});
             match include {
                 IncludeObject::None => {}
                 IncludeObject::Metadata => row["object"] = partial_metadata(object),
@@ -119,7 +99,7 @@ pub fn table<'a>(
     let mut table = json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
-        "columnDefinitions": columns(resource.kind).iter().map(column_json).collect::<Vec<_>>(),
+        "columnDefinitions": (resource.columns)().iter().map(column_json).collect::<Vec<_>>(),
         "rows": rows,
     });
     table["metadata"] = list_meta;
@@ -135,10 +115,10 @@ mod tests {
         let empty = json!({"metadata": {"name": "x", "creationTimestamp": "2026-01-01T00:00:00Z"}});
         for resource in crate::resources() {
             assert_eq!(
-                cells(resource.kind, &empty, 0).len(),
-                columns(resource.kind).len(),
-                "{:?}",
-                resource.kind
+                (resource.cells)(&empty, 0).len(),
+                (resource.columns)().len(),
+                "{}",
+                resource.kind_name
             );
         }
     }
@@ -147,7 +127,7 @@ mod tests {
     fn table_shape() {
         let svc = json!({"metadata": {"name": "web", "labels": {"a": "b"}}, "spec": {"clusterIP": "10.0.0.11"}});
         let t = table(
-            Resource::of(Kind::Service),
+            &crate::kinds::service::RESOURCE,
             [&svc],
             0,
             IncludeObject::Metadata,

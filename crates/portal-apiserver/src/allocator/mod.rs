@@ -9,7 +9,7 @@ pub(crate) mod repair;
 use bytes::Bytes;
 use portal_api::cidr::{Ipv4Cidr, PortRange};
 use portal_api::service::{wants_cluster_ip, wants_node_ports, HEADLESS};
-use portal_api::{meta, Cause, Kind, Resource};
+use portal_api::{kinds, meta, Cause, Resource};
 use portal_store::Op;
 use serde_json::{json, Value};
 
@@ -319,7 +319,7 @@ impl Allocators {
         svc: &mut Value,
     ) -> Result<Reservation<'a>, Cause> {
         let mut r = Reservation::default();
-        if resource.kind != Kind::Service {
+        if resource.kind() != kinds::service::KIND {
             return Ok(r);
         }
         let owner = owner(svc);
@@ -359,7 +359,7 @@ impl Allocators {
     /// and fields the new type has no use for are dropped when the client
     /// only changed the type (NodePort → ClusterIP keeps no node ports).
     pub(crate) fn keep_allocated(resource: &Resource, new: &mut Value, old: &Value) {
-        if resource.kind != Kind::Service {
+        if resource.kind() != kinds::service::KIND {
             return;
         }
         let spec_field = |svc: &Value, field: &str| svc["spec"][field].clone();
@@ -451,7 +451,7 @@ impl Allocators {
         old: &Value,
     ) -> Result<Reservation<'a>, Cause> {
         let mut r = Reservation::default();
-        if resource.kind != Kind::Service {
+        if resource.kind() != kinds::service::KIND {
             return Ok(r);
         }
         let owner = owner(new);
@@ -505,7 +505,7 @@ impl Allocators {
     /// Releases of a deleted object.
     pub(crate) fn for_delete(&self, resource: &Resource, old: &Value) -> Reservation<'_> {
         let mut r = Reservation::default();
-        if resource.kind != Kind::Service {
+        if resource.kind() != kinds::service::KIND {
             return r;
         }
         if let Some(ip) = cluster_ip_of(old) {
@@ -572,7 +572,7 @@ mod tests {
     #[test]
     fn create_allocates_and_reports_conflicts() {
         let a = allocators();
-        let svc_resource = Resource::of(Kind::Service);
+        let svc_resource = &kinds::service::RESOURCE;
         let mut one = svc(json!({"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP"}]}));
         let r = a.for_create(svc_resource, &mut one).unwrap();
         assert_eq!(r.ops.len(), 2);
@@ -604,7 +604,7 @@ mod tests {
     #[test]
     fn type_changes_allocate_and_release() {
         let a = allocators();
-        let resource = Resource::of(Kind::Service);
+        let resource = &kinds::service::RESOURCE;
         let mut old = svc(json!({"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP"}]}));
         a.for_create(resource, &mut old).unwrap().commit();
         let mut new = old.clone();
@@ -629,7 +629,7 @@ mod tests {
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
                                 "ports": [{"port": 80, "protocol": "TCP"}]}),
         );
-        let r = a.for_create(Resource::of(Kind::Service), &mut lb).unwrap();
+        let r = a.for_create(&kinds::service::RESOURCE, &mut lb).unwrap();
         r.commit();
         let hc = lb["spec"]["healthCheckNodePort"].as_i64().unwrap();
         let node_port = lb["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
@@ -642,10 +642,10 @@ mod tests {
         // Cluster policy: the health check port is released.
         let mut cluster = lb.clone();
         cluster["spec"]["externalTrafficPolicy"] = json!("Cluster");
-        Allocators::keep_allocated(Resource::of(Kind::Service), &mut cluster, &lb);
+        Allocators::keep_allocated(&kinds::service::RESOURCE, &mut cluster, &lb);
         assert!(cluster["spec"].get("healthCheckNodePort").is_none());
         let r = a
-            .for_update(Resource::of(Kind::Service), &mut cluster, &lb)
+            .for_update(&kinds::service::RESOURCE, &mut cluster, &lb)
             .unwrap();
         assert!(r.freed.iter().any(|(_, port)| *port == hc.to_string()));
         r.commit();
@@ -657,7 +657,7 @@ mod tests {
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
             "healthCheckNodePort": 30007, "ports": [{"port": 80, "protocol": "TCP"}]}),
         );
-        a.for_create(Resource::of(Kind::Service), &mut asked)
+        a.for_create(&kinds::service::RESOURCE, &mut asked)
             .unwrap()
             .commit();
         assert_eq!(asked["spec"]["healthCheckNodePort"], json!(30007));
@@ -665,9 +665,7 @@ mod tests {
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
             "healthCheckNodePort": 30008, "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30008}]}),
         );
-        assert!(a
-            .for_create(Resource::of(Kind::Service), &mut same)
-            .is_err());
+        assert!(a.for_create(&kinds::service::RESOURCE, &mut same).is_err());
     }
 
     #[test]
@@ -676,7 +674,7 @@ mod tests {
             json!({"type": "NodePort", "clusterIP": "10.96.0.7", "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30003}]}),
         );
         let mut new = svc(json!({"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP"}]}));
-        Allocators::keep_allocated(Resource::of(Kind::Service), &mut new, &old);
+        Allocators::keep_allocated(&kinds::service::RESOURCE, &mut new, &old);
         assert_eq!(new["spec"]["clusterIP"], "10.96.0.7");
         assert_eq!(new["spec"]["ports"][0]["nodePort"], 30003);
     }

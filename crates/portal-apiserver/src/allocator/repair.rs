@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use portal_api::{meta, Kind, Resource};
+use portal_api::{kinds, meta};
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::{json, Value};
 
@@ -59,9 +59,7 @@ pub(crate) async fn pass(
     allocators: &Allocators,
     mend: Mend,
 ) -> Result<Report, StoreError> {
-    let (services, listed_at) = store
-        .list(&Resource::of(Kind::Service).key_prefix())
-        .await?;
+    let (services, listed_at) = store.list(&kinds::service::RESOURCE.key_prefix()).await?;
     let services: Vec<Value> = services
         .iter()
         .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
@@ -178,7 +176,7 @@ async fn record_event(
     let name = meta::meta_str(svc, "name").unwrap_or("");
     let now = strategy::now();
     let event_name = format!("{name}.{}", uuid::Uuid::new_v4().simple());
-    let resource = Resource::of(Kind::Event);
+    let resource = &kinds::event::RESOURCE;
     let mut event = json!({
         "apiVersion": "v1",
         "kind": "Event",
@@ -210,7 +208,7 @@ mod tests {
     fn service(name: &str, ip: &str) -> (String, Bytes) {
         let svc = json!({"metadata": {"name": name, "namespace": "default", "uid": name}, "spec": {"clusterIP": ip, "ports": [{"port": 80}]}});
         (
-            Resource::of(Kind::Service).key(Some("default"), name),
+            kinds::service::RESOURCE.key(Some("default"), name),
             Bytes::from(svc.to_string()),
         )
     }
@@ -267,7 +265,7 @@ mod tests {
         );
         assert!(allocators.ips.reserve("10.96.0.60").is_err());
         let (events, _) = store
-            .list(&Resource::of(Kind::Event).key_prefix())
+            .list(&kinds::event::RESOURCE.key_prefix())
             .await
             .unwrap();
         let reasons: Vec<String> = events

@@ -14,11 +14,9 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use k8s_openapi::api::{coordination, core, discovery};
 use portal_api::patch::ListStrategy;
-use portal_api::{resources, Kind, Resource};
+use portal_api::{resources, Resource};
 use schemars::generate::SchemaSettings;
-use schemars::SchemaGenerator;
 use serde_json::{json, Map, Value};
 
 mod v2;
@@ -43,21 +41,6 @@ fn path_of(group: &str, version: &str) -> String {
     }
 }
 
-/// The schema of a kind (its definitions go into `generator`).
-fn kind_schema(kind: Kind, generator: &mut SchemaGenerator) -> schemars::Schema {
-    match kind {
-        Kind::Namespace => generator.subschema_for::<core::v1::Namespace>(),
-        Kind::Pod => generator.subschema_for::<core::v1::Pod>(),
-        Kind::Service => generator.subschema_for::<core::v1::Service>(),
-        Kind::Endpoints => generator.subschema_for::<core::v1::Endpoints>(),
-        Kind::ReplicationController => generator.subschema_for::<core::v1::ReplicationController>(),
-        Kind::Node => generator.subschema_for::<core::v1::Node>(),
-        Kind::Event => generator.subschema_for::<core::v1::Event>(),
-        Kind::EndpointSlice => generator.subschema_for::<discovery::v1::EndpointSlice>(),
-        Kind::Lease => generator.subschema_for::<coordination::v1::Lease>(),
-    }
-}
-
 /// Every schema the kinds of one group-version use, the kinds marked with
 /// their group-version-kind.
 fn schemas(group: &str, version: &str) -> Map<String, Value> {
@@ -66,7 +49,7 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
         .filter(|r| r.group == group && r.version == version)
         .collect();
     for resource in &served {
-        kind_schema(resource.kind, &mut generator);
+        (resource.openapi_schema)(&mut generator);
     }
     let mut definitions = generator.take_definitions(true);
     for resource in &served {
@@ -78,7 +61,7 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
         }
         let mut marks = Vec::new();
         patch_strategies(
-            resource.kind,
+            resource,
             &definitions,
             &resource.openapi_name(),
             &mut Vec::new(),
@@ -122,7 +105,7 @@ fn referenced(schema: &Value) -> Option<&str> {
 /// client-side apply patches from these `x-kubernetes-patch-*` marks, as
 /// Kubernetes' own schemas carry them.
 fn patch_strategies(
-    kind: Kind,
+    resource: &Resource,
     definitions: &Map<String, Value>,
     name: &str,
     path: &mut Vec<String>,
@@ -140,13 +123,13 @@ fn patch_strategies(
         path.push(property.clone());
         if schema.get("type").and_then(Value::as_str) == Some("array") {
             let names: Vec<&str> = path.iter().map(String::as_str).collect();
-            let strategy = portal_api::patch::list_strategy(kind, &names);
+            let strategy = resource.list_strategy(&names);
             if strategy != ListStrategy::Replace {
                 marks.push((name.to_owned(), property.clone(), strategy));
             }
         }
         if let Some(target) = referenced(schema) {
-            patch_strategies(kind, definitions, target, path, marks);
+            patch_strategies(resource, definitions, target, path, marks);
         }
         path.pop();
     }

@@ -11,7 +11,7 @@ const APPLY_ATTEMPTS: usize = 3;
 
 fn apply_error(error: ApplyError) -> Status {
     match error {
-        ApplyError::Conflicts(conflicts) => Status::apply_conflict(&conflicts),
+        ApplyError::Conflicts(conflicts) => portal_api::managed::conflict_status(&conflicts),
         ApplyError::Invalid(message) => Status::bad_request(message),
     }
 }
@@ -81,7 +81,7 @@ pub(crate) async fn apply(
             }
             let names = [manager.clone(), resource.api_version(), strategy::now()];
             let writer = writer(resource, &names, part);
-            let object = managed::apply(resource.kind, &json!({}), &config, &writer, force)
+            let object = managed::apply(resource, &json!({}), &config, &writer, force)
                 .map_err(apply_error)?;
             let managed = meta::metadata(&object).get("managedFields").cloned();
             let (object, warnings) = decode_patched(resource, object, query)?;
@@ -99,8 +99,8 @@ pub(crate) async fn apply(
         let propose = |visible: &Value| {
             let names = [manager.clone(), resource.api_version(), strategy::now()];
             let writer = writer(resource, &names, part);
-            let merged = managed::apply(resource.kind, visible, &config, &writer, force)
-                .map_err(apply_error)?;
+            let merged =
+                managed::apply(resource, visible, &config, &writer, force).map_err(apply_error)?;
             let managed = meta::metadata(&merged)
                 .get("managedFields")
                 .cloned()

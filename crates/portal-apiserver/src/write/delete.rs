@@ -2,6 +2,9 @@
 //! graceful deletion plan (`deletion`).
 
 use super::*;
+use portal_api::kinds;
+
+use crate::namespace::SYSTEM_NAMESPACES;
 
 /// The parts of `DeleteOptions` that change what a delete does.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -65,7 +68,7 @@ pub(crate) async fn delete(
         ),
         (None, None) => None,
     };
-    if resource.kind == Kind::Namespace && SYSTEM_NAMESPACES.contains(&name) {
+    if resource.kind() == kinds::namespace::KIND && SYSTEM_NAMESPACES.contains(&name) {
         return Err(Status::forbidden(format!(
             "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
         )));
@@ -96,7 +99,7 @@ pub(crate) async fn delete(
                     .clone(),
             ));
         }
-        if resource.kind == Kind::Namespace {
+        if resource.kind() == kinds::namespace::KIND {
             return crate::namespace::begin_termination(state, scope, name, current, old).await;
         }
         let uid = meta::meta_str(&old, "uid").unwrap_or("").to_owned();

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use portal_api::decode::{self, Decoded, Format};
 use portal_api::patch::{PatchError, PatchType};
-use portal_api::{managed, meta, Kind, Resource, Status};
+use portal_api::{kinds, managed, meta, Resource, Status};
 use portal_store::{Error as StoreError, KeyValue, Op};
 use rand::Rng;
 use serde_json::{json, Value};
@@ -31,9 +31,6 @@ use crate::{store_error, strategy, ApiState, Scope};
 
 /// Conflicting writers retry an unconditional update this many times.
 const MAX_ATTEMPTS: usize = 16;
-/// Namespaces that exist from the start and may not be deleted.
-pub(crate) const SYSTEM_NAMESPACES: [&str; 4] =
-    ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// A decoded request body with the warnings to send back.
 pub(crate) struct DecodedBody {
@@ -133,7 +130,7 @@ fn record_managers(
     match managed_by_apply {
         Some(Value::Null) => drop(meta::metadata_mut(new).remove("managedFields")),
         Some(entries) => drop(meta::metadata_mut(new).insert("managedFields".into(), entries)),
-        None => managed::track_update(resource.kind, old, new, writer)
+        None => managed::track_update(resource, old, new, writer)
             .map_err(|why| Status::bad_request(format!("invalid managedFields: {why}")))?,
     }
     Ok(())
@@ -146,7 +143,7 @@ fn dry_run(query: &Query) -> bool {
 /// Metadata and kind-specific problems of an object about to be stored.
 fn problems(resource: &Resource, object: &Value, old: Option<&Value>) -> Vec<portal_api::Cause> {
     let mut causes = meta::validate(resource, object);
-    causes.extend((resource.definition().validate)(object, old));
+    causes.extend((resource.validate)(object, old));
     causes
 }
 
@@ -162,7 +159,7 @@ fn invalid(scope: &Scope<'_>, object: &Value, causes: Vec<portal_api::Cause>) ->
 /// to catch up: a write must not wait on the watch cache) and the store
 /// only when the cache does not know the namespace yet.
 async fn check_namespace(state: &ApiState, namespace: &str) -> Result<(), Status> {
-    let resource = Resource::of(Kind::Namespace);
+    let resource = &kinds::namespace::RESOURCE;
     let key = resource.key(None, namespace);
     let terminating = |ns: &Value| meta::meta_str(ns, "deletionTimestamp").is_some();
     let terminating = match state.cache.get(resource, &key) {

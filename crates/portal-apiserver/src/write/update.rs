@@ -150,7 +150,7 @@ pub(crate) async fn update(
     let expected =
         parse_revision(meta::meta_str(&object, "resourceVersion"))?.filter(|rv| *rv != 0);
     let key = scope.resource.key(scope.namespace, name);
-    if scope.resource.definition().create_on_update
+    if scope.resource.create_on_update
         && part == Part::Main
         && state.store.get(&key).await.map_err(store_error)?.is_none()
     {
@@ -222,7 +222,7 @@ pub(crate) async fn patch(
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
     let propose = |visible: &Value| {
-        let patched = portal_api::patch::apply(resource.kind, patch_type, visible, body)
+        let patched = portal_api::patch::apply(resource, patch_type, visible, body)
             .map_err(|e| patch_error(scope, name, e))?;
         // The object is patched with its resourceVersion in it: only a patch
         // that changed it asks for a precondition. Otherwise a lost race is

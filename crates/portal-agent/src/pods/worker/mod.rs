@@ -16,7 +16,6 @@ use tokio::sync::Notify;
 use crate::backoff::Backoff;
 use crate::pods::start::{self, StartFailure};
 use crate::pods::Context;
-use crate::prober::Probes;
 use crate::runtime::{ContainerStatus, Runtime, SandboxPaths, State};
 use crate::status::{self, Observed, Waiting};
 
@@ -317,10 +316,10 @@ impl<R: Runtime> Worker<R> {
             Some(State::Running(started)) => {
                 self.waiting.remove(name);
                 let id = latest.map(|c| c.id.clone()).unwrap_or_default();
-                Probes::ensure(&self.ctx, pod, container, &id, place.pod_ip);
-                if let Some(kind) = self.ctx.probes.verdict(container, &id).failed {
+                self.ctx.prober.ensure(pod, container, &id, place.pod_ip);
+                if let Some(kind) = self.ctx.prober.verdict(container, &id).failed {
                     // Restarted as its restart policy says, like any end.
-                    let what = if kind == crate::prober::Kind::Startup {
+                    let what = if kind == crate::probe_results::Kind::Startup {
                         "startup"
                     } else {
                         "liveness"
@@ -329,7 +328,7 @@ impl<R: Runtime> Worker<R> {
                         format!("Container {name} failed {what} probe, will be restarted");
                     self.kill(pod, name, &id, ("Normal", "Killing"), &message)
                         .await;
-                    self.ctx.probes.forget(&id);
+                    self.ctx.prober.forget(&id);
                     return Step::Waiting;
                 }
                 let ran = started
@@ -344,7 +343,7 @@ impl<R: Runtime> Worker<R> {
             }
             Some(State::Exited { exit, .. }) => {
                 if let Some(ended) = latest {
-                    self.ctx.probes.forget(&ended.id);
+                    self.ctx.prober.forget(&ended.id);
                 }
                 let restart = match policy {
                     "Never" => false,
@@ -411,7 +410,7 @@ impl<R: Runtime> Worker<R> {
         else {
             return true;
         };
-        let runtime = &self.ctx.runtime;
+        let runtime = &*self.ctx.runtime;
         let outcome =
             crate::actions::run_hook(runtime, id, hook, container, pod_ip, self.grace()).await;
         let Err(error) = outcome else {
@@ -496,14 +495,14 @@ impl<R: Runtime> Worker<R> {
         &self,
         pod: &Pod,
         containers: &[ContainerStatus],
-    ) -> HashMap<String, crate::prober::Verdict> {
+    ) -> HashMap<String, crate::probe_results::Verdict> {
         let specs: Vec<&k8s_openapi::api::core::v1::Container> =
             crate::pods::containers_of(pod).collect();
         containers
             .iter()
             .filter_map(|c| {
                 let spec = specs.iter().find(|s| s.name == c.meta.name)?;
-                Some((c.id.clone(), self.ctx.probes.verdict(spec, &c.id)))
+                Some((c.id.clone(), self.ctx.prober.verdict(spec, &c.id)))
             })
             .collect()
     }
@@ -519,7 +518,7 @@ impl<R: Runtime> Worker<R> {
             list.sort_by_key(|c| std::cmp::Reverse(c.meta.attempt));
             for old in list.iter().skip(2) {
                 if matches!(old.state, State::Exited { .. }) {
-                    self.ctx.probes.forget(&old.id);
+                    self.ctx.prober.forget(&old.id);
                     if let Err(error) = self.ctx.runtime.remove_container(&old.id).await {
                         tracing::warn!(%error, container = %old.id, "removing an old container failed");
                     }

@@ -8,7 +8,7 @@ use super::*;
 impl<R: Runtime> Worker<R> {
     pub(super) async fn stop_all(&self, containers: &[ContainerStatus], grace: Duration) {
         for container in containers {
-            self.ctx.probes.forget(&container.id);
+            self.ctx.prober.forget(&container.id);
         }
         let stops = containers
             .iter()
@@ -73,7 +73,7 @@ impl<R: Runtime> Worker<R> {
                 .as_ref()
                 .and_then(|s| s.pod_ip.clone())
                 .unwrap_or_default();
-            let runtime = &self.ctx.runtime;
+            let runtime = &*self.ctx.runtime;
             let outcome =
                 crate::actions::run_hook(runtime, &container.id, hook, spec, &pod_ip, grace).await;
             if let Err(error) = outcome {
@@ -170,7 +170,7 @@ impl<R: Runtime> Worker<R> {
             return;
         }
         for c in &containers {
-            self.ctx.probes.forget(&c.id);
+            self.ctx.prober.forget(&c.id);
             if let Err(error) = self.ctx.runtime.remove_container(&c.id).await {
                 tracing::warn!(%error, container = %c.id, "removing a container failed");
             }

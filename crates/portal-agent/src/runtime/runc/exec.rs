@@ -79,10 +79,10 @@ impl Runc {
         // command's) and relays between a terminal of ours and the
         // container's; without one the process gets pipes.
         let relay = if tty {
-            let relay = crate::runtime::console::Relay::open().map_err(io("exec terminal"))?;
+            let relay = crate::shim::console::Relay::open().map_err(io("exec terminal"))?;
             // runc gives the container's terminal the size of ours at start.
             if let Some((width, height)) = size {
-                crate::runtime::console::resize(&relay.master, width, height)
+                crate::shim::console::resize(&relay.master, width, height)
                     .map_err(io("exec terminal size"))?;
             }
             let end =
@@ -131,7 +131,7 @@ impl Runc {
             stdin: Some(Box::new(dup(&relay.master)?)),
             stdout: Some(Box::new(dup(&relay.master)?)),
             stderr: None,
-            terminal: Some(crate::runtime::console::Terminal::new(
+            terminal: Some(crate::shim::console::Terminal::new(
                 relay.master,
                 child.id(),
             )),

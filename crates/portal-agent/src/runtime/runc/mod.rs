@@ -20,7 +20,7 @@ use super::{
     bundle, ContainerConfig, ContainerMeta, ContainerStatus, Error, Image, Result, Runtime,
     SandboxPaths, State,
 };
-use crate::shim::{self, Exit, LogLimits, Started};
+use crate::shim::{Exit, LogLimits, Started};
 
 mod exec;
 
@@ -120,7 +120,7 @@ impl Runc {
                     reason: "StartError".into(),
                     message: std::fs::read_to_string(state_dir.join("shim.log"))
                         .unwrap_or_else(|_| "the shim did not start".into()),
-                    finished_at: shim::now(),
+                    finished_at: crate::durable::now(),
                 },
             },
         };
@@ -129,7 +129,7 @@ impl Runc {
         if let State::Exited { exit, .. } = &state {
             if !state_dir.join("exit").exists() {
                 if let Ok(text) = serde_json::to_vec(exit) {
-                    let _ = shim::write_atomic(&state_dir.join("exit"), &text);
+                    let _ = crate::durable::write_atomic(&state_dir.join("exit"), &text);
                 }
             }
         }
@@ -176,7 +176,7 @@ fn lost_exit(message: &str) -> Exit {
         exit_code: 137,
         reason: "Error".into(),
         message: message.into(),
-        finished_at: shim::now(),
+        finished_at: crate::durable::now(),
     }
 }
 
@@ -217,7 +217,7 @@ impl Runtime for Runc {
             });
         }
         let text = serde_json::to_vec(&paths).map_err(|e| Error::Config(e.to_string()))?;
-        shim::write_atomic(&dir.join("sandbox.json"), &text)
+        crate::durable::write_atomic(&dir.join("sandbox.json"), &text)
             .map_err(io(format!("{}", dir.display())))?;
         Ok(paths)
     }
@@ -260,7 +260,7 @@ impl Runtime for Runc {
         let id = format!(
             "{:08x}{:08x}",
             crate::short_hash(&format!("{}/{}/{}", meta.pod_uid, meta.name, meta.attempt)),
-            crate::short_hash(&shim::now())
+            crate::short_hash(&crate::durable::now())
         );
         let dir = self.container_dir(&id);
         match self
@@ -440,7 +440,8 @@ impl Runc {
             let text = serde_json::to_vec(&lost_exit("killed while its shim was gone"))
                 .map_err(|e| Error::Config(e.to_string()))?;
             let state = self.container_dir(id).join("state");
-            shim::write_atomic(&state.join("exit"), &text).map_err(io("container state"))?;
+            crate::durable::write_atomic(&state.join("exit"), &text)
+                .map_err(io("container state"))?;
         }
         Ok(())
     }
@@ -473,7 +474,7 @@ pub fn socket_dir(tag: &str) -> PathBuf {
 
 fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
     let text = serde_json::to_vec_pretty(value).map_err(|e| Error::Config(e.to_string()))?;
-    shim::write_atomic(path, &text).map_err(io(format!("{}", path.display())))
+    crate::durable::write_atomic(path, &text).map_err(io(format!("{}", path.display())))
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {

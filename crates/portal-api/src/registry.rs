@@ -1,0 +1,199 @@
+//! The registry: which kinds this process serves, found at run time by
+//! group, version and plural (a URL), by kind, or by any name `kubectl`
+//! uses. The built-in kinds are registered from [`BUILT_IN`]; more can be
+//! added while the server runs ([`register`]), which is how kinds defined
+//! by users (CustomResourceDefinitions) join (ADR 0015).
+//!
+//! Readers take a snapshot ([`current`]): one consistent set of kinds for a
+//! whole request, never a half-added one. A lookup that misses is an error
+//! or `None`, never another kind.
+
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+
+use crate::kinds;
+use crate::schema::{Kind, Resource};
+
+/// The built-in kinds, in discovery order: one line per kind.
+pub const BUILT_IN: &[&Resource] = &[
+    &kinds::namespace::RESOURCE,
+    &kinds::pod::RESOURCE,
+    &kinds::service::RESOURCE,
+    &kinds::endpoints::RESOURCE,
+    &kinds::replication_controller::RESOURCE,
+    &kinds::node::RESOURCE,
+    &kinds::event::RESOURCE,
+    &kinds::endpoint_slice::RESOURCE,
+    &kinds::lease::RESOURCE,
+];
+
+/// Why a kind could not be found or added.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("no kind {group:?}/{name:?} is served", group = .0.group, name = .0.name)]
+    NotServed(Kind),
+    #[error("{0} is already served")]
+    AlreadyServed(String),
+}
+
+/// One consistent set of served kinds.
+#[derive(Debug, Default)]
+pub struct Registry {
+    resources: Vec<&'static Resource>,
+}
+
+impl Registry {
+    /// The built-in kinds alone.
+    pub fn built_in() -> Registry {
+        let mut registry = Registry::default();
+        for resource in BUILT_IN {
+            // The built-in list is checked for clashes by a unit test.
+            let _ = registry.add(resource);
+        }
+        registry
+    }
+
+    /// Adds `resource`, refused when its group/version/plural or its kind
+    /// at that version is already served, or a short name is taken.
+    pub fn add(&mut self, resource: &'static Resource) -> Result<(), RegistryError> {
+        let clash = self.resources.iter().find(|r| {
+            r.group == resource.group
+                && (r.plural == resource.plural
+                    || r.kind_name == resource.kind_name && r.version == resource.version
+                    || r.short_names
+                        .iter()
+                        .any(|s| resource.short_names.contains(s)))
+        });
+        if let Some(existing) = clash {
+            return Err(RegistryError::AlreadyServed(format!(
+                "{}.{} ({})",
+                existing.plural,
+                existing.group,
+                existing.api_version()
+            )));
+        }
+        self.resources.push(resource);
+        Ok(())
+    }
+
+    /// Every served resource, in discovery order.
+    pub fn iter(&self) -> impl Iterator<Item = &'static Resource> + '_ {
+        self.resources.iter().copied()
+    }
+
+    /// The resource a URL names.
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+        self.iter()
+            .find(|r| r.group == group && r.version == version && r.plural == plural)
+    }
+
+    /// The preferred (first registered) resource of `kind`.
+    pub fn of(&self, kind: Kind) -> Result<&'static Resource, RegistryError> {
+        self.iter()
+            .find(|r| r.kind() == kind)
+            .ok_or(RegistryError::NotServed(kind))
+    }
+}
+
+fn shared() -> &'static RwLock<Arc<Registry>> {
+    static CURRENT: OnceLock<RwLock<Arc<Registry>>> = OnceLock::new();
+    CURRENT.get_or_init(|| RwLock::new(Arc::new(Registry::built_in())))
+}
+
+/// The kinds served now.
+pub fn current() -> Arc<Registry> {
+    shared().read().clone()
+}
+
+/// Serves one more kind from now on; readers holding an older snapshot
+/// keep it until they finish.
+pub fn register(resource: &'static Resource) -> Result<(), RegistryError> {
+    let mut guard = shared().write();
+    let mut next = Registry {
+        resources: guard.resources.clone(),
+    };
+    next.add(resource)?;
+    *guard = Arc::new(next);
+    Ok(())
+}
+
+/// Every resource served now, in discovery order.
+pub fn resources() -> impl Iterator<Item = &'static Resource> {
+    let snapshot = current();
+    let all: Vec<&'static Resource> = snapshot.iter().collect();
+    all.into_iter()
+}
+
+/// The resource a URL names, among those served now.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    current().find(group, version, plural)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn built_in_kinds_are_distinct_and_whole() {
+        let registry = Registry::built_in();
+        assert_eq!(
+            registry.iter().count(),
+            BUILT_IN.len(),
+            "no clash dropped a kind"
+        );
+        let kinds: HashSet<Kind> = registry.iter().map(Resource::kind).collect();
+        assert_eq!(kinds.len(), BUILT_IN.len());
+        for resource in registry.iter() {
+            assert_eq!(registry.of(resource.kind()), Ok(resource));
+            assert_eq!(
+                (resource.columns)().len(),
+                (resource.cells)(&serde_json::json!({}), 0).len(),
+                "{}: a cell per column",
+                resource.kind_name
+            );
+        }
+    }
+
+    #[test]
+    fn lookups_that_miss_are_errors() {
+        let registry = Registry::built_in();
+        let missing = Kind::new("apps", "Deployment");
+        assert_eq!(registry.of(missing), Err(RegistryError::NotServed(missing)));
+        assert!(registry.find("apps", "v1", "deployments").is_none());
+        assert!(registry.find("", "v1", "endpointslices").is_none());
+    }
+
+    #[test]
+    fn kinds_join_at_run_time() {
+        static WIDGETS: Resource = Resource {
+            group: "example.com",
+            version: "v1",
+            plural: "widgets",
+            singular: "widget",
+            kind_name: "Widget",
+            short_names: &["wd"],
+            ..kinds::lease::RESOURCE
+        };
+        let before = current();
+        register(&WIDGETS).unwrap();
+        assert_eq!(
+            find("example.com", "v1", "widgets").map(Resource::kind),
+            Some(Kind::new("example.com", "Widget"))
+        );
+        assert!(
+            before.find("example.com", "v1", "widgets").is_none(),
+            "a snapshot stays whole"
+        );
+        assert!(matches!(
+            register(&WIDGETS),
+            Err(RegistryError::AlreadyServed(_))
+        ));
+        let mut registry = Registry::built_in();
+        assert!(matches!(
+            registry.add(&kinds::lease::RESOURCE),
+            Err(RegistryError::AlreadyServed(_))
+        ));
+    }
+}

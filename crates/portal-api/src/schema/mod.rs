@@ -1,0 +1,242 @@
+//! What a kind is, as data: a [`Resource`] holds everything Portal knows
+//! about one kind — its identity and names, its scope, how its bodies
+//! decode, its defaults and validation, what the server sets and keeps,
+//! its field selectors, how its lists merge, its table and its
+//! subresources. The generic paths (decoding, patching, server-side apply,
+//! tables, the API server's handlers) read these values and name no kind.
+//!
+//! This module is the vocabulary between the machinery below it (status,
+//! names, metadata, selectors) and the kinds above it (`crate::kinds`);
+//! the kinds are found at run time in `crate::registry`.
+
+mod typed;
+
+use serde_json::Value;
+
+use crate::status::Cause;
+
+pub use typed::{openapi_schema, typed, DecodeError, Decoded};
+
+/// A kind's identity: its API group and name (`apps`, `Deployment`),
+/// Kubernetes' `GroupKind`. A plain value, so it can be matched on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kind {
+    /// API group; `""` is the core (legacy) group.
+    pub group: &'static str,
+    pub name: &'static str,
+}
+
+impl Kind {
+    pub const fn new(group: &'static str, name: &'static str) -> Kind {
+        Kind { group, name }
+    }
+}
+
+/// Which Kubernetes name validation applies to a resource's objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameRule {
+    /// RFC 1123 subdomain (most kinds).
+    Subdomain,
+    /// RFC 1123 label (Namespace).
+    Label1123,
+    /// RFC 1035 label (Service).
+    Label1035,
+}
+
+/// How a list field merges in a strategic merge patch (`patchStrategy` and
+/// `patchMergeKey` in the Kubernetes types).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListStrategy {
+    /// Replaced whole.
+    Replace,
+    /// Maps merged by this key.
+    MergeKey(&'static str),
+    /// Primitives merged as a set (e.g. `finalizers`).
+    MergePrimitives,
+}
+
+/// One `kubectl get` column: name, type, and priority (0 = always, 1 =
+/// `-o wide`).
+#[derive(Clone, Copy, Debug)]
+pub struct Column {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub format: &'static str,
+    pub description: &'static str,
+    pub priority: u8,
+}
+
+/// A subresource listed in discovery (served by its own handler).
+#[derive(Clone, Copy, Debug)]
+pub struct Subresource {
+    /// `log` for `pods/log`.
+    pub name: &'static str,
+    /// The kind its requests and answers carry.
+    pub kind: &'static str,
+    pub verbs: &'static [&'static str],
+    /// Group and version when not the parent's (`autoscaling/v1` Scale).
+    pub group_version: Option<(&'static str, &'static str)>,
+}
+
+/// The OpenAPI schema of a kind, its definitions added to the generator.
+pub type OpenApiSchema = fn(&mut schemars::SchemaGenerator) -> schemars::Schema;
+
+/// One kind, served as one resource: everything kind-specific, as data and
+/// plain functions (Kubernetes keeps the same in
+/// `pkg/registry/<group>/<kind>/strategy.go` and its REST storage).
+#[derive(Clone, Copy, Debug)]
+pub struct Resource {
+    /// API group; `""` is the core (legacy) group.
+    pub group: &'static str,
+    pub version: &'static str,
+    /// The plural path segment, e.g. `services`.
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind_name: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    /// Groups it belongs to for `kubectl get <category>` (`all`).
+    pub categories: &'static [&'static str],
+    /// Has a `status` subresource whose writes touch only `.status`.
+    pub has_status: bool,
+    /// How its names are validated.
+    pub name_rule: NameRule,
+    /// Decodes a JSON object into the kind's typed form and back (unknown
+    /// fields reported), before defaulting.
+    pub decode: fn(Value) -> Result<Decoded, DecodeError>,
+    /// Its OpenAPI schema (`kubectl explain`, client-side validation).
+    pub openapi_schema: OpenApiSchema,
+    /// Fills in what an omitted field means (`pkg/apis/.../defaults.go`).
+    pub defaults: fn(&mut Value),
+    /// Kind-specific validation of an object about to be stored (`old`: the
+    /// stored object on update), beyond the metadata checks all kinds get.
+    pub validate: fn(&Value, Option<&Value>) -> Vec<Cause>,
+    /// What the server sets on a new object beyond system metadata (its
+    /// initial status, server-owned fields).
+    pub prepare_create: fn(&mut Value),
+    /// Top-level fields an ordinary update may not change (server-owned).
+    pub kept_on_update: &'static [&'static str],
+    /// `metadata.generation` counts spec changes.
+    pub tracks_generation: bool,
+    /// A PUT of an object that does not exist creates it.
+    pub create_on_update: bool,
+    /// Field-selector fields beyond `metadata.name` and
+    /// `metadata.namespace`.
+    pub selectable_fields: &'static [&'static str],
+    /// Selector fields read from another path (`source` of an Event).
+    pub field_paths: &'static [(&'static str, &'static str)],
+    /// What an absent selectable field reads as ("" unless named here).
+    pub field_defaults: &'static [(&'static str, &'static str)],
+    /// How the list at a path (field names, items skipped) merges in a
+    /// strategic merge patch, beyond metadata's lists (which every kind
+    /// shares: see [`Resource::list_strategy`]).
+    pub own_list_strategy: fn(&[&str]) -> ListStrategy,
+    /// Lists that server-side apply keys by more fields than a strategic
+    /// merge patch merges them by (a Service's ports by port and protocol).
+    pub list_map_keys: &'static [(&'static [&'static str], &'static [&'static str])],
+    /// `kubectl get` columns, in order, and one object's cells.
+    pub columns: fn() -> Vec<Column>,
+    pub cells: fn(&Value, i64) -> Vec<Value>,
+    /// Subresources beyond `status`, for discovery.
+    pub subresources: &'static [Subresource],
+}
+
+/// Two resources are the same when they serve the same kind at the same
+/// version under the same name.
+impl PartialEq for Resource {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind() == other.kind() && self.version == other.version && self.plural == other.plural
+    }
+}
+
+impl Eq for Resource {}
+
+impl Resource {
+    /// The kind this resource serves.
+    pub const fn kind(&self) -> Kind {
+        Kind::new(self.group, self.kind_name)
+    }
+
+    /// `v1` or `group/version`, as in `apiVersion`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The kind's schema name in OpenAPI and protobuf:
+    /// `io.k8s.api.core.v1.Service`, `io.k8s.api.discovery.v1.EndpointSlice`.
+    pub fn openapi_name(&self) -> String {
+        let group = match self.group {
+            "" => "core",
+            group => group.trim_end_matches(".k8s.io"),
+        };
+        format!("io.k8s.api.{group}.{}.{}", self.version, self.kind_name)
+    }
+
+    /// The store key prefix of this resource: `/registry/<group>/<plural>/`.
+    pub fn key_prefix(&self) -> String {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            self.group
+        };
+        format!("/registry/{group}/{}/", self.plural)
+    }
+
+    /// The store key of one object (`namespace` ignored for cluster-scoped kinds).
+    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        match namespace {
+            Some(ns) if self.namespaced => format!("{}{ns}/{name}", self.key_prefix()),
+            _ => format!("{}{name}", self.key_prefix()),
+        }
+    }
+
+    /// The key prefix of a namespace's objects, or of all of them.
+    pub fn list_prefix(&self, namespace: Option<&str>) -> String {
+        match namespace {
+            Some(ns) if self.namespaced => format!("{}{ns}/", self.key_prefix()),
+            _ => self.key_prefix(),
+        }
+    }
+
+    /// How the list at `path` (object field names, list items skipped)
+    /// merges: metadata's lists as for every kind, the rest as the kind
+    /// says. Lists named nowhere are replaced whole, as upstream.
+    pub fn list_strategy(&self, path: &[&str]) -> ListStrategy {
+        match path {
+            ["metadata", "finalizers"] => ListStrategy::MergePrimitives,
+            ["metadata", "ownerReferences"] => ListStrategy::MergeKey("uid"),
+            _ => (self.own_list_strategy)(path),
+        }
+    }
+
+    /// Whether `field` may be used in a field selector on this kind.
+    pub fn is_selectable(&self, field: &str) -> bool {
+        matches!(field, "metadata.name" | "metadata.namespace")
+            || self.selectable_fields.contains(&field)
+    }
+
+    /// The value of a selectable field as a string ("" when absent), the
+    /// way Kubernetes' field sets present it.
+    pub fn field_value(&self, object: &Value, field: &str) -> String {
+        let lookup = |pairs: &[(&'static str, &'static str)]| {
+            pairs.iter().find(|(name, _)| *name == field).map(|p| p.1)
+        };
+        let path = lookup(self.field_paths).unwrap_or(field);
+        let mut current = object;
+        for part in path.split('.') {
+            match current.get(part) {
+                Some(next) => current = next,
+                None => return lookup(self.field_defaults).unwrap_or_default().to_owned(),
+            }
+        }
+        match current {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        }
+    }
+}

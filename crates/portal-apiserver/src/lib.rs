@@ -178,6 +178,8 @@ pub(crate) struct ApiState {
     pub(crate) agents: Arc<rustls::ClientConfig>,
     /// Nodes joining with the node token.
     pub(crate) joining: Arc<join::Joining>,
+    /// Turns `true` when the server starts draining: watches end cleanly.
+    pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl ApiState {
@@ -223,7 +225,6 @@ pub(crate) fn store_error(error: portal_store::Error) -> Status {
 }
 
 /// A running API server.
-#[derive(Debug)]
 pub struct ApiServer {
     /// The address it listens on.
     pub address: SocketAddr,
@@ -235,6 +236,21 @@ pub struct ApiServer {
     /// `https://HOST:PORT`, as in the kubeconfig.
     server: String,
     joining: Arc<join::Joining>,
+    /// Starts the drain.
+    stop: tokio::sync::watch::Sender<bool>,
+    /// The server's own loops (repair, compaction, load balancers, …).
+    tasks: portal_client::Supervisor,
+    /// The cluster duties' election, given up at a clean stop.
+    duties_election: Option<(kube::Client, portal_client::leader::Election)>,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServer")
+            .field("address", &self.address)
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ApiServer {
@@ -317,18 +333,22 @@ impl ApiServer {
             source,
         })?;
         let advertise = config.advertise_address.or(Some(address.ip()));
+        let tasks = portal_client::Supervisor::new();
         kubernetes_service::ensure(store.as_ref(), &allocators, address.port()).await?;
         // Pods reach this server at its advertised address (not a loopback
         // one): it joins the `kubernetes` Endpoints while it runs.
         if let Some(ip) = advertise.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) {
             if shared {
-                tokio::spawn(endpoint_leases::run(
-                    store.clone(),
-                    ip,
-                    address.port(),
-                    endpoint_leases::RENEW,
-                    endpoint_leases::TTL,
-                ));
+                let store = store.clone();
+                tasks.restarting("kubernetes endpoints", move || {
+                    endpoint_leases::run(
+                        store.clone(),
+                        ip,
+                        address.port(),
+                        endpoint_leases::RENEW,
+                        endpoint_leases::TTL,
+                    )
+                });
             } else {
                 endpoint_leases::publish_alone(store.as_ref(), ip, address.port()).await?;
             }
@@ -346,15 +366,17 @@ impl ApiServer {
         if shared {
             // etcd's history is compacted by the cluster's servers together
             // (the embedded store compacts itself).
-            tokio::spawn(compaction::run(store.clone(), compaction::PERIOD));
-            tokio::spawn(allocator::repair::run(
-                store.clone(),
-                allocators.clone(),
-                REPAIR_PERIOD,
-                Mend::No,
-            ));
+            let compacted = store.clone();
+            tasks.restarting("compaction", move || {
+                compaction::run(compacted.clone(), compaction::PERIOD)
+            });
+            let (repaired, allocated) = (store.clone(), allocators.clone());
+            tasks.restarting("allocation repair", move || {
+                allocator::repair::run(repaired.clone(), allocated.clone(), REPAIR_PERIOD, Mend::No)
+            });
         } else {
-            tokio::spawn(duties.clone().run());
+            let duties = duties.clone();
+            tasks.restarting("cluster duties", move || duties.clone().run());
         }
         let service_ip = allocators.first_address().parse::<std::net::IpAddr>().ok();
         let extra: Vec<std::net::IpAddr> = config
@@ -373,6 +395,7 @@ impl ApiServer {
             pins: config.data_dir.join("pki").join("nodes"),
             pinning: tokio::sync::Mutex::new(()),
         });
+        let (stop, stopping) = tokio::sync::watch::channel(false);
         let state = Arc::new(ApiState {
             store,
             cache,
@@ -382,9 +405,16 @@ impl ApiServer {
             address,
             agents: agents.tls,
             joining: joining.clone(),
+            stopping: stopping.clone(),
         });
         let acceptor = tokio_rustls::TlsAcceptor::from(credentials.tls.clone());
-        let serving = tokio::spawn(serve(listener, acceptor, state, config.connections));
+        let serving = tokio::spawn(serve(
+            listener,
+            acceptor,
+            state,
+            config.connections,
+            stopping,
+        ));
 
         let host = if address.ip().is_unspecified() {
             "127.0.0.1".to_owned()
@@ -402,13 +432,18 @@ impl ApiServer {
             pki::kubeconfig(&server, &credentials.ca_pem, &credentials.token).as_bytes(),
         )?;
         tracing::info!(%address, kubeconfig = %kubeconfig.display(), "API server ready");
+        let mut duties_election = None;
         if shared {
             // Work one server of the cluster does, the elected one.
             let client = portal_client::client_from_kubeconfig(&kubeconfig).await?;
             let election = portal_client::leader::Election::new("kube-system", "portal-apiserver");
-            tokio::spawn(portal_client::leader::lead(client, election, move || {
-                duties.clone().run()
-            }));
+            duties_election = Some((client.clone(), election.clone()));
+            tasks.restarting("cluster duties election", move || {
+                let duties = duties.clone();
+                portal_client::leader::lead(client.clone(), election.clone(), move || {
+                    duties.clone().run()
+                })
+            });
         }
         Ok(ApiServer {
             address,
@@ -417,6 +452,9 @@ impl ApiServer {
             serving,
             server,
             joining,
+            stop,
+            tasks,
+            duties_election,
         })
     }
 
@@ -428,24 +466,67 @@ impl ApiServer {
         Ok(pki::write_private(path, config.as_bytes())?)
     }
 
-    /// Serves until the listener fails.
-    pub async fn wait(self) {
-        if let Err(error) = self.serving.await {
+    /// Serves until the server stops (it does not on its own: only a
+    /// panic of its accept loop ends this).
+    pub async fn wait(&mut self) {
+        if let Err(error) = (&mut self.serving).await {
             tracing::error!(%error, "API server stopped");
         }
     }
+
+    /// Drains and stops, within about `deadline`: no new connections;
+    /// requests in flight are answered and their connections closed; watches
+    /// end with a clean end of stream (clients resume elsewhere); the
+    /// server's loops stop and an elected server gives up its Lease.
+    pub async fn shutdown(mut self, deadline: std::time::Duration) {
+        let started = std::time::Instant::now();
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(deadline, &mut self.serving)
+            .await
+            .is_err()
+        {
+            tracing::warn!("requests still running at the drain deadline; closing them");
+            self.serving.abort();
+        }
+        self.tasks
+            .shutdown(deadline.saturating_sub(started.elapsed()))
+            .await;
+        if let Some((client, election)) = self.duties_election {
+            let release = portal_client::leader::release(client, &election);
+            match tokio::time::timeout(std::time::Duration::from_secs(2), release).await {
+                Ok(Ok(())) => {}
+                _ => tracing::warn!(
+                    "could not give up the cluster duties' Lease; others wait for it to run out"
+                ),
+            }
+        }
+        tracing::info!(took = ?started.elapsed(), "API server stopped");
+    }
 }
 
+/// Returns once the server drains (or its `ApiServer` is gone).
+pub(crate) async fn stopped(stopping: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+/// Accepts and serves connections until `stopping` turns true, then stops
+/// accepting and returns once every connection has finished (each closes
+/// after the request it is serving).
 async fn serve(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     state: Arc<ApiState>,
     limits: ConnectionLimits,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
 ) {
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max));
     let mut last_refusal_logged: Option<std::time::Instant> = None;
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stopped(&mut stopping) => break,
+        };
+        let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors and the like: back off, keep serving.
@@ -467,6 +548,7 @@ async fn serve(
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let state = state.clone();
+        let mut stopping = stopping.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let tls = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
@@ -503,12 +585,23 @@ async fn serve(
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.headers);
             // Upgrades (exec, attach, port-forward) are spliced to the agent.
-            if let Err(error) = builder
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                .await
-            {
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = stopped(&mut stopping) => {
+                    // Finish the request in flight, then close.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = ended {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });
     }
+    drop(listener);
+    // Every connection gives its permit back when it has finished.
+    let max = u32::try_from(limits.max).unwrap_or(u32::MAX);
+    let _ = permits.acquire_many(max).await;
 }

@@ -150,13 +150,14 @@ pub(crate) async fn watch(
     };
     let cache = state.cache.clone();
     let store = state.store.clone();
+    let stopping = state.stopping.clone();
     match requested {
         // No position: the current state as ADDED events, then changes.
         None | Some(0) => {
             if requested.is_none() {
                 fresh(state, query).await?;
             }
-            tokio::spawn(tokio::time::timeout(timeout, async move {
+            tokio::spawn(bounded(stopping.clone(), timeout, async move {
                 let (items, revision, _) = cache.list(resource, &watcher.prefix, None, 0, |o| {
                     watcher.filter.matches(resource, &o.value)
                 });
@@ -171,7 +172,7 @@ pub(crate) async fn watch(
         Some(position) if position >= cache.floor(resource) => {
             // A position the cache has not reached yet must still be valid.
             crate::read::reached(state, position).await?;
-            tokio::spawn(tokio::time::timeout(timeout, async move {
+            tokio::spawn(bounded(stopping.clone(), timeout, async move {
                 follow_cache(&cache, &watcher, position).await
             }));
         }
@@ -185,7 +186,11 @@ pub(crate) async fn watch(
                 }
                 Err(e) => return Err(store_error(e)),
             };
-            tokio::spawn(tokio::time::timeout(timeout, follow_store(stream, watcher)));
+            tokio::spawn(bounded(
+                stopping.clone(),
+                timeout,
+                follow_store(stream, watcher),
+            ));
         }
     }
     let body = StreamBody::new(
@@ -203,6 +208,19 @@ pub(crate) async fn watch(
         HeaderValue::from_static("no-cache, private"),
     );
     Ok(response)
+}
+
+/// Runs a watch's sender until it ends, its timeout passes or the server
+/// drains; then its channel closes and the client's stream ends cleanly.
+async fn bounded(
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+    timeout: Duration,
+    watch: impl std::future::Future<Output = ()>,
+) {
+    tokio::select! {
+        _ = tokio::time::timeout(timeout, watch) => {}
+        () = crate::stopped(&mut stopping) => {}
+    }
 }
 
 /// Streams the cache's events after `position` until the client leaves.

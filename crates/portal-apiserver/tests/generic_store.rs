@@ -31,14 +31,14 @@ async fn server() -> Server {
         datastore: Default::default(),
         token: None,
     };
-    let api = ApiServer::start(config)
+    let mut api = ApiServer::start(config)
         .await
         .expect("the API server starts");
     let kubeconfig = Kubeconfig::read_from(&api.kubeconfig).expect("kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("client config");
-    tokio::spawn(api.wait());
+    tokio::spawn(async move { api.wait().await });
     Server {
         _dir: dir,
         client: Client::try_from(config).expect("client"),

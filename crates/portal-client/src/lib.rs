@@ -5,12 +5,14 @@
 //! controllers that read a reflector, [`SharedReflector`] for one cache of
 //! a kind shared by a process's controllers — and the well-known labels and
 //! annotations of Kubernetes they read and write ([`labels`]), and leader
-//! election on a Lease ([`leader`]) for work one process of many must do.
+//! election on a Lease ([`leader`]) for work one process of many must do,
+//! and the [`Supervisor`] every long-lived task of a process runs under.
 
 pub mod labels;
 pub mod leader;
 pub mod shared;
 mod stream;
+pub mod supervisor;
 
 use std::path::Path;
 
@@ -19,6 +21,7 @@ use kube::{Client, Config};
 
 pub use shared::{Settled, SharedReflector};
 pub use stream::{changes, settled_objects, Change};
+pub use supervisor::Supervisor;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -186,11 +186,14 @@ pub(crate) struct ApiserverArgs {
 }
 
 pub(crate) async fn apiserver(args: ApiserverArgs) -> Result<(), Error> {
-    let api = portal_apiserver::ApiServer::start(args.api.config(args.advertise_address)?).await?;
-    tokio::select! {
+    let mut api =
+        portal_apiserver::ApiServer::start(args.api.config(args.advertise_address)?).await?;
+    let outcome = tokio::select! {
         () = api.wait() => Ok(()),
         result = crate::wait_for_signal("the cluster goes on with the other servers") => result,
-    }
+    };
+    api.shutdown(crate::DRAIN).await;
+    outcome
 }
 
 /// Leader election of the controllers (kube-controller-manager's flags).

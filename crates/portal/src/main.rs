@@ -337,13 +337,14 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     let node_token = data_dir.join("node-token");
     let node_name = args.agent.node_name();
     let config = args.api.config(node_ip)?;
-    let api = portal_apiserver::ApiServer::start(config).await?;
+    let mut api = portal_apiserver::ApiServer::start(config).await?;
     api.write_node_kubeconfig(&node_name, &node_kubeconfig)?;
     tracing::info!(
         "other nodes join with: portal node --server https://<this node's address>:{} --token-file {}",
         api.address.port(),
         node_token.display()
     );
+    let mut controllers_election = None;
     if !disabled.contains(&Component::Controllers) {
         // The controllers are API clients like any other, through the
         // kubeconfig the server just wrote.
@@ -353,6 +354,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             .api
             .shared()
             .then(|| portal_client::leader::Election::new("kube-system", "portal-controllers"));
+        controllers_election = election.clone().map(|e| (client.clone(), e));
         tokio::spawn(run_controllers(
             client,
             ipam,
@@ -443,9 +445,30 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             tracing::warn!("not running as root: no node agent in this process (pods stay Pending); --disable agent silences this");
         }
     }
-    tokio::select! {
+    let outcome = tokio::select! {
         () = api.wait() => Ok(()),
         result = wait_for_signal("containers keep running") => result,
+    };
+    if let Some((client, election)) = controllers_election {
+        give_up(client, &election).await;
+    }
+    api.shutdown(DRAIN).await;
+    outcome
+}
+
+/// How long a stopping API server lets requests in flight finish.
+pub(crate) const DRAIN: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// Gives up a Lease at a clean stop, so another candidate takes over at
+/// once (bounded: a server already gone is not waited for).
+pub(crate) async fn give_up(client: kube::Client, election: &portal_client::leader::Election) {
+    let release = portal_client::leader::release(client, election);
+    match tokio::time::timeout(std::time::Duration::from_secs(2), release).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "could not give up the lease; others wait for it to run out")
+        }
+        Err(_) => tracing::warn!("giving up the lease timed out; others wait for it to run out"),
     }
 }
 
@@ -480,9 +503,7 @@ async fn controllers(args: ControllersArgs) -> Result<(), Error> {
         () = run_controllers(client.clone(), ipam, args.lifecycle.config(), election) => Ok(()),
         result = wait_for_signal("the other candidates take over") => {
             if let Some(election) = held {
-                if let Err(error) = portal_client::leader::release(client, &election).await {
-                    tracing::warn!(%error, "could not give up the lease; others wait for it to run out");
-                }
+                give_up(client, &election).await;
             }
             result
         }

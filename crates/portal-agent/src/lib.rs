@@ -18,6 +18,8 @@ mod cluster;
 mod durable;
 pub mod env;
 mod events;
+#[cfg(test)]
+mod fakes;
 pub mod files;
 pub mod images;
 pub mod join;
@@ -135,6 +137,9 @@ impl Default for StaticPods {
 #[derive(Debug)]
 pub struct Agent {
     pub metrics: Metrics,
+    /// The agent's loops; [`Supervisor::failed`](portal_client::Supervisor::failed)
+    /// answers when one it cannot do without stops.
+    pub tasks: portal_client::Supervisor,
 }
 
 /// A stable 32-bit FNV-1a hash, for short unique names (veths, tags).
@@ -249,8 +254,8 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         client: client.clone(),
         me,
         runtime,
-        images,
-        network,
+        images: Arc::new(images),
+        network: Arc::new(network),
         dns: parking_lot::RwLock::new(dns),
         dns_known: std::sync::atomic::AtomicBool::new(cluster_dns.is_some() || client.is_none()),
         services,
@@ -264,8 +269,10 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         pods_dir: data.join("pods"),
         logs_dir: data.join("logs"),
     });
+    let tasks = portal_client::Supervisor::new();
     let (updates, received) = tokio::sync::mpsc::channel(8);
-    tokio::spawn(pods::merge_static(context.clone(), received));
+    // Ends when every static source is gone (none configured: at once).
+    tasks.once("static pods", pods::merge_static(context.clone(), received));
     match &config.client_ca {
         Some(ca) => {
             let tls = server::tls_config(ca, std::net::IpAddr::V4(ip))?;
@@ -289,12 +296,18 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
     if let Some(path) = &statics.manifest_path {
         let (path, node) = (path.clone(), context.me.name.clone());
         let every = statics.file_check_frequency;
-        tokio::spawn(sources::file::run(path, node, every, updates.clone()));
+        tasks.critical(
+            "manifest files",
+            sources::file::run(path, node, every, updates.clone()),
+        );
     }
     if let Some(url) = &statics.manifest_url {
         let (url, node) = (url.clone(), context.me.name.clone());
         let every = statics.http_check_frequency;
-        tokio::spawn(sources::url::run(url, node, every, updates.clone()));
+        tasks.critical(
+            "manifest URL",
+            sources::url::run(url, node, every, updates.clone()),
+        );
     }
     drop(updates);
     if let Some(client) = client {
@@ -304,40 +317,47 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         )
         .default_backoff()
         .reflect(writer);
-        tokio::spawn(futures_util::StreamExt::for_each(watch, |_| async {}));
+        tasks.critical(
+            "services",
+            futures_util::StreamExt::for_each(watch, |_| async {}),
+        );
         let learn_dns = config.cluster_dns.is_none().then(|| data.clone());
-        tokio::spawn(cluster::connect(
-            context.clone(),
-            client.clone(),
-            learn_dns,
-            metrics.clone(),
-        ));
+        tasks.once(
+            "node registration",
+            cluster::connect(context.clone(), client.clone(), learn_dns, metrics.clone()),
+        );
         let (api_pods, api_events) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(sources::api::run(
-            client.clone(),
-            context.me.name.clone(),
-            api_pods,
-        ));
-        tokio::spawn(pods::follow_api(context.clone(), api_events));
-        tokio::spawn(routes::run(
+        tasks.critical(
+            "api pods",
+            sources::api::run(client.clone(), context.me.name.clone(), api_pods),
+        );
+        tasks.critical(
+            "api pods, applied",
+            pods::follow_api(context.clone(), api_events),
+        );
+        let (routes_client, node, pod_network, ip) = (
             client.clone(),
             context.me.name.clone(),
             config.pod_network,
             context.me.ip,
-        ));
-        tokio::spawn(mirror::run(mirror::Mirroring {
+        );
+        tasks.restarting("routes to other nodes", move || {
+            routes::run(routes_client.clone(), node.clone(), pod_network, ip)
+        });
+        let mirroring = mirror::Mirroring {
             mirrors: context.mirrors.clone(),
             desired: context.desired.clone(),
             status: context.status.clone(),
             waker: context.waker.clone(),
             node: context.me.name.clone(),
             client,
-        }));
+        };
+        tasks.restarting("mirror pods", move || mirror::run(mirroring.clone()));
     } else {
         drop(writer);
     }
-    tokio::spawn(pods::run(context, wakes));
-    Ok(Agent { metrics })
+    tasks.critical("pod workers", pods::run(context, wakes));
+    Ok(Agent { metrics, tasks })
 }
 
 /// The node's first global IPv4 address (loopback when it has none).

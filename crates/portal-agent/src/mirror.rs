@@ -81,6 +81,7 @@ impl Mirrors {
 
 /// What keeping the mirrors needs: the API's mirrors, the static pods,
 /// where their status goes, and how to wake a static pod's worker.
+#[derive(Clone)]
 pub(crate) struct Mirroring {
     pub mirrors: Arc<Mirrors>,
     pub desired: Arc<Desired>,

@@ -8,6 +8,7 @@
 //! twice or lost across agent restarts. Namespace names carry the agent's
 //! tag, so several agents on one machine never collide.
 
+use futures_util::future::BoxFuture;
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -65,6 +66,38 @@ pub struct Sandbox {
 impl Sandbox {
     pub fn netns_path(&self) -> PathBuf {
         Path::new("/run/netns").join(&self.netns)
+    }
+}
+
+/// What the pod workers need of the node's pod network: a pod's network
+/// namespace with an address, made, found again and removed. [`Network`]
+/// is the real one; the workers' unit tests use a fake.
+pub trait PodNetwork: Send + Sync + 'static {
+    /// The pod's sandbox if it (still) exists.
+    fn existing(&self, pod_uid: &str) -> Option<Sandbox>;
+    /// Makes the pod's network namespace, veth and address.
+    fn create_sandbox<'a>(&'a self, pod_uid: &'a str) -> BoxFuture<'a, Result<Sandbox>>;
+    /// Removes them (nothing to do when they are gone).
+    fn remove_sandbox<'a>(&'a self, pod_uid: &'a str) -> BoxFuture<'a, Result<()>>;
+    /// The pods that have a sandbox left on the node.
+    fn sandboxes_on_disk(&self) -> Vec<String>;
+}
+
+impl PodNetwork for Network {
+    fn existing(&self, pod_uid: &str) -> Option<Sandbox> {
+        Network::existing(self, pod_uid)
+    }
+
+    fn create_sandbox<'a>(&'a self, pod_uid: &'a str) -> BoxFuture<'a, Result<Sandbox>> {
+        Box::pin(Network::create_sandbox(self, pod_uid))
+    }
+
+    fn remove_sandbox<'a>(&'a self, pod_uid: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(Network::remove_sandbox(self, pod_uid))
+    }
+
+    fn sandboxes_on_disk(&self) -> Vec<String> {
+        Network::sandboxes_on_disk(self)
     }
 }
 

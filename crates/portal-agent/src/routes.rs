@@ -121,6 +121,15 @@ pub fn peers(
         .collect()
 }
 
+/// Aborts a helper task when its owner ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Keeps the routes in line with the Nodes for as long as the agent runs.
 pub(crate) async fn run(client: Client, me: String, network: PodNetwork, node_ip: Ipv4Addr) {
     let (nodes, writer) = reflector::store::<Node>();
@@ -132,10 +141,11 @@ pub(crate) async fn run(client: Client, me: String, network: PodNetwork, node_ip
         .default_backoff()
         .reflect(writer)
         .touched_objects();
-    tokio::spawn(watch.for_each(move |_| {
+    // Stopped with this loop (a restart starts a new one).
+    let _watching = AbortOnDrop(tokio::spawn(watch.for_each(move |_| {
         notify.notify_one();
         async {}
-    }));
+    })));
     if nodes.wait_until_ready().await.is_err() {
         return;
     }

@@ -8,6 +8,9 @@
 //! - [`Supervisor::critical`] runs a task the process cannot do without:
 //!   when it ends or panics, [`Supervisor::failed`] answers its name and
 //!   the process stops with an error.
+//! - [`Supervisor::once`] runs a task that may end (a registration, a
+//!   source whose channel closes): its end is fine, a panic is reported
+//!   as a critical task's.
 //! - [`Supervisor::shutdown`] stops every task (they are cancelled at
 //!   their next await point) and waits for them, bounded.
 //!
@@ -108,6 +111,20 @@ impl Supervisor {
         });
     }
 
+    /// Runs `task` once: ending is fine, a panic is reported through
+    /// [`failed`](Self::failed).
+    pub fn once(&self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        let failures = self.inner.failures.clone();
+        self.spawn(async move {
+            if let Err(error) = tokio::spawn(task).await {
+                if error.is_panic() {
+                    tracing::error!(task = name, %error, "task panicked");
+                    let _ = failures.send(name);
+                }
+            }
+        });
+    }
+
     /// Answers the name of the first critical task that stopped (pending
     /// for ever while they all run).
     pub async fn failed(&self) -> &'static str {
@@ -165,8 +182,13 @@ mod tests {
         supervisor.critical("short-lived", async {});
         assert_eq!(supervisor.failed().await, "short-lived");
         let panicking = Supervisor::new();
+        panicking.once("ends", async {});
         panicking.critical("panics", async { panic!("boom") });
-        assert_eq!(panicking.failed().await, "panics");
+        assert_eq!(
+            panicking.failed().await,
+            "panics",
+            "an ending `once` task is no failure"
+        );
         supervisor.shutdown(Duration::from_secs(1)).await;
     }
 }

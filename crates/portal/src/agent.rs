@@ -240,7 +240,7 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
         move || metrics.encode(),
         move || health.healthy(),
     ));
-    crate::wait_for_signal("containers keep running").await
+    crate::until_signal_or_failure(&agent.tasks, "containers keep running").await
 }
 
 #[derive(clap::Args, Debug)]

@@ -307,6 +307,8 @@ enum Error {
     Join(#[from] portal_agent::join::Error),
     #[error("{0}")]
     Usage(String),
+    #[error("a task this process needs stopped: {0}")]
+    Stopped(&'static str),
     #[error("node {name}: {message}")]
     Node { name: String, message: String },
     #[error("cannot serve metrics on {addr}: {source}")]
@@ -434,6 +436,12 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
                         let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
                         registry.add_source(move |out| metrics.encode_into(out));
                         registry.add_health_check("agent", move || health.healthy());
+                        // The API goes on; the node says why it runs no pods.
+                        let failed = agent.tasks.failed().await;
+                        tracing::error!(
+                            task = failed,
+                            "the node agent stopped: a task it needs ended"
+                        );
                     }
                     Err(portal_agent::Error::Config(why)) => {
                         tracing::warn!("no node agent in this process: {why}");
@@ -454,6 +462,18 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     }
     api.shutdown(DRAIN).await;
     outcome
+}
+
+/// Returns at SIGINT or SIGTERM, or fails when a task the process cannot
+/// do without has stopped (it was logged with its cause).
+pub(crate) async fn until_signal_or_failure(
+    tasks: &portal_client::Supervisor,
+    what_stays: &str,
+) -> Result<(), Error> {
+    tokio::select! {
+        result = wait_for_signal(what_stays) => result,
+        name = tasks.failed() => Err(Error::Stopped(name)),
+    }
 }
 
 /// How long a stopping API server lets requests in flight finish.

@@ -84,5 +84,9 @@ pub(crate) async fn node(args: NodeArgs) -> Result<(), Error> {
         },
         move || proxy_health.healthy() && agent_health.healthy(),
     ));
-    crate::wait_for_signal("containers keep running, the proxy's rules stay").await
+    crate::until_signal_or_failure(
+        &agent.tasks,
+        "containers keep running, the proxy's rules stay",
+    )
+    .await
 }

@@ -10,6 +10,7 @@ mod config;
 pub mod import;
 mod unpack;
 
+use futures_util::future::BoxFuture;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,6 +32,26 @@ pub struct Image {
     pub rootfs: PathBuf,
     pub config: ImageConfig,
     pub id: String,
+}
+
+/// What the pod workers need of the node's images: one already here, or
+/// one pulled. [`ImageService`] is the real one; the workers' unit tests
+/// use a fake.
+pub trait ImageStore: Send + Sync + 'static {
+    /// The image if it is on the node (no network).
+    fn present(&self, reference: &str) -> Option<Image>;
+    /// Pulls the image (at most one pull of a reference at a time).
+    fn pull<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<Image>>;
+}
+
+impl ImageStore for ImageService {
+    fn present(&self, reference: &str) -> Option<Image> {
+        ImageService::present(self, reference)
+    }
+
+    fn pull<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<Image>> {
+        Box::pin(ImageService::pull(self, reference))
+    }
 }
 
 /// Why an image cannot be had.

@@ -21,10 +21,10 @@ use tokio::sync::Notify;
 
 use crate::events::Events;
 use crate::files::DnsSettings;
-use crate::images::ImageService;
+use crate::images::ImageStore;
 use crate::metrics::Metrics;
 use crate::mirror::Mirrors;
-use crate::network::Network;
+use crate::network::PodNetwork;
 use crate::node::Identity;
 use crate::prober::Prober;
 use crate::runtime::{Runtime, State};
@@ -62,8 +62,8 @@ pub(crate) struct Context<R: Runtime> {
     pub client: Option<Client>,
     pub me: Identity,
     pub runtime: Arc<R>,
-    pub images: ImageService,
-    pub network: Network,
+    pub images: Arc<dyn ImageStore>,
+    pub network: Arc<dyn PodNetwork>,
     /// The cluster DNS address is learnt from the API once it is reachable.
     pub dns: RwLock<DnsSettings>,
     /// Whether the cluster DNS address is known (until it is, a pod's
@@ -445,3 +445,5 @@ pub(crate) fn ensure_dir(path: &Path) -> Result<(), crate::Error> {
         source,
     })
 }
+#[cfg(test)]
+mod tests;

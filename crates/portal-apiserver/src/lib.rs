@@ -1,35 +1,29 @@
-//! The Portal API server: the Kubernetes v1 REST API over HTTPS, with
-//! bearer-token authentication, generic handlers for every resource in
-//! [`portal_api::resources`], a watch cache in front of the store, and
-//! Prometheus metrics.
+//! The Portal API server: the Kubernetes REST API over HTTPS for every
+//! kind in [`portal_api::registry`], laid out by layer, each depending only
+//! on those after it:
+//! - `handlers`: routing and the REST handlers (reads and watches from the
+//!   watch cache, discovery, OpenAPI, subresources, streams and proxies);
+//! - `security`: authentication, authorization, certificates, nodes
+//!   joining, the shared cluster identity;
+//! - `duties`: the server's own background work;
+//! - `registry`: the write path every writer takes (strategy, validation,
+//!   `managedFields`, allocation, graceful deletion, GC, namespaces) and
+//!   the watch cache;
+//! - `server`: HTTP plumbing and metrics.
+//!
+//! This file wires them: the store, the cache, the listener and its drain.
 
-mod allocator;
-mod auth;
-mod binding;
-mod cache;
-mod compaction;
-mod connect;
-mod deletion;
-mod discovery;
-mod endpoint_leases;
-mod eviction;
-mod gc;
-mod http;
-mod identity;
-pub mod join;
-mod kubernetes_service;
-mod load_balancer;
-mod metrics;
-mod namespace;
-mod openapi;
-pub mod pki;
-mod proxy;
-mod read;
-mod routes;
-mod scale;
-mod strategy;
-mod watch;
-mod write;
+mod duties;
+mod handlers;
+mod registry;
+mod security;
+mod server;
+
+use duties::{compaction, endpoint_leases, kubernetes_service, load_balancer};
+use handlers::routes;
+use registry::{allocator, cache, gc, namespace};
+use security::{auth, identity};
+pub use security::{join, pki};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,8 +35,8 @@ use portal_api::{Resource, Status, Target};
 use portal_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
 use tokio::net::TcpListener;
 
-pub use metrics::Metrics;
 pub use portal_api::cidr::{Ipv4Cidr, PortRange};
+pub use server::metrics::Metrics;
 
 /// Events kept per resource in the watch cache's ring.
 const RING_CAPACITY: usize = 10_000;

@@ -28,8 +28,8 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, PublicKeyData,
 };
 
-use crate::http::{json_response, text_response, Body};
-use crate::pki::{self, write_private};
+use crate::security::pki::{self, write_private};
+use crate::server::http::{json_response, text_response, Body};
 
 /// The largest credential request read.
 const MAX_REQUEST: usize = 64 * 1024;
@@ -151,7 +151,10 @@ async fn pin(state: &crate::ApiState, node: &str, key_hash: &str) -> Result<(), 
         return Ok(());
     }
     let key = kinds::node::RESOURCE.key(None, node);
-    if crate::read::stored(state, &key).await?.is_some() {
+    if crate::registry::lookup::stored(state, &key)
+        .await?
+        .is_some()
+    {
         return Err(Status::forbidden(format!(
             "node {node:?} already joined with another key; delete the Node to join under that name again"
         )));
@@ -284,13 +287,19 @@ mod tests {
             ..joining
         };
         // Not pinned: not a user.
-        assert_eq!(crate::auth::user_of_certificate(&der, &joining), None);
+        assert_eq!(
+            crate::security::auth::user_of_certificate(&der, &joining),
+            None
+        );
         let hash = portal_api::join::ca_hash_bytes(node_key.public_key_raw());
         joining.write_pin("n2", &hash).unwrap();
-        let user = crate::auth::user_of_certificate(&der, &joining).unwrap();
-        assert_eq!(user, crate::auth::User::Node("n2".into()));
+        let user = crate::security::auth::user_of_certificate(&der, &joining).unwrap();
+        assert_eq!(user, crate::security::auth::User::Node("n2".into()));
         // Joined again with another key: the old certificate is done.
         joining.write_pin("n2", "another").unwrap();
-        assert_eq!(crate::auth::user_of_certificate(&der, &joining), None);
+        assert_eq!(
+            crate::security::auth::user_of_certificate(&der, &joining),
+            None
+        );
     }
 }

@@ -65,7 +65,7 @@ pub(crate) async fn apply(
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
     if query.get("fieldManager").is_none_or(str::is_empty) {
-        return Err(crate::http::invalid_option(
+        return Err(crate::server::http::invalid_option(
             "fieldManager: Required value: is required for apply patch".into(),
         ));
     }

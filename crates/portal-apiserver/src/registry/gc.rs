@@ -13,9 +13,9 @@ use portal_api::{meta, resources};
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::Value;
 
-use crate::allocator::Allocators;
-use crate::cache::WatchCache;
-use crate::deletion::{delete_object, Outcome};
+use crate::registry::allocator::Allocators;
+use crate::registry::cache::WatchCache;
+use crate::registry::deletion::{delete_object, Outcome};
 
 /// What happens to the dependents of a deleted object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,73 +2,17 @@
 //! request demands; selectors; list paging.
 
 use base64::Engine;
-use bytes::{BufMut, Bytes, BytesMut};
 use http::{Response, StatusCode};
-use portal_api::selector::{FieldSelector, LabelSelector};
-use portal_api::{meta, table, Resource, Status};
+use portal_api::{meta, table, Status};
 use portal_store::Revision;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::cache::CachedObject;
-use crate::http::{json_response, now_seconds, Body, Output, Query};
-use crate::{store_error, ApiState, Scope};
-
-/// Waits until the cache reflects what the request's `resourceVersion` asks:
-/// unset = the latest committed state, "0" = anything, N = at least N.
-pub(crate) async fn fresh(state: &ApiState, query: &Query) -> Result<(), Status> {
-    match query.get("resourceVersion") {
-        Some("0") => Ok(()),
-        None | Some("") => {
-            let current = state.store.current_revision().await.map_err(store_error)?;
-            state.cache.wait_for(current).await
-        }
-        Some(_) => {
-            reached(
-                state,
-                parse_revision(query.get("resourceVersion"))?.unwrap_or(0),
-            )
-            .await
-        }
-    }
-}
-
-/// Waits until the cache has seen `revision`, which another server may
-/// have issued a moment ago. One this cluster never issued (a client
-/// from before `portal store migrate`, or a restore) is 410, so that the
-/// client lists again rather than wait for a revision that may never come.
-pub(crate) async fn reached(state: &ApiState, revision: Revision) -> Result<(), Status> {
-    if state.cache.revision() >= revision {
-        return Ok(());
-    }
-    let current = state.store.current_revision().await.map_err(store_error)?;
-    if revision > current {
-        return Err(Status::expired(format!(
-            "resource version {revision} was not issued by this cluster (it is at {current}): list again"
-        )));
-    }
-    state.cache.wait_for(revision).await
-}
-
-/// The latest committed object at `key`, read from the store.
-pub(crate) async fn stored(state: &ApiState, key: &str) -> Result<Option<CachedObject>, Status> {
-    let Some(stored) = state.store.get(key).await.map_err(store_error)? else {
-        return Ok(None);
-    };
-    CachedObject::decode(key, &stored.value, stored.mod_revision)
-        .map(Some)
-        .map_err(|e| Status::internal(format!("stored object {key}: {e}")))
-}
-
-pub(crate) fn parse_revision(value: Option<&str>) -> Result<Option<Revision>, Status> {
-    match value {
-        None | Some("") => Ok(None),
-        Some(v) => v
-            .parse::<Revision>()
-            .map(Some)
-            .map_err(|_| Status::bad_request(format!("invalid resource version: {v:?}"))),
-    }
-}
+use crate::registry::cache::list_body;
+use crate::registry::cache::CachedObject;
+use crate::registry::lookup::{fresh, stored, Filter};
+use crate::server::http::{json_response, now_seconds, Body, Output, Query};
+use crate::{ApiState, Scope};
 
 pub(crate) async fn get(
     state: &ApiState,
@@ -105,7 +49,8 @@ pub(crate) async fn get(
         }
         Output::Metadata => json_response(
             StatusCode::OK,
-            serde_json::to_vec(&crate::http::partial_metadata(&object.value)).unwrap_or_default(),
+            serde_json::to_vec(&crate::server::http::partial_metadata(&object.value))
+                .unwrap_or_default(),
         ),
         Output::Table(include) => {
             let rv = meta::meta_str(&object.value, "resourceVersion")
@@ -125,44 +70,6 @@ pub(crate) async fn get(
             )
         }
     })
-}
-
-/// Label and field selectors of a list or watch, checked against the
-/// resource's selectable fields.
-#[derive(Debug, Default)]
-pub(crate) struct Filter {
-    labels: LabelSelector,
-    fields: FieldSelector,
-}
-
-impl Filter {
-    pub(crate) fn from_query(resource: &Resource, query: &Query) -> Result<Self, Status> {
-        let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))
-            .map_err(|e| Status::bad_request(format!("unable to parse requirement: {e}")))?;
-        let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or(""))
-            .map_err(Status::bad_request)?;
-        for requirement in &fields.requirements {
-            if !resource.is_selectable(&requirement.field) {
-                return Err(Status::bad_request(format!(
-                    "field label not supported: {}",
-                    requirement.field
-                )));
-            }
-        }
-        Ok(Filter { labels, fields })
-    }
-
-    pub(crate) fn matches(&self, resource: &Resource, object: &serde_json::Value) -> bool {
-        self.labels.matches(|key| meta::label(object, key))
-            && self
-                .fields
-                .matches(|field| resource.field_value(object, field))
-    }
-
-    /// A name the field selector pins (`metadata.name=x`), to skip scanning.
-    pub(crate) fn pinned_name(&self) -> Option<&str> {
-        self.fields.required_value("metadata.name")
-    }
 }
 
 /// The opaque `continue` token: where the previous page stopped.
@@ -256,7 +163,7 @@ pub(crate) async fn list(
         }
         let items: Vec<serde_json::Value> = items
             .iter()
-            .map(|o| crate::http::partial_metadata(&o.value))
+            .map(|o| crate::server::http::partial_metadata(&o.value))
             .collect();
         let list = json!({
             "kind": "PartialObjectMetadataList",
@@ -273,38 +180,4 @@ pub(crate) async fn list(
         StatusCode::OK,
         list_body(resource, revision, &items, next.as_deref(), remaining),
     ))
-}
-
-/// `{"kind":"ServiceList",...,"items":[...]}` from pre-serialized objects.
-pub(crate) fn list_body(
-    resource: &Resource,
-    revision: Revision,
-    items: &[std::sync::Arc<CachedObject>],
-    next: Option<&str>,
-    remaining: usize,
-) -> Bytes {
-    let mut metadata = serde_json::json!({"resourceVersion": revision.to_string()});
-    if let Some(next) = next {
-        metadata["continue"] = next.into();
-        metadata["remainingItemCount"] = remaining.into();
-    }
-    let head = serde_json::json!({
-        "kind": format!("{}List", resource.kind_name),
-        "apiVersion": resource.api_version(),
-        "metadata": metadata,
-    });
-    let head = serde_json::to_vec(&head).unwrap_or_default();
-    let size = head.len() + items.iter().map(|o| o.json.len() + 1).sum::<usize>() + 16;
-    let mut out = BytesMut::with_capacity(size);
-    // The head without its closing brace, then the items.
-    out.put_slice(&head[..head.len().saturating_sub(1)]);
-    out.put_slice(b",\"items\":[");
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            out.put_u8(b',');
-        }
-        out.put_slice(&item.json);
-    }
-    out.put_slice(b"]}");
-    out.freeze()
 }

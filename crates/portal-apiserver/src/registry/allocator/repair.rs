@@ -17,7 +17,7 @@ use portal_store::{Error as StoreError, Op, Store};
 use serde_json::{json, Value};
 
 use super::{cluster_ip_of, node_ports_of, owner, Allocators, Pool};
-use crate::strategy;
+use crate::registry::strategy;
 
 /// What one pass did, for logs and tests.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use hyper::body::Incoming;
 use portal_api::{kinds, Resource, Status};
 use serde_json::Value;
 
-use crate::http::{full, relay_body, splice, upstream_connection, Body};
-use crate::{read, ApiState, Scope};
+use crate::server::http::{full, relay_body, splice, upstream_connection, Body};
+use crate::{ApiState, Scope};
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -79,7 +79,8 @@ async fn object(
     namespace: &str,
     name: &str,
 ) -> Result<Value, Status> {
-    let found = read::stored(state, &resource.key(Some(namespace), name)).await?;
+    let found =
+        crate::registry::lookup::stored(state, &resource.key(Some(namespace), name)).await?;
     found
         .map(|o| o.value.clone())
         .ok_or_else(|| Status::not_found(Scope::cluster(resource).target(), name))

@@ -8,8 +8,9 @@ use http::Response;
 use portal_api::Status;
 use serde_json::Value;
 
-use crate::http::{created_success, Body, Query};
-use crate::{write, ApiState, Scope};
+use crate::registry::write;
+use crate::server::http::{created_success, Body, Query};
+use crate::{ApiState, Scope};
 
 pub(crate) async fn evict(
     state: &ApiState,

@@ -14,8 +14,8 @@ use portal_api::kinds;
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::{json, Value};
 
-use crate::allocator::{owner, Pool, Range, Refusal, LOAD_BALANCER_IPS};
-use crate::cache::WatchCache;
+use crate::registry::allocator::{owner, Pool, Range, Refusal, LOAD_BALANCER_IPS};
+use crate::registry::cache::WatchCache;
 
 /// Waits this long after a change before reconciling, to batch bursts.
 const SETTLE: Duration = Duration::from_millis(20);

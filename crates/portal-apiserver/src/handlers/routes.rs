@@ -9,13 +9,24 @@ use hyper::body::Incoming;
 use portal_api::patch::PatchType;
 use portal_api::{kinds, path, Resource, Status};
 
-use crate::auth::User;
-use crate::http::{json_response, read_body, status_response, text_response, Body, Output, Query};
-use crate::write::Part;
-use crate::{
-    auth, binding, connect, discovery, eviction, join, openapi, proxy, read, scale, watch, write,
-    ApiState, Scope,
+use crate::handlers::binding;
+use crate::handlers::connect;
+use crate::handlers::discovery;
+use crate::handlers::eviction;
+use crate::handlers::openapi;
+use crate::handlers::proxy;
+use crate::handlers::read;
+use crate::handlers::scale;
+use crate::handlers::watch;
+use crate::registry::write;
+use crate::registry::write::Part;
+use crate::security::auth;
+use crate::security::auth::User;
+use crate::security::join;
+use crate::server::http::{
+    json_response, read_body, status_response, text_response, Body, Output, Query,
 };
+use crate::{ApiState, Scope};
 
 /// Paths anyone may ask: they reveal nothing and let probes work.
 const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
@@ -322,7 +333,7 @@ async fn route(
                 return write::apply(state, &scope, name, part, &body, &query).await;
             }
             if query.get("force").is_some() {
-                return Err(crate::http::invalid_option(
+                return Err(crate::server::http::invalid_option(
                     "force: Forbidden: may not be specified for non-apply patch".into(),
                 ));
             }

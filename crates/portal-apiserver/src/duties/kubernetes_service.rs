@@ -11,8 +11,8 @@ use portal_api::kinds;
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::{json, Value};
 
-use crate::allocator::Allocators;
-use crate::strategy;
+use crate::registry::allocator::Allocators;
+use crate::registry::strategy;
 
 /// Creates `kube-system/kube-dns` unless it exists (a user may change it)
 /// or the range has no tenth address.
@@ -71,7 +71,7 @@ fn ports(api_port: u16) -> Value {
 }
 
 /// Creates or updates the Service (its Endpoints are the servers alive:
-/// [`crate::endpoint_leases`]).
+/// [`crate::duties::endpoint_leases`]).
 pub(crate) async fn ensure(
     store: &dyn Store,
     allocators: &Allocators,

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::{FutureExt, StreamExt};
 use parking_lot::RwLock;
 use portal_api::{resources, Kind, Resource, Status};
@@ -363,4 +363,38 @@ impl WatchCache {
     pub(crate) fn revision(&self) -> Revision {
         self.state.read().revision
     }
+}
+
+/// `{"kind":"ServiceList",...,"items":[...]}` from pre-serialized objects.
+pub(crate) fn list_body(
+    resource: &Resource,
+    revision: Revision,
+    items: &[Arc<CachedObject>],
+    next: Option<&str>,
+    remaining: usize,
+) -> Bytes {
+    let mut metadata = serde_json::json!({"resourceVersion": revision.to_string()});
+    if let Some(next) = next {
+        metadata["continue"] = next.into();
+        metadata["remainingItemCount"] = remaining.into();
+    }
+    let head = serde_json::json!({
+        "kind": format!("{}List", resource.kind_name),
+        "apiVersion": resource.api_version(),
+        "metadata": metadata,
+    });
+    let head = serde_json::to_vec(&head).unwrap_or_default();
+    let size = head.len() + items.iter().map(|o| o.json.len() + 1).sum::<usize>() + 16;
+    let mut out = BytesMut::with_capacity(size);
+    // The head without its closing brace, then the items.
+    out.put_slice(&head[..head.len().saturating_sub(1)]);
+    out.put_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.put_u8(b',');
+        }
+        out.put_slice(&item.json);
+    }
+    out.put_slice(b"]}");
+    out.freeze()
 }

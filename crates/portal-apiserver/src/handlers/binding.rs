@@ -5,8 +5,8 @@ use http::Response;
 use portal_api::Status;
 use serde_json::{json, Value};
 
-use crate::http::{created_success, Body, Query};
-use crate::write::{guaranteed_update, Part, Proposal};
+use crate::registry::write::{guaranteed_update, Part, Proposal};
+use crate::server::http::{created_success, Body, Query};
 use crate::{ApiState, Scope};
 
 pub(crate) async fn bind(

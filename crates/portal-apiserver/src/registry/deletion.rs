@@ -12,7 +12,7 @@ use portal_api::{kinds, meta, Resource};
 use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
-use crate::allocator::{delete_stored, Allocators};
+use crate::registry::allocator::{delete_stored, Allocators};
 
 /// A pod's grace period when neither the request nor the spec gives one.
 const DEFAULT_POD_GRACE: i64 = 30;

@@ -21,13 +21,14 @@ use portal_store::{Error as StoreError, KeyValue, Op};
 use rand::Rng;
 use serde_json::{json, Value};
 
-use crate::allocator::{delete_stored, Allocators};
-use crate::cache::CachedObject;
-use crate::deletion::{self, Outcome};
-use crate::gc::Propagation;
-use crate::http::{json_response, Body, FieldValidation, Query};
-use crate::read::{fresh, parse_revision, stored, Filter};
-use crate::{store_error, strategy, ApiState, Scope};
+use crate::registry::allocator::{delete_stored, Allocators};
+use crate::registry::cache::CachedObject;
+use crate::registry::deletion::{self, Outcome};
+use crate::registry::gc::Propagation;
+use crate::registry::lookup::{fresh, parse_revision, stored, Filter};
+use crate::registry::strategy;
+use crate::server::http::{json_response, Body, FieldValidation, Query};
+use crate::{store_error, ApiState, Scope};
 
 /// Conflicting writers retry an unconditional update this many times.
 const MAX_ATTEMPTS: usize = 16;

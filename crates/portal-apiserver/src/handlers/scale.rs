@@ -6,9 +6,9 @@ use portal_api::patch::PatchType;
 use portal_api::{kinds, meta, Cause, Status, Target};
 use serde_json::{json, Value};
 
-use crate::http::{json_response, Body, Query};
-use crate::read::{fresh, parse_revision};
-use crate::write::{guaranteed_update, patch_error, Part, Proposal};
+use crate::registry::lookup::{fresh, parse_revision};
+use crate::registry::write::{guaranteed_update, patch_error, Part, Proposal};
+use crate::server::http::{json_response, Body, Query};
 use crate::{ApiState, Scope};
 
 const TARGET: Target<'static> = Target {

@@ -20,7 +20,7 @@ use portal_api::kinds;
 use portal_store::{Error as StoreError, Op, Revision, Store};
 use serde_json::{json, Value};
 
-use crate::strategy;
+use crate::registry::strategy;
 
 const PREFIX: &str = "/registry/portal/apiservers/";
 

@@ -2,7 +2,7 @@
 //!
 //! A request is made by the admin (the bearer token, or a client
 //! certificate of the cluster CA in group `system:masters`), by a node (a
-//! certificate for `system:node:NAME` in `system:nodes`, see [`crate::join`])
+//! certificate for `system:node:NAME` in `system:nodes`, see [`crate::security::join`])
 //! or by another certificate user, who may do nothing: Portal serves no
 //! RBAC. A node gets, in small, what Kubernetes' Node authorizer and
 //! NodeRestriction admission give a kubelet and kube-proxy: it reads pods,
@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use portal_api::join::{NODES_GROUP, NODE_USER_PREFIX};
 
-use crate::join::same_secret;
+use crate::security::join::same_secret;
 use crate::ApiState;
 
 /// The namespace of node Leases.
@@ -55,7 +55,7 @@ impl User {
 /// joined with (`joining`): re-joined or revoked nodes' older ones do not.
 pub(crate) fn user_of_certificate(
     der: &CertificateDer<'_>,
-    joining: &crate::join::Joining,
+    joining: &crate::security::join::Joining,
 ) -> Option<User> {
     let user = certificate_user(der)?;
     if let User::Node(node) = &user {
@@ -320,7 +320,7 @@ pub(crate) async fn check_taints_kept(
         // A replacement: the stored taints, unchanged.
         (object, _) => {
             let key = r.resource.key(None, name);
-            let stored = crate::read::stored(state, &key).await?;
+            let stored = crate::registry::lookup::stored(state, &key).await?;
             let had = stored
                 .as_ref()
                 .and_then(|s| s.value.pointer("/spec/taints"))
@@ -351,7 +351,7 @@ pub(crate) async fn check_stored_pod(
         return Ok(());
     };
     let key = r.resource.key(r.namespace, name);
-    let Some(pod) = crate::read::stored(state, &key).await? else {
+    let Some(pod) = crate::registry::lookup::stored(state, &key).await? else {
         return Ok(());
     };
     let bound = pod.value.pointer("/spec/nodeName").and_then(Value::as_str);

@@ -13,11 +13,12 @@ use portal_api::{kinds, meta, resources, Resource, Status};
 use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
-use crate::allocator::Allocators;
-use crate::cache::CachedObject;
-use crate::deletion::{delete_object, Outcome};
-use crate::http::{json_response, Body};
-use crate::{store_error, strategy, ApiState, Scope};
+use crate::registry::allocator::Allocators;
+use crate::registry::cache::CachedObject;
+use crate::registry::deletion::{delete_object, Outcome};
+use crate::registry::strategy;
+use crate::server::http::{json_response, Body};
+use crate::{store_error, ApiState, Scope};
 
 /// Namespaces that exist from the start and may not be deleted.
 pub(crate) const SYSTEM_NAMESPACES: [&str; 4] =

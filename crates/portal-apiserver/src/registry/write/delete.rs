@@ -4,7 +4,7 @@
 use super::*;
 use portal_api::kinds;
 
-use crate::namespace::SYSTEM_NAMESPACES;
+use crate::registry::namespace::SYSTEM_NAMESPACES;
 
 /// The parts of `DeleteOptions` that change what a delete does.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -100,7 +100,8 @@ pub(crate) async fn delete(
             ));
         }
         if resource.kind() == kinds::namespace::KIND {
-            return crate::namespace::begin_termination(state, scope, name, current, old).await;
+            return crate::registry::namespace::begin_termination(state, scope, name, current, old)
+                .await;
         }
         let uid = meta::meta_str(&old, "uid").unwrap_or("").to_owned();
         let namespace = scope.namespace.map(str::to_owned);
@@ -232,6 +233,6 @@ pub(crate) async fn delete_collection(
     let revision = state.store.current_revision().await.map_err(store_error)?;
     Ok(json_response(
         StatusCode::OK,
-        crate::read::list_body(resource, revision, &deleted, None, 0),
+        crate::registry::cache::list_body(resource, revision, &deleted, None, 0),
     ))
 }

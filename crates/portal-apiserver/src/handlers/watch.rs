@@ -18,9 +18,9 @@ use portal_api::{Resource, Status};
 use portal_store::{EventKind, Revision};
 use tokio::sync::mpsc;
 
-use crate::cache::{CacheEvent, CachedObject, WatchCache};
-use crate::http::{now_seconds, Body, Output, Query};
-use crate::read::{fresh, parse_revision, Filter};
+use crate::registry::cache::{CacheEvent, CachedObject, WatchCache};
+use crate::registry::lookup::{fresh, parse_revision, Filter};
+use crate::server::http::{now_seconds, Body, Output, Query};
 use crate::{store_error, ApiState, Scope};
 
 /// Events a slow client may have queued before its watch blocks.
@@ -77,7 +77,7 @@ impl Watcher {
         match self.output {
             Output::Json | Output::Protobuf => event_line(kind, &object.json),
             Output::Metadata => {
-                let partial = crate::http::partial_metadata(&object.value);
+                let partial = crate::server::http::partial_metadata(&object.value);
                 event_line(kind, &serde_json::to_vec(&partial).unwrap_or_default())
             }
             Output::Table(include) => {
@@ -171,7 +171,7 @@ pub(crate) async fn watch(
         }
         Some(position) if position >= cache.floor(resource) => {
             // A position the cache has not reached yet must still be valid.
-            crate::read::reached(state, position).await?;
+            crate::registry::lookup::reached(state, position).await?;
             tokio::spawn(bounded(stopping.clone(), timeout, async move {
                 follow_cache(&cache, &watcher, position).await
             }));

@@ -22,7 +22,8 @@ use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 
-use crate::{join, pki};
+use crate::security::join;
+use crate::security::pki;
 
 /// Where the sealed identity lives (under the registry prefix, so every
 /// server's watch cache sees its revision go by).

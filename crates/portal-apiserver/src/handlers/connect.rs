@@ -17,8 +17,8 @@ use hyper::body::Incoming;
 use portal_api::{kinds, Status};
 use serde_json::Value;
 
-use crate::http::{full, relay_body, splice, upstream_connection, Body, Query};
-use crate::{read, ApiState, Scope};
+use crate::server::http::{full, relay_body, splice, upstream_connection, Body, Query};
+use crate::{ApiState, Scope};
 
 /// How long reaching an agent may take.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -79,7 +79,7 @@ pub(crate) async fn serve(
     }
     let query = Query::parse(request.uri().query());
     let pods = &kinds::pod::RESOURCE;
-    let pod = read::stored(state, &pods.key(Some(namespace), name))
+    let pod = crate::registry::lookup::stored(state, &pods.key(Some(namespace), name))
         .await?
         .ok_or_else(|| Status::not_found(Scope::cluster(pods).target(), name))?
         .value
@@ -204,7 +204,7 @@ fn container(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, Sta
 /// The node's agent: its InternalIP and the port it reports.
 async fn agent_address(state: &ApiState, node: &str) -> Result<SocketAddr, Status> {
     let nodes = &kinds::node::RESOURCE;
-    let object = read::stored(state, &nodes.key(None, node))
+    let object = crate::registry::lookup::stored(state, &nodes.key(None, node))
         .await?
         .ok_or_else(|| Status::not_found(Scope::cluster(nodes).target(), node))?;
     let status = &object.value["status"];

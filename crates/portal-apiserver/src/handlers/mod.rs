@@ -1,0 +1,16 @@
+//! The REST handlers: routing a request to the handler of its verb and
+//! resource (`routes`), reads and watches served from the watch cache,
+//! discovery and OpenAPI, the subresources (binding, eviction, scale), and
+//! the streams and proxies that reach nodes and pods. Writes go through
+//! the registry.
+
+pub(crate) mod binding;
+pub(crate) mod connect;
+pub(crate) mod discovery;
+pub(crate) mod eviction;
+pub(crate) mod openapi;
+pub(crate) mod proxy;
+pub(crate) mod read;
+pub(crate) mod routes;
+pub(crate) mod scale;
+pub(crate) mod watch;

@@ -55,6 +55,9 @@ pub enum Error {
     Identity(#[from] identity::Error),
     #[error("{0}")]
     Client(#[from] portal_client::Error),
+    /// One of the server's own writes (its `kubernetes` Service) failed.
+    #[error("{0}")]
+    Write(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -136,24 +139,22 @@ const REPAIR_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 /// load-balancer addresses.
 #[derive(Clone)]
 struct ClusterDuties {
-    store: Arc<dyn Store>,
-    cache: Arc<cache::WatchCache>,
-    allocators: Arc<allocator::Allocators>,
+    state: Arc<ApiState>,
     load_balancer_pool: Vec<Ipv4Cidr>,
 }
 
 impl ClusterDuties {
     async fn run(self) {
         let repair = allocator::repair::run(
-            self.store.clone(),
-            self.allocators.clone(),
+            self.state.store.clone(),
+            self.state.allocators.clone(),
             REPAIR_PERIOD,
             Mend::Yes,
         );
         let load_balancers = async {
             if !self.load_balancer_pool.is_empty() {
                 let pool = load_balancer::pool(self.load_balancer_pool.clone());
-                load_balancer::run(self.store.clone(), self.cache.clone(), pool).await;
+                load_balancer::run(self.state.clone(), pool).await;
             }
         };
         tokio::join!(repair, load_balancers);
@@ -174,6 +175,8 @@ pub(crate) struct ApiState {
     pub(crate) joining: Arc<join::Joining>,
     /// Turns `true` when the server starts draining: watches end cleanly.
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
+    /// Namespaces marked Terminating, to be emptied and removed.
+    pub(crate) terminations: namespace::Terminations,
 }
 
 impl ApiState {
@@ -291,7 +294,7 @@ impl ApiServer {
         // a shared store only the elected server mends (`cluster_duties`).
         let mend = if shared { Mend::No } else { Mend::Yes };
         allocator::repair::pass(store.as_ref(), &allocators, mend).await?;
-        namespace::resume_terminations(store.clone(), allocators.clone()).await?;
+        let unfinished = namespace::marked(store.as_ref()).await?;
 
         let cache = cache::WatchCache::new(RING_CAPACITY);
         // The cache follows the store on a thread of its own: under a flood
@@ -328,50 +331,6 @@ impl ApiServer {
         })?;
         let advertise = config.advertise_address.or(Some(address.ip()));
         let tasks = portal_client::Supervisor::new();
-        kubernetes_service::ensure(store.as_ref(), &allocators, address.port()).await?;
-        // Pods reach this server at its advertised address (not a loopback
-        // one): it joins the `kubernetes` Endpoints while it runs.
-        if let Some(ip) = advertise.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) {
-            if shared {
-                let store = store.clone();
-                tasks.restarting("kubernetes endpoints", move || {
-                    endpoint_leases::run(
-                        store.clone(),
-                        ip,
-                        address.port(),
-                        endpoint_leases::RENEW,
-                        endpoint_leases::TTL,
-                    )
-                });
-            } else {
-                endpoint_leases::publish_alone(store.as_ref(), ip, address.port()).await?;
-            }
-        }
-        if let Err(error) = kubernetes_service::ensure_dns(store.as_ref(), &allocators).await {
-            // Not fatal: the address may be taken by a user's Service.
-            tracing::warn!(%error, "cannot create the kube-dns Service");
-        }
-        let duties = ClusterDuties {
-            store: store.clone(),
-            cache: cache.clone(),
-            allocators: allocators.clone(),
-            load_balancer_pool: config.load_balancer_pool.clone(),
-        };
-        if shared {
-            // etcd's history is compacted by the cluster's servers together
-            // (the embedded store compacts itself).
-            let compacted = store.clone();
-            tasks.restarting("compaction", move || {
-                compaction::run(compacted.clone(), compaction::PERIOD)
-            });
-            let (repaired, allocated) = (store.clone(), allocators.clone());
-            tasks.restarting("allocation repair", move || {
-                allocator::repair::run(repaired.clone(), allocated.clone(), REPAIR_PERIOD, Mend::No)
-            });
-        } else {
-            let duties = duties.clone();
-            tasks.restarting("cluster duties", move || duties.clone().run());
-        }
         let service_ip = allocators.first_address().parse::<std::net::IpAddr>().ok();
         let extra: Vec<std::net::IpAddr> = config
             .advertise_address
@@ -390,6 +349,7 @@ impl ApiServer {
             pinning: tokio::sync::Mutex::new(()),
         });
         let (stop, stopping) = tokio::sync::watch::channel(false);
+        let (terminations, marked) = tokio::sync::mpsc::unbounded_channel();
         let state = Arc::new(ApiState {
             store,
             cache,
@@ -400,7 +360,67 @@ impl ApiServer {
             agents: agents.tls,
             joining: joining.clone(),
             stopping: stopping.clone(),
+            terminations,
         });
+        // Namespace termination, resuming what a previous run left.
+        for namespace in unfinished {
+            let _ = state.terminations.send(namespace);
+        }
+        tasks.once(
+            "namespace termination",
+            namespace::terminate(state.clone(), marked),
+        );
+        // The server's own objects, through the registry like any write.
+        kubernetes_service::ensure(&state, address.port())
+            .await
+            .map_err(|status| {
+                Error::Write(format!("the kubernetes Service: {}", status.message))
+            })?;
+        // Pods reach this server at its advertised address (not a loopback
+        // one): it joins the `kubernetes` Endpoints while it runs.
+        if let Some(ip) = advertise.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) {
+            if shared {
+                let state = state.clone();
+                tasks.restarting("kubernetes endpoints", move || {
+                    endpoint_leases::run(
+                        state.clone(),
+                        ip,
+                        address.port(),
+                        endpoint_leases::RENEW,
+                        endpoint_leases::TTL,
+                    )
+                });
+            } else {
+                endpoint_leases::publish_alone(&state, ip, address.port())
+                    .await
+                    .map_err(|status| {
+                        Error::Write(format!("the kubernetes Endpoints: {}", status.message))
+                    })?;
+            }
+        }
+        if let Err(error) = kubernetes_service::ensure_dns(&state).await {
+            // Not fatal: the address may be taken by a user's Service.
+            tracing::warn!(error = %error.message, "cannot create the kube-dns Service");
+        }
+        let duties = ClusterDuties {
+            state: state.clone(),
+            load_balancer_pool: config.load_balancer_pool.clone(),
+        };
+        if shared {
+            // etcd's history is compacted by the cluster's servers together
+            // (the embedded store compacts itself).
+            let compacted = state.store.clone();
+            tasks.restarting("compaction", move || {
+                compaction::run(compacted.clone(), compaction::PERIOD)
+            });
+            let (repaired, allocated) = (state.store.clone(), state.allocators.clone());
+            tasks.restarting("allocation repair", move || {
+                allocator::repair::run(repaired.clone(), allocated.clone(), REPAIR_PERIOD, Mend::No)
+            });
+        } else {
+            let duties = duties.clone();
+            tasks.restarting("cluster duties", move || duties.clone().run());
+        }
         let acceptor = tokio_rustls::TlsAcceptor::from(credentials.tls.clone());
         let serving = tokio::spawn(serve(
             listener,

@@ -171,6 +171,12 @@ fn in_part(path: &[Element], writer: &Writer<'_>) -> bool {
     let under_status = matches!(path.first(), Some(Element::Field(f)) if f == "status");
     match writer.subresource {
         Some("status") => under_status,
+        // A Namespace's `finalize` subresource: its finalizers alone.
+        Some("finalize") => matches!(
+            path,
+            [Element::Field(spec), Element::Field(finalizers), ..]
+                if spec == "spec" && finalizers == "finalizers"
+        ),
         Some(_) => false,
         None => !(writer.has_status && under_status),
     }

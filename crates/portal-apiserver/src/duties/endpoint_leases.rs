@@ -16,11 +16,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use portal_api::kinds;
+use portal_api::{kinds, Status};
 use portal_store::{Error as StoreError, Op, Revision, Store};
 use serde_json::{json, Value};
 
-use crate::registry::strategy;
+use crate::registry::internal::{Change, Writer};
+use crate::registry::write::Part;
+use crate::{store_error, ApiState};
+
+/// The field manager of the server's writes to the `kubernetes` Service
+/// and Endpoints (Kubernetes' is `kube-apiserver`).
+pub(crate) const MANAGER: &str = "portal-apiserver";
 
 const PREFIX: &str = "/registry/portal/apiservers/";
 
@@ -34,12 +40,19 @@ pub(crate) const TTL: Duration = Duration::from_secs(15);
 /// Records as last seen: revision, and when it changed by our clock.
 type Seen = HashMap<String, (Revision, Instant)>;
 
+/// The API servers alive, by port.
+type Alive = BTreeMap<u16, Vec<String>>;
+
 /// Puts this server's address in the `kubernetes` Endpoints, the only one.
-pub(crate) async fn publish_alone(
-    store: &dyn Store,
-    ip: IpAddr,
-    port: u16,
-) -> Result<(), StoreError> {
+pub(crate) async fn publish_alone(state: &ApiState, ip: IpAddr, port: u16) -> Result<(), Status> {
+    let alive = alone(state.store.as_ref(), ip, port)
+        .await
+        .map_err(store_error)?;
+    write_endpoints(state, &alive).await
+}
+
+/// Drops the records of this server's earlier addresses, renews its own.
+async fn alone(store: &dyn Store, ip: IpAddr, port: u16) -> Result<Alive, StoreError> {
     let own = record_key(ip, port);
     let (records, _) = store.list(PREFIX).await?;
     for kv in records.into_iter().filter(|kv| kv.key != own) {
@@ -58,7 +71,7 @@ pub(crate) async fn publish_alone(
 /// Keeps this server's address in the `kubernetes` Endpoints for as long as
 /// it runs, beside the other servers'.
 pub(crate) async fn run(
-    store: Arc<dyn Store>,
+    state: Arc<ApiState>,
     ip: IpAddr,
     port: u16,
     renew: Duration,
@@ -66,21 +79,25 @@ pub(crate) async fn run(
 ) {
     let mut seen = Seen::new();
     loop {
-        if let Err(error) = once(store.as_ref(), ip, port, &mut seen, ttl).await {
-            tracing::warn!(%error, "publishing this API server in the kubernetes Endpoints");
+        let published = match once(state.store.as_ref(), ip, port, &mut seen, ttl).await {
+            Ok(alive) => write_endpoints(&state, &alive).await,
+            Err(error) => Err(store_error(error)),
+        };
+        if let Err(error) = published {
+            tracing::warn!(error = %error.message, "publishing this API server in the kubernetes Endpoints");
         }
         tokio::time::sleep(renew).await;
     }
 }
 
-/// One round: renew our record, drop expired ones, write the Endpoints.
+/// One round: renew our record, drop expired ones; the servers alive.
 async fn once(
     store: &dyn Store,
     ip: IpAddr,
     port: u16,
     seen: &mut Seen,
     ttl: Duration,
-) -> Result<(), StoreError> {
+) -> Result<Alive, StoreError> {
     renew(store, ip, port).await?;
     let (records, _) = store.list(PREFIX).await?;
     let now = Instant::now();
@@ -112,7 +129,7 @@ async fn once(
             }
         }
     }
-    write_endpoints(store, &alive).await
+    Ok(alive)
 }
 
 /// Writes (creates or refreshes) our record; every write is a new revision
@@ -157,44 +174,34 @@ fn subsets(alive: &BTreeMap<u16, Vec<String>>) -> Value {
     )
 }
 
-async fn write_endpoints(
-    store: &dyn Store,
-    alive: &BTreeMap<u16, Vec<String>>,
-) -> Result<(), StoreError> {
-    let endpoints = &kinds::endpoints::RESOURCE;
-    let key = endpoints.key(Some("default"), "kubernetes");
+/// Creates or updates the `kubernetes` Endpoints through the registry.
+async fn write_endpoints(state: &ApiState, alive: &Alive) -> Result<(), Status> {
+    let writer = Writer::new(state, &kinds::endpoints::RESOURCE, MANAGER);
     let subsets = subsets(alive);
-    match store.get(&key).await? {
-        None => {
-            let mut object = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "kubernetes"}, "subsets": subsets});
-            strategy::prepare_create(endpoints, &mut object, Some("default"));
-            let op = Op::Create {
-                key,
-                value: Bytes::from(object.to_string()),
-            };
-            match store.txn(vec![op]).await {
-                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
-                Err(e) => Err(e),
+    let update = writer
+        .update(Some("default"), "kubernetes", Part::Main, |current| {
+            if current["subsets"] == subsets {
+                return Change::Keep;
+            }
+            let mut object = current.clone();
+            object["subsets"] = subsets.clone();
+            Change::Write(object)
+        })
+        .await;
+    match update {
+        Ok(_) => Ok(()),
+        Err(status) if status.code == 404 => {
+            let object = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "kubernetes"}, "subsets": subsets});
+            match writer.create(Some("default"), object).await {
+                // Another server made it first; the next round compares again.
+                Ok(_) => Ok(()),
+                Err(status) if status.code == 409 => Ok(()),
+                Err(status) => Err(status),
             }
         }
-        Some(current) => {
-            let mut object: Value = serde_json::from_slice(&current.value)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            if object["subsets"] == subsets {
-                return Ok(());
-            }
-            object["subsets"] = subsets;
-            let op = Op::Update {
-                key,
-                value: Bytes::from(object.to_string()),
-                expected_revision: current.mod_revision,
-            };
-            match store.txn(vec![op]).await {
-                // Another server wrote it first; the next round compares again.
-                Ok(_) | Err(StoreError::Conflict { .. }) => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
+        // Another server wrote it meanwhile; the next round compares again.
+        Err(status) if status.code == 409 => Ok(()),
+        Err(status) => Err(status),
     }
 }
 
@@ -203,10 +210,8 @@ mod tests {
     use super::*;
     use portal_store::{EmbeddedOptions, EmbeddedStore};
 
-    async fn endpoints(store: &dyn Store) -> Value {
-        let key = kinds::endpoints::RESOURCE.key(Some("default"), "kubernetes");
-        let kv = store.get(&key).await.unwrap().unwrap();
-        serde_json::from_slice::<Value>(&kv.value).unwrap()["subsets"].clone()
+    fn https(ips: &[&str], port: u16) -> Value {
+        json!([{"addresses": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(), "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}])
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,26 +222,19 @@ mod tests {
         let ttl = Duration::from_millis(300);
         let (mut seen_a, mut seen_b) = (Seen::new(), Seen::new());
         once(&store, a, 6443, &mut seen_a, ttl).await.unwrap();
-        once(&store, b, 6443, &mut seen_b, ttl).await.unwrap();
-        assert_eq!(
-            endpoints(&store).await,
-            json!([{"addresses": [{"ip": "192.0.2.1"}, {"ip": "192.0.2.2"}], "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]}])
-        );
+        let alive = once(&store, b, 6443, &mut seen_b, ttl).await.unwrap();
+        assert_eq!(subsets(&alive), https(&["192.0.2.1", "192.0.2.2"], 6443));
         // b stops renewing; a goes on and, after the TTL, drops it.
+        let mut alive = Alive::new();
         for _ in 0..5 {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            once(&store, a, 6443, &mut seen_a, ttl).await.unwrap();
+            alive = once(&store, a, 6443, &mut seen_a, ttl).await.unwrap();
         }
-        assert_eq!(
-            endpoints(&store).await,
-            json!([{"addresses": [{"ip": "192.0.2.1"}], "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]}])
-        );
+        assert_eq!(subsets(&alive), https(&["192.0.2.1"], 6443));
         assert_eq!(store.list(PREFIX).await.unwrap().0.len(), 1);
         // A lone server that comes back on another address is the only one.
-        publish_alone(&store, b, 7443).await.unwrap();
-        assert_eq!(
-            endpoints(&store).await,
-            json!([{"addresses": [{"ip": "192.0.2.2"}], "ports": [{"name": "https", "port": 7443, "protocol": "TCP"}]}])
-        );
+        let alive = alone(&store, b, 7443).await.unwrap();
+        assert_eq!(subsets(&alive), https(&["192.0.2.2"], 7443));
+        assert_eq!(store.list(PREFIX).await.unwrap().0.len(), 1);
     }
 }

@@ -6,29 +6,21 @@
 //! does), the address pods are given as their nameserver. It selects no
 //! pods: the built-in DNS publishes its own address as its Endpoints.
 
-use bytes::Bytes;
-use portal_api::kinds;
-use portal_store::{Error as StoreError, Op, Store};
+use portal_api::{kinds, Status};
 use serde_json::{json, Value};
 
-use crate::registry::allocator::Allocators;
-use crate::registry::strategy;
+use super::endpoint_leases::MANAGER;
+use crate::registry::internal::{Change, Writer};
+use crate::registry::write::Part;
+use crate::ApiState;
 
 /// Creates `kube-system/kube-dns` unless it exists (a user may change it)
 /// or the range has no tenth address.
-pub(crate) async fn ensure_dns(
-    store: &dyn Store,
-    allocators: &Allocators,
-) -> Result<(), StoreError> {
-    let resource = &kinds::service::RESOURCE;
-    let key = resource.key(Some("kube-system"), "kube-dns");
-    let Some(address) = allocators.dns_address() else {
+pub(crate) async fn ensure_dns(state: &ApiState) -> Result<(), Status> {
+    let Some(address) = state.allocators.dns_address() else {
         return Ok(());
     };
-    if store.get(&key).await?.is_some() {
-        return Ok(());
-    }
-    let mut svc = json!({
+    let svc = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "Portal-DNS"}},
         "spec": {
@@ -40,29 +32,12 @@ pub(crate) async fn ensure_dns(
             ],
         },
     });
-    strategy::prepare_create(resource, &mut svc, Some("kube-system"));
-    (kinds::service::RESOURCE.defaults)(&mut svc);
-    let mut reservation = allocators
-        .for_create(resource, &mut svc)
-        .map_err(|cause| StoreError::Backend(format!("kube-dns Service: {}", cause.display())))?;
-    let mut ops = vec![Op::Create {
-        key,
-        value: Bytes::from(svc.to_string()),
-    }];
-    ops.append(&mut reservation.ops);
-    match store.txn(ops).await {
-        Ok(_) => {
-            reservation.commit();
-            Ok(())
-        }
-        Err(e) => {
-            reservation.abort(None);
-            match e {
-                // Taken already (by a user's Service, or a second server).
-                StoreError::AlreadyExists { .. } => Ok(()),
-                e => Err(e),
-            }
-        }
+    let writer = Writer::new(state, &kinds::service::RESOURCE, MANAGER);
+    match writer.create(Some("kube-system"), svc).await {
+        // Taken already (by a user's Service, or a second server).
+        Ok(_) => Ok(()),
+        Err(status) if status.code == 409 => Ok(()),
+        Err(status) => Err(status),
     }
 }
 
@@ -71,58 +46,36 @@ fn ports(api_port: u16) -> Value {
 }
 
 /// Creates or updates the Service (its Endpoints are the servers alive:
-/// [`crate::duties::endpoint_leases`]).
-pub(crate) async fn ensure(
-    store: &dyn Store,
-    allocators: &Allocators,
-    api_port: u16,
-) -> Result<(), StoreError> {
-    let resource = &kinds::service::RESOURCE;
-    let key = resource.key(Some("default"), "kubernetes");
-    match store.get(&key).await? {
-        None => {
-            let mut svc = json!({
+/// [`super::endpoint_leases`]).
+pub(crate) async fn ensure(state: &ApiState, api_port: u16) -> Result<(), Status> {
+    let writer = Writer::new(state, &kinds::service::RESOURCE, MANAGER);
+    let ports = ports(api_port);
+    let updated = writer
+        .update(Some("default"), "kubernetes", Part::Main, |current| {
+            if current["spec"]["ports"] == ports {
+                return Change::Keep;
+            }
+            let mut svc = current.clone();
+            svc["spec"]["ports"] = ports.clone();
+            Change::Write(svc)
+        })
+        .await;
+    match updated {
+        Ok(_) => Ok(()),
+        Err(status) if status.code == 404 => {
+            let svc = json!({
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
-                "spec": {"type": "ClusterIP", "clusterIP": allocators.first_address(), "ports": ports(api_port)},
+                "spec": {"type": "ClusterIP", "clusterIP": state.allocators.first_address(), "ports": ports},
             });
-            strategy::prepare_create(resource, &mut svc, Some("default"));
-            (kinds::service::RESOURCE.defaults)(&mut svc);
-            let mut reservation = allocators.for_create(resource, &mut svc).map_err(|cause| {
-                StoreError::Backend(format!("kubernetes Service: {}", cause.display()))
-            })?;
-            let mut ops = vec![Op::Create {
-                key,
-                value: Bytes::from(svc.to_string()),
-            }];
-            ops.append(&mut reservation.ops);
-            match store.txn(ops).await {
-                Ok(_) => reservation.commit(),
-                Err(e) => {
-                    reservation.abort(None);
-                    if !matches!(e, StoreError::AlreadyExists { .. }) {
-                        return Err(e);
-                    }
-                }
+            match writer.create(Some("default"), svc).await {
+                // Another server starting at the same moment made it.
+                Ok(_) => Ok(()),
+                Err(status) if status.code == 409 => Ok(()),
+                Err(status) => Err(status),
             }
         }
-        Some(current) => {
-            let mut svc: Value = serde_json::from_slice(&current.value)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            if svc["spec"]["ports"] != ports(api_port) {
-                svc["spec"]["ports"] = ports(api_port);
-                let op = Op::Update {
-                    key,
-                    value: Bytes::from(svc.to_string()),
-                    expected_revision: current.mod_revision,
-                };
-                match store.txn(vec![op]).await {
-                    // Another server starting at the same moment wrote it.
-                    Ok(_) | Err(StoreError::Conflict { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
+        Err(status) if status.code == 409 => Ok(()),
+        Err(status) => Err(status),
     }
-    Ok(())
 }

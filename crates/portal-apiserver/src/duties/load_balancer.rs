@@ -10,12 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use portal_api::kinds;
-use portal_store::{Error as StoreError, Op, Store};
+use portal_api::{kinds, Status};
+use portal_store::{Error as StoreError, Op};
 use serde_json::{json, Value};
 
 use crate::registry::allocator::{owner, Pool, Range, Refusal, LOAD_BALANCER_IPS};
-use crate::registry::cache::WatchCache;
+use crate::registry::internal::{Change, Writer};
+use crate::registry::write::Part;
+use crate::{store_error, ApiState};
+
+/// The field manager of the addresses it publishes in Services' status.
+pub(crate) const MANAGER: &str = "portal-load-balancer";
 
 /// Waits this long after a change before reconciling, to batch bursts.
 const SETTLE: Duration = Duration::from_millis(20);
@@ -36,11 +41,11 @@ fn ingress_ip(svc: &Value) -> Option<&str> {
 }
 
 /// Follows Service changes for ever.
-pub(crate) async fn run(store: Arc<dyn Store>, cache: Arc<WatchCache>, pool: Pool) {
-    let mut changes = cache.subscribe();
+pub(crate) async fn run(state: Arc<ApiState>, pool: Pool) {
+    let mut changes = state.cache.subscribe();
     loop {
-        if let Err(error) = reconcile(store.as_ref(), &cache, &pool).await {
-            tracing::warn!(%error, "load-balancer provider: reconcile failed");
+        if let Err(error) = reconcile(&state, &pool).await {
+            tracing::warn!(error = %error.message, "load-balancer provider: reconcile failed");
         }
         let _ = tokio::time::timeout(RESYNC, changes.changed()).await;
         tokio::time::sleep(SETTLE).await;
@@ -49,16 +54,15 @@ pub(crate) async fn run(store: Arc<dyn Store>, cache: Arc<WatchCache>, pool: Poo
 }
 
 /// One pass: assign, publish and release addresses.
-pub(crate) async fn reconcile(
-    store: &dyn Store,
-    cache: &WatchCache,
-    pool: &Pool,
-) -> Result<(), StoreError> {
+pub(crate) async fn reconcile(state: &ApiState, pool: &Pool) -> Result<(), Status> {
     let resource = &kinds::service::RESOURCE;
-    let (services, _, _) = cache.list(resource, &resource.key_prefix(), None, 0, |o| {
-        is_load_balancer(&o.value)
-    });
-    let (records, _) = store.list(LOAD_BALANCER_IPS).await?;
+    let (services, _, _) = state
+        .cache
+        .list(resource, &resource.key_prefix(), None, 0, |o| {
+            is_load_balancer(&o.value)
+        });
+    let store = state.store.as_ref();
+    let (records, _) = store.list(LOAD_BALANCER_IPS).await.map_err(store_error)?;
     let mut held: BTreeMap<String, String> = BTreeMap::new();
     for kv in &records {
         let holder: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
@@ -83,7 +87,7 @@ pub(crate) async fn reconcile(
             wanted.insert(ip.to_owned(), who);
             continue;
         }
-        if let Some(ip) = assign(store, pool, &svc.key).await? {
+        if let Some(ip) = assign(state, pool, &svc.value).await? {
             wanted.insert(ip, who);
         }
     }
@@ -94,7 +98,7 @@ pub(crate) async fn reconcile(
             continue;
         }
         let holder = held.get(ip).cloned().unwrap_or_default();
-        release(store, &holder, ip).await?;
+        release(state, &holder, ip).await?;
         match store
             .txn(vec![Op::Delete {
                 key: kv.key.clone(),
@@ -109,22 +113,16 @@ pub(crate) async fn reconcile(
                 tracing::info!(%ip, service = %holder, "load-balancer address released");
             }
             Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(store_error(e)),
         }
     }
     Ok(())
 }
 
-/// Picks an address for one Service and publishes it with its record.
-async fn assign(store: &dyn Store, pool: &Pool, key: &str) -> Result<Option<String>, StoreError> {
-    let Some(current) = store.get(key).await? else {
-        return Ok(None);
-    };
-    let mut svc: Value =
-        serde_json::from_slice(&current.value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    if !is_load_balancer(&svc) {
-        return Ok(None);
-    }
+/// Picks an address for one Service and publishes it in its status,
+/// through the registry, with the address's record in the same
+/// transaction.
+async fn assign(state: &ApiState, pool: &Pool, svc: &Value) -> Result<Option<String>, Status> {
     let requested = svc["spec"]["loadBalancerIP"]
         .as_str()
         .filter(|ip| !ip.is_empty())
@@ -141,66 +139,72 @@ async fn assign(store: &dyn Store, pool: &Pool, key: &str) -> Result<Option<Stri
                 Refusal::Taken => "is already in use",
                 Refusal::Full => "cannot be assigned: the load-balancer pool is full",
             };
-            tracing::warn!(service = %owner(&svc), requested = ?requested, "load-balancer address {why}; pending");
+            tracing::warn!(service = %owner(svc), requested = ?requested, "load-balancer address {why}; pending");
             return Ok(None);
         }
     };
-    svc["status"]["loadBalancer"] = json!({"ingress": [{"ip": ip, "ipMode": "VIP"}]});
-    let record = Bytes::from(json!({"service": owner(&svc)}).to_string());
-    let ops = vec![
-        Op::Update {
-            key: key.to_owned(),
-            value: Bytes::from(svc.to_string()),
-            expected_revision: current.mod_revision,
-        },
-        Op::Create {
-            key: pool.key(&ip),
-            value: record,
-        },
-    ];
-    match store.txn(ops).await {
-        Ok(_) => {
-            tracing::info!(%ip, service = %owner(&svc), "load-balancer address assigned");
+    let (namespace, name) = (
+        svc["metadata"]["namespace"].as_str().unwrap_or_default(),
+        svc["metadata"]["name"].as_str().unwrap_or_default(),
+    );
+    let writer = Writer::new(state, &kinds::service::RESOURCE, MANAGER);
+    let record = Op::Create {
+        key: pool.key(&ip),
+        value: Bytes::from(json!({"service": owner(svc)}).to_string()),
+    };
+    let published = writer
+        .update(Some(namespace), name, Part::Status, |current| {
+            // Changed meanwhile: the next pass sees the new state.
+            if !is_load_balancer(current)
+                || current["spec"]["loadBalancerIP"] != svc["spec"]["loadBalancerIP"]
+            {
+                return Change::Keep;
+            }
+            let mut next = current.clone();
+            next["status"]["loadBalancer"] = json!({"ingress": [{"ip": ip, "ipMode": "VIP"}]});
+            Change::WriteWith(next, vec![record.clone()])
+        })
+        .await;
+    match published {
+        Ok(stored) if ingress_ip(&stored.value) == Some(ip.as_str()) => {
+            tracing::info!(%ip, service = %owner(svc), "load-balancer address assigned");
             Ok(Some(ip))
         }
-        // Changed meanwhile: the next pass sees the new state.
-        Err(
-            StoreError::Conflict { .. }
-            | StoreError::NotFound { .. }
-            | StoreError::AlreadyExists { .. },
-        ) => {
+        Ok(_)
+        | Err(Status {
+            code: 404 | 409, ..
+        }) => {
             pool.release(offset);
             Ok(None)
         }
-        Err(e) => {
+        Err(status) => {
             pool.release(offset);
-            Err(e)
+            Err(status)
         }
     }
 }
 
 /// Clears the published address of a Service that no longer holds it.
-async fn release(store: &dyn Store, holder: &str, ip: &str) -> Result<(), StoreError> {
+async fn release(state: &ApiState, holder: &str, ip: &str) -> Result<(), Status> {
     let Some((namespace, name)) = holder.split_once('/') else {
         return Ok(());
     };
-    let key = kinds::service::RESOURCE.key(Some(namespace), name);
-    let Some(current) = store.get(&key).await? else {
-        return Ok(());
-    };
-    let mut svc: Value =
-        serde_json::from_slice(&current.value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    if ingress_ip(&svc) != Some(ip) {
-        return Ok(());
-    }
-    svc["status"]["loadBalancer"] = json!({});
-    let op = Op::Update {
-        key,
-        value: Bytes::from(svc.to_string()),
-        expected_revision: current.mod_revision,
-    };
-    match store.txn(vec![op]).await {
-        Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e),
+    let writer = Writer::new(state, &kinds::service::RESOURCE, MANAGER);
+    let cleared = writer
+        .update(Some(namespace), name, Part::Status, |current| {
+            if ingress_ip(current) != Some(ip) {
+                return Change::Keep;
+            }
+            let mut next = current.clone();
+            next["status"]["loadBalancer"] = json!({});
+            Change::Write(next)
+        })
+        .await;
+    match cleared {
+        Ok(_)
+        | Err(Status {
+            code: 404 | 409, ..
+        }) => Ok(()),
+        Err(status) => Err(status),
     }
 }

@@ -5,7 +5,7 @@ use http::Response;
 use portal_api::Status;
 use serde_json::{json, Value};
 
-use crate::registry::write::{guaranteed_update, Part, Proposal};
+use crate::registry::write::{guaranteed_update, Part, Proposal, WriteOptions};
 use crate::server::http::{created_success, Body, Query};
 use crate::{ApiState, Scope};
 
@@ -47,8 +47,17 @@ pub(crate) async fn bind(
             expected: None,
             warnings: Vec::new(),
             managed: None,
+            also: Vec::new(),
         })
     };
-    guaranteed_update(state, scope, name, Part::Main, query, propose).await?;
+    guaranteed_update(
+        state,
+        scope,
+        name,
+        Part::Main,
+        &WriteOptions::from_query(query)?,
+        propose,
+    )
+    .await?;
     Ok(created_success())
 }

@@ -265,6 +265,9 @@ async fn route(
     let part = match api_path.subresource.as_deref() {
         None => Target::Part(Part::Main),
         Some("status") if resource.has_status => Target::Part(Part::Status),
+        Some("finalize") if resource.kind() == kinds::namespace::KIND => {
+            Target::Part(Part::Finalize)
+        }
         Some("scale") if scale::supports(&scope) => Target::Scale,
         Some("binding") if resource.kind() == kinds::pod::KIND => Target::Binding,
         Some("eviction") if resource.kind() == kinds::pod::KIND => Target::Eviction,

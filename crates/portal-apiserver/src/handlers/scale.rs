@@ -7,7 +7,7 @@ use portal_api::{kinds, meta, Cause, Status, Target};
 use serde_json::{json, Value};
 
 use crate::registry::lookup::{fresh, parse_revision};
-use crate::registry::write::{guaranteed_update, patch_error, Part, Proposal};
+use crate::registry::write::{guaranteed_update, patch_error, Part, Proposal, WriteOptions};
 use crate::server::http::{json_response, Body, Query};
 use crate::{ApiState, Scope};
 
@@ -109,6 +109,7 @@ fn apply_scale(name: &str, rc: &Value, scale: &Value) -> Result<Proposal, Status
         expected,
         warnings: Vec::new(),
         managed: None,
+        also: Vec::new(),
     })
 }
 
@@ -122,7 +123,15 @@ pub(crate) async fn update(
     let scale: Value = serde_json::from_slice(body)
         .map_err(|e| Status::bad_request(format!("invalid Scale: {e}")))?;
     let propose = |rc: &Value| apply_scale(name, rc, &scale);
-    let (stored, _) = guaranteed_update(state, scope, name, Part::Main, query, propose).await?;
+    let (stored, _) = guaranteed_update(
+        state,
+        scope,
+        name,
+        Part::Main,
+        &WriteOptions::from_query(query)?,
+        propose,
+    )
+    .await?;
     Ok(respond(&stored.value))
 }
 
@@ -144,6 +153,14 @@ pub(crate) async fn patch(
         .map_err(|e| patch_error(scope, name, e))?;
         apply_scale(name, rc, &patched)
     };
-    let (stored, _) = guaranteed_update(state, scope, name, Part::Main, query, propose).await?;
+    let (stored, _) = guaranteed_update(
+        state,
+        scope,
+        name,
+        Part::Main,
+        &WriteOptions::from_query(query)?,
+        propose,
+    )
+    .await?;
     Ok(respond(&stored.value))
 }

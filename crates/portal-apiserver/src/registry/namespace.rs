@@ -13,12 +13,23 @@ use portal_api::{kinds, meta, resources, Resource, Status};
 use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
+use tokio::sync::mpsc;
+
 use crate::registry::allocator::Allocators;
 use crate::registry::cache::CachedObject;
 use crate::registry::deletion::{delete_object, Outcome};
-use crate::registry::strategy;
+use crate::registry::internal::{Change, Writer};
+use crate::registry::strategy::{self, Part};
 use crate::server::http::{json_response, Body};
 use crate::{store_error, ApiState, Scope};
+
+/// The field manager of the namespace lifecycle's writes (its conditions
+/// and finalizer), as Kubernetes' namespace controller records itself.
+pub(crate) const MANAGER: &str = "portal-namespace-controller";
+
+/// Where a DELETE that marks a namespace Terminating sends it (name, uid)
+/// for its content to be removed.
+pub(crate) type Terminations = mpsc::UnboundedSender<(String, String)>;
 
 /// Namespaces that exist from the start and may not be deleted.
 pub(crate) const SYSTEM_NAMESPACES: [&str; 4] =
@@ -44,30 +55,37 @@ pub(crate) async fn bootstrap(store: &dyn Store) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Finishes deleting namespaces a previous run left Terminating.
-pub(crate) async fn resume_terminations(
-    store: Arc<dyn Store>,
-    allocators: Arc<Allocators>,
-) -> Result<(), StoreError> {
+/// The namespaces a previous run left Terminating, to finish.
+pub(crate) async fn marked(store: &dyn Store) -> Result<Vec<(String, String)>, StoreError> {
     let (namespaces, _) = store.list(&kinds::namespace::RESOURCE.key_prefix()).await?;
-    for kv in namespaces {
-        let Ok(value) = serde_json::from_slice::<Value>(&kv.value) else {
-            continue;
-        };
-        if meta::meta_str(&value, "deletionTimestamp").is_some() {
-            let name = meta::meta_str(&value, "name")
-                .unwrap_or_default()
-                .to_owned();
-            let uid = meta::meta_str(&value, "uid").unwrap_or_default().to_owned();
-            tokio::spawn(finish_termination(
-                store.clone(),
-                allocators.clone(),
-                name,
-                uid,
-            ));
+    Ok(namespaces
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+        .filter(|ns| meta::meta_str(ns, "deletionTimestamp").is_some())
+        .map(|ns| {
+            let field = |name| meta::meta_str(&ns, name).unwrap_or_default().to_owned();
+            (field("name"), field("uid"))
+        })
+        .collect())
+}
+
+/// Empties and removes every namespace sent here, each in a task of its
+/// own, for as long as the server runs (the tasks stop with it).
+pub(crate) async fn terminate(
+    state: std::sync::Arc<ApiState>,
+    mut marked: mpsc::UnboundedReceiver<(String, String)>,
+) {
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            next = marked.recv() => match next {
+                Some((name, uid)) => drop(running.spawn(finish_termination(state.clone(), name, uid))),
+                None => break,
+            },
+            Some(_) = running.join_next(), if !running.is_empty() => {}
         }
     }
-    Ok(())
+    while running.join_next().await.is_some() {}
 }
 
 pub(crate) async fn begin_termination(
@@ -116,17 +134,11 @@ pub(crate) async fn begin_termination(
             Err(e) => return Err(store_error(e)),
         }
     };
-    // One loop per namespace: the request that marked it starts it (a
+    // One task per namespace: the request that marked it starts it (a
     // restart resumes those already marked).
     if !already {
-        tokio::spawn(finish_termination(
-            state.store.clone(),
-            state.allocators.clone(),
-            name.to_owned(),
-            meta::meta_str(&object, "uid")
-                .unwrap_or_default()
-                .to_owned(),
-        ));
+        let uid = meta::meta_str(&object, "uid").unwrap_or_default();
+        let _ = state.terminations.send((name.to_owned(), uid.to_owned()));
     }
     Ok(json_response(
         StatusCode::OK,
@@ -167,14 +179,20 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// stops if it is gone or another namespace of the same name took its
 /// place (a second task for it, on another server or after a restart,
 /// does the same steps and finds them done).
-async fn finish_termination(
-    store: Arc<dyn Store>,
-    allocators: Arc<Allocators>,
-    namespace: String,
-    uid: String,
-) {
+async fn finish_termination(state: Arc<ApiState>, namespace: String, uid: String) {
+    let (store, allocators) = (state.store.clone(), state.allocators.clone());
     let failed = |error: StoreError| {
         tracing::error!(%error, %namespace, "namespace cleanup failed; will resume at next start");
+    };
+    let refused = |status: Status| {
+        tracing::error!(error = %status.message, %namespace, "namespace cleanup failed; will resume at next start");
+    };
+    // Its conditions and its finalizer are written through the registry,
+    // as the namespace controller's (recorded in managedFields).
+    let writer = Writer::new(&state, &kinds::namespace::RESOURCE, MANAGER);
+    let ours = |ns: &Value| {
+        meta::meta_str(ns, "uid") == Some(uid.as_str())
+            && meta::meta_str(ns, "deletionTimestamp").is_some()
     };
     // Like Kubernetes' namespace controller: empty it, say so in its
     // conditions, then look once more (a write admitted before the
@@ -190,10 +208,20 @@ async fn finish_termination(
         match remove_content(store.as_ref(), &allocators, &namespace).await {
             Ok(0) if announced => break,
             Ok(0) => {
-                let written =
-                    update_namespace(store.as_ref(), &namespace, &uid, content_removed).await;
-                if let Err(error) = written {
-                    return failed(error);
+                let written = writer
+                    .update(None, &namespace, Part::Status, |ns| {
+                        if !ours(ns) {
+                            return Change::Keep;
+                        }
+                        let mut next = ns.clone();
+                        content_removed(&mut next);
+                        Change::Write(next)
+                    })
+                    .await;
+                match written {
+                    Ok(_) => {}
+                    Err(Status { code: 404, .. }) => return,
+                    Err(status) => return refused(status),
                 }
                 announced = true;
             }
@@ -202,16 +230,25 @@ async fn finish_termination(
         }
         tokio::time::sleep(RECHECK).await;
     }
-    let finalized = update_namespace(store.as_ref(), &namespace, &uid, |ns| {
-        if let Some(finalizers) = ns
-            .pointer_mut("/spec/finalizers")
-            .and_then(Value::as_array_mut)
-        {
-            finalizers.retain(|f| f != "kubernetes");
-        }
-    });
-    if let Err(error) = finalized.await {
-        return failed(error);
+    let finalized = writer
+        .update(None, &namespace, Part::Finalize, |ns| {
+            if !ours(ns) {
+                return Change::Keep;
+            }
+            let mut next = ns.clone();
+            if let Some(finalizers) = next
+                .pointer_mut("/spec/finalizers")
+                .and_then(Value::as_array_mut)
+            {
+                finalizers.retain(|f| f != "kubernetes");
+            }
+            Change::Write(next)
+        })
+        .await;
+    match finalized {
+        Ok(_) => {}
+        Err(Status { code: 404, .. }) => return,
+        Err(status) => return refused(status),
     }
     match delete_namespace(store.as_ref(), &namespace, &uid).await {
         Ok(true) => tracing::info!(%namespace, "namespace deleted"),
@@ -294,36 +331,4 @@ fn content_removed(namespace: &mut Value) {
             condition("NamespaceFinalizersRemaining", "ContentHasNoFinalizers", "All content-preserving finalizers finished"),
         ],
     });
-}
-
-/// Read, change, compare-and-swap the namespace until it sticks (nothing
-/// to do if it is gone, is another namespace now, or the change changes
-/// nothing).
-async fn update_namespace(
-    store: &dyn Store,
-    namespace: &str,
-    uid: &str,
-    change: impl Fn(&mut Value),
-) -> Result<(), StoreError> {
-    loop {
-        let Some((current, mut object)) = terminating(store, namespace, uid).await? else {
-            return Ok(());
-        };
-        let before = object.clone();
-        change(&mut object);
-        if object == before {
-            return Ok(());
-        }
-        let value = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
-        let op = Op::Update {
-            key: current.key,
-            value,
-            expected_revision: current.mod_revision,
-        };
-        match store.txn(vec![op]).await {
-            Ok(_) => return Ok(()),
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e),
-        }
-    }
 }

@@ -41,16 +41,47 @@ pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace:
     (resource.prepare_create)(object);
 }
 
+/// What a write to an existing object is aimed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The object itself (everything but `.status`).
+    Main,
+    /// The `status` subresource (only `.status`).
+    Status,
+    /// A Namespace's `finalize` subresource (only `spec.finalizers`).
+    Finalize,
+}
+
+impl Part {
+    /// Its subresource's name, as `managedFields` records it.
+    pub(crate) fn subresource(self) -> Option<&'static str> {
+        match self {
+            Part::Main => None,
+            Part::Status => Some("status"),
+            Part::Finalize => Some("finalize"),
+        }
+    }
+}
+
 /// Carries over from `old` what an update may not change. A write to the
-/// `status` subresource changes only `.status`; a write to the object itself
-/// changes everything but `.status`.
-pub(crate) fn prepare_update(
-    resource: &Resource,
-    new: &mut Value,
-    old: &Value,
-    status_subresource: bool,
-) {
-    if status_subresource {
+/// `status` subresource changes only `.status`, one to `finalize` only
+/// `spec.finalizers`; a write to the object itself changes everything but
+/// `.status` and the server-owned fields.
+pub(crate) fn prepare_update(resource: &Resource, new: &mut Value, old: &Value, part: Part) {
+    if part == Part::Finalize {
+        let finalizers = new.pointer("/spec/finalizers").cloned();
+        *new = old.clone();
+        match finalizers {
+            Some(finalizers) => new["spec"]["finalizers"] = finalizers,
+            None => drop(
+                new.get_mut("spec")
+                    .and_then(Value::as_object_mut)
+                    .map(|spec| spec.remove("finalizers")),
+            ),
+        }
+        return;
+    }
+    if part == Part::Status {
         let status = new.get("status").cloned();
         *new = old.clone();
         match status {
@@ -124,7 +155,7 @@ mod tests {
 
         let mut spec_write =
             json!({"metadata": {"name": "r"}, "spec": {"replicas": 3}, "status": {"replicas": 7}});
-        prepare_update(rc, &mut spec_write, &created, false);
+        prepare_update(rc, &mut spec_write, &created, Part::Main);
         assert_eq!(
             spec_write["status"], created["status"],
             "spec writes keep status"
@@ -134,7 +165,7 @@ mod tests {
 
         let mut status_write =
             json!({"metadata": {"name": "r"}, "spec": {"replicas": 99}, "status": {"replicas": 3}});
-        prepare_update(rc, &mut status_write, &spec_write, true);
+        prepare_update(rc, &mut status_write, &spec_write, Part::Status);
         assert_eq!(
             status_write["spec"]["replicas"], 3,
             "status writes keep spec"

@@ -76,7 +76,7 @@ pub(crate) async fn apply(
     let key = resource.key(scope.namespace, name);
     for _ in 0..APPLY_ATTEMPTS {
         if state.store.get(&key).await.map_err(store_error)?.is_none() {
-            if part == Part::Status {
+            if part != Part::Main {
                 return Err(Status::not_found(scope.target(), name));
             }
             let names = [manager.clone(), resource.api_version(), strategy::now()];
@@ -116,9 +116,19 @@ pub(crate) async fn apply(
                 expected,
                 warnings,
                 managed: Some(managed),
+                also: Vec::new(),
             })
         };
-        match guaranteed_update(state, scope, name, part, query, propose).await {
+        match guaranteed_update(
+            state,
+            scope,
+            name,
+            part,
+            &WriteOptions::from_query(query)?,
+            propose,
+        )
+        .await
+        {
             // Deleted meanwhile: create it.
             Err(status) if status.code == 404 && part == Part::Main => continue,
             Err(status) => return Err(status),

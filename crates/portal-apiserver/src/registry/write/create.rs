@@ -12,12 +12,26 @@ fn random_suffix() -> String {
         .collect()
 }
 
+/// `POST`: creates the request's object and answers 201 with it.
 pub(crate) async fn create(
     state: &ApiState,
     scope: &Scope<'_>,
     body: DecodedBody,
     query: &Query,
 ) -> Result<Response<Body>, Status> {
+    let options = WriteOptions::from_query(query)?;
+    let (stored, warnings) = create_object(state, scope, body, &options).await?;
+    Ok(respond(StatusCode::CREATED, &stored, &warnings))
+}
+
+/// Creates an object: checks, strategy, `managedFields`, allocation and
+/// one transaction (or, for a dry run, all but the transaction).
+pub(crate) async fn create_object(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    body: DecodedBody,
+    options: &WriteOptions,
+) -> Result<(CachedObject, Vec<String>), Status> {
     let resource = scope.resource;
     let DecodedBody {
         mut object,
@@ -34,7 +48,7 @@ pub(crate) async fn create(
     }
     strategy::prepare_create(resource, &mut object, scope.namespace);
     let names = [
-        query.field_manager()?,
+        options.manager.clone(),
         resource.api_version(),
         strategy::now(),
     ];
@@ -58,10 +72,9 @@ pub(crate) async fn create(
             .allocators
             .for_create(resource, &mut attempt)
             .map_err(|cause| Status::invalid(scope.target(), &name, vec![cause]))?;
-        if dry_run(query) {
+        if options.dry_run {
             reservation.abort(None);
-            let preview = CachedObject::from_value(key, attempt, 0);
-            return Ok(respond(StatusCode::CREATED, &preview, &warnings));
+            return Ok((CachedObject::from_value(key, attempt, 0), warnings));
         }
         let value =
             Bytes::from(serde_json::to_vec(&attempt).map_err(|e| Status::internal(e.to_string()))?);
@@ -73,8 +86,7 @@ pub(crate) async fn create(
         match state.store.txn(ops).await {
             Ok(revision) => {
                 reservation.commit();
-                let stored = CachedObject::from_value(key, attempt, revision);
-                return Ok(respond(StatusCode::CREATED, &stored, &warnings));
+                return Ok((CachedObject::from_value(key, attempt, revision), warnings));
             }
             // Another server took the address we picked: pick again.
             Err(StoreError::AlreadyExists { key: taken }) if Allocators::is_record(&taken) => {

@@ -8,7 +8,7 @@ mod delete;
 mod update;
 
 pub(crate) use apply::apply;
-pub(crate) use create::create;
+pub(crate) use create::{create, create_object};
 pub(crate) use delete::{delete, delete_collection};
 pub(crate) use update::{guaranteed_update, patch, patch_error, update};
 
@@ -42,6 +42,15 @@ pub(crate) struct DecodedBody {
 }
 
 impl DecodedBody {
+    /// An object already decoded and defaulted (a server's own write).
+    pub(crate) fn new(object: Value) -> Self {
+        DecodedBody {
+            object,
+            warnings: Vec::new(),
+            managed: None,
+        }
+    }
+
     /// The decoded object, before defaults.
     pub(crate) fn object(&self) -> &Value {
         &self.object
@@ -113,7 +122,7 @@ fn writer<'a>(resource: &Resource, names: &'a [String; 3], part: Part) -> manage
     managed::Writer {
         manager,
         api_version,
-        subresource: (part == Part::Status).then_some("status"),
+        subresource: part.subresource(),
         has_status: resource.has_status,
         now,
     }
@@ -139,6 +148,33 @@ fn record_managers(
 
 fn dry_run(query: &Query) -> bool {
     query.get("dryRun") == Some("All")
+}
+
+/// Who writes, and whether for real: all the registry needs of a request
+/// beyond its object. Handlers take it from the query (`fieldManager`,
+/// `dryRun`); the server's own writers name themselves, so their writes
+/// are recorded in `managedFields` like anyone's.
+#[derive(Clone, Debug)]
+pub(crate) struct WriteOptions {
+    pub(crate) manager: String,
+    pub(crate) dry_run: bool,
+}
+
+impl WriteOptions {
+    pub(crate) fn from_query(query: &Query) -> Result<Self, Status> {
+        Ok(WriteOptions {
+            manager: query.field_manager()?,
+            dry_run: dry_run(query),
+        })
+    }
+
+    /// A write of the server's own, as `manager`.
+    pub(crate) fn internal(manager: &str) -> Self {
+        WriteOptions {
+            manager: manager.to_owned(),
+            dry_run: false,
+        }
+    }
 }
 
 /// Metadata and kind-specific problems of an object about to be stored.
@@ -184,14 +220,7 @@ fn decode_stored(kv: &KeyValue) -> Result<Value, Status> {
         .map_err(|e| Status::internal(format!("stored object {} is corrupt: {e}", kv.key)))
 }
 
-/// What a write to an existing object is aimed at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Part {
-    /// The object itself (everything but `.status`).
-    Main,
-    /// The `status` subresource (only `.status`).
-    Status,
-}
+pub(crate) use crate::registry::strategy::Part;
 
 /// The new object a write computes from the current one, and the
 /// resourceVersion it insists on (a precondition), if any.
@@ -202,6 +231,10 @@ pub(crate) struct Proposal {
     /// `managedFields` already worked out (by an apply); `None`: the write
     /// is recorded as an update by its field manager.
     pub(crate) managed: Option<Value>,
+    /// More operations in the same transaction (a record that exists only
+    /// with this change, such as a load-balancer address's). One that
+    /// fails its precondition fails the write with 409.
+    pub(crate) also: Vec<Op>,
 }
 
 fn check_body_namespace(scope: &Scope<'_>, object: &Value) -> Result<(), Status> {

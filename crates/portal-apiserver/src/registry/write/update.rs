@@ -12,12 +12,12 @@ pub(crate) async fn guaranteed_update(
     scope: &Scope<'_>,
     name: &str,
     part: Part,
-    query: &Query,
+    options: &WriteOptions,
     mut propose: impl FnMut(&Value) -> Result<Proposal, Status>,
 ) -> Result<(CachedObject, Vec<String>), Status> {
     let resource = scope.resource;
     let key = resource.key(scope.namespace, name);
-    let manager = query.field_manager()?;
+    let manager = options.manager.clone();
     for _ in 0..MAX_ATTEMPTS {
         let Some(current) = state.store.get(&key).await.map_err(store_error)? else {
             return Err(Status::not_found(scope.target(), name));
@@ -34,13 +34,14 @@ pub(crate) async fn guaranteed_update(
             expected,
             warnings,
             managed,
+            also,
         } = propose(&visible)?;
         if expected.is_some_and(|rv| rv != current.mod_revision) {
             return Err(Status::conflict(scope.target(), name));
         }
         check_uid(scope, name, &object, &old)?;
         let mut new = object;
-        strategy::prepare_update(resource, &mut new, &old, part == Part::Status);
+        strategy::prepare_update(resource, &mut new, &old, part);
         Allocators::keep_allocated(resource, &mut new, &old);
         let names = [manager.clone(), resource.api_version(), strategy::now()];
         let writer = writer(resource, &names, part);
@@ -55,7 +56,7 @@ pub(crate) async fn guaranteed_update(
                 warnings,
             ));
         }
-        if deletion::released(resource, &old, &new) && !dry_run(query) {
+        if deletion::released(resource, &old, &new) && !options.dry_run {
             // The last finalizer went from an object being deleted: it goes.
             match delete_stored(state.store.as_ref(), &state.allocators, resource, &current).await {
                 Ok(revision) => {
@@ -80,7 +81,7 @@ pub(crate) async fn guaranteed_update(
             .allocators
             .for_update(resource, &mut new, &old)
             .map_err(|cause| Status::invalid(scope.target(), name, vec![cause]))?;
-        if dry_run(query) {
+        if options.dry_run {
             reservation.abort(None);
             return Ok((
                 CachedObject::from_value(key, new, current.mod_revision),
@@ -95,10 +96,20 @@ pub(crate) async fn guaranteed_update(
             expected_revision: current.mod_revision,
         }];
         ops.append(&mut reservation.ops);
+        let also_keys: Vec<String> = also.iter().map(|op| op.key().to_owned()).collect();
+        ops.extend(also);
         match state.store.txn(ops).await {
             Ok(revision) => {
                 reservation.commit();
                 return Ok((CachedObject::from_value(key, new, revision), warnings));
+            }
+            Err(
+                StoreError::AlreadyExists { key: taken }
+                | StoreError::Conflict { key: taken, .. }
+                | StoreError::NotFound { key: taken },
+            ) if also_keys.contains(&taken) => {
+                reservation.abort(None);
+                return Err(Status::conflict(scope.target(), name));
             }
             Err(StoreError::AlreadyExists { key: taken }) if Allocators::is_record(&taken) => {
                 reservation.abort(Some(&taken));
@@ -167,9 +178,11 @@ pub(crate) async fn update(
             expected,
             warnings: warnings.clone(),
             managed: None,
+            also: Vec::new(),
         })
     };
-    let (stored, warnings) = guaranteed_update(state, scope, name, part, query, propose).await?;
+    let options = WriteOptions::from_query(query)?;
+    let (stored, warnings) = guaranteed_update(state, scope, name, part, &options, propose).await?;
     Ok(respond(StatusCode::OK, &stored, &warnings))
 }
 
@@ -240,8 +253,10 @@ pub(crate) async fn patch(
             expected,
             warnings,
             managed: None,
+            also: Vec::new(),
         })
     };
-    let (stored, warnings) = guaranteed_update(state, scope, name, part, query, propose).await?;
+    let options = WriteOptions::from_query(query)?;
+    let (stored, warnings) = guaranteed_update(state, scope, name, part, &options, propose).await?;
     Ok(respond(StatusCode::OK, &stored, &warnings))
 }

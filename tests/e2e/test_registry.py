@@ -96,3 +96,34 @@ def test_namespace_termination_writes_as_the_namespace_controller(data_dir):
     assert ("portal-namespace-controller", "Update", "status") in managers(seen_conditions)
     assert "f:conditions" in owned(seen_conditions, "portal-namespace-controller")["f:status"]
     portal.stop()
+
+
+def test_orphaning_is_the_garbage_collectors_update(portal):
+    core = portal.core()
+    rc = {
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"app": "web"},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+        },
+    }
+    core.create_namespaced_replication_controller("default", rc)
+    pods = wait_for(
+        lambda: (p := core.list_namespaced_pod("default", label_selector="app=web").items) and len(p) == 2 and p,
+        "the controller's two pods",
+    )
+    assert all(p.metadata.owner_references for p in pods)
+    core.delete_namespaced_replication_controller("web", "default", propagation_policy="Orphan")
+
+    def orphaned():
+        now = core.list_namespaced_pod("default", label_selector="app=web").items
+        return len(now) == 2 and all(not p.metadata.owner_references for p in now) and now
+
+    owner = pods[0].metadata.owner_references[0].uid
+    for pod in wait_for(orphaned, "both pods orphaned"):
+        # Through the registry, the removal is recorded: no manager still
+        # owns the reference that went (written around it, the creator's
+        # entry kept claiming it).
+        fields = [e.fields_v1 for e in pod.metadata.managed_fields]
+        assert all(owner not in str(f) for f in fields), pod.metadata.managed_fields

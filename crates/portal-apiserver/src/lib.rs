@@ -177,14 +177,15 @@ pub(crate) struct ApiState {
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
     /// Namespaces marked Terminating, to be emptied and removed.
     pub(crate) terminations: namespace::Terminations,
+    /// This state itself, for work that outlives a request (the garbage
+    /// collector's).
+    pub(crate) me: std::sync::Weak<ApiState>,
 }
 
 impl ApiState {
     pub(crate) fn collector(&self) -> gc::Collector {
         gc::Collector {
-            store: self.store.clone(),
-            cache: self.cache.clone(),
-            allocators: self.allocators.clone(),
+            state: self.me.clone(),
         }
     }
 }
@@ -350,7 +351,7 @@ impl ApiServer {
         });
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let (terminations, marked) = tokio::sync::mpsc::unbounded_channel();
-        let state = Arc::new(ApiState {
+        let state = Arc::new_cyclic(|me| ApiState {
             store,
             cache,
             allocators,
@@ -361,6 +362,7 @@ impl ApiServer {
             joining: joining.clone(),
             stopping: stopping.clone(),
             terminations,
+            me: me.clone(),
         });
         // Namespace termination, resuming what a previous run left.
         for namespace in unfinished {

@@ -4,18 +4,21 @@
 //! leaves them without the reference (`Orphan`). Dependents are found in the
 //! watch cache, in the owner's namespace.
 
-use std::sync::Arc;
+use std::sync::Weak;
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use portal_api::{meta, resources};
-use portal_store::{Error as StoreError, Op, Store};
+use portal_api::{meta, resources, Status};
+use portal_store::Error as StoreError;
 use serde_json::Value;
 
-use crate::registry::allocator::Allocators;
-use crate::registry::cache::WatchCache;
 use crate::registry::deletion::{delete_object, Outcome};
+use crate::registry::internal::{Change, Writer};
+use crate::registry::strategy::Part;
+use crate::ApiState;
+
+/// The field manager of the collector's writes (an orphan's references).
+pub(crate) const MANAGER: &str = "portal-garbage-collector";
 
 /// What happens to the dependents of a deleted object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +41,12 @@ impl Propagation {
     }
 }
 
-/// The handles the collector needs, cheap to clone into a task.
+/// The collector: cheap to clone into a task, it writes through the
+/// registry like any client (deletions through the same `delete_object`
+/// as a user's DELETE, orphans' references as updates).
 #[derive(Clone)]
 pub(crate) struct Collector {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) cache: Arc<WatchCache>,
-    pub(crate) allocators: Arc<Allocators>,
+    pub(crate) state: Weak<ApiState>,
 }
 
 fn owned_by(object: &Value, uid: &str) -> bool {
@@ -67,44 +70,56 @@ impl Collector {
             let Some(namespace) = namespace else {
                 return Ok(());
             };
-            let current = this.store.current_revision().await?;
+            // The server is stopping: nothing more to collect.
+            let Some(state) = this.state.upgrade() else {
+                return Ok(());
+            };
+            let current = state.store.current_revision().await?;
             // Dependents written just before the owner's deletion count too.
-            let _ = this.cache.wait_for(current).await;
+            let _ = state.cache.wait_for(current).await;
             for resource in resources().filter(|r| r.namespaced) {
                 let prefix = resource.list_prefix(Some(&namespace));
-                let (dependents, _, _) = this
+                let (dependents, _, _) = state
                     .cache
                     .list(resource, &prefix, None, 0, |o| owned_by(&o.value, &uid));
                 for dependent in dependents {
-                    let Some(kv) = this.store.get(&dependent.key).await? else {
+                    let Some(kv) = state.store.get(&dependent.key).await? else {
                         continue;
                     };
-                    let mut value: Value = serde_json::from_slice(&kv.value)
+                    let value: Value = serde_json::from_slice(&kv.value)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     if policy == Propagation::Orphan {
-                        if let Some(refs) = meta::metadata_mut(&mut value)
-                            .get_mut("ownerReferences")
-                            .and_then(Value::as_array_mut)
-                        {
-                            refs.retain(|r| r["uid"].as_str() != Some(uid.as_str()));
-                        }
-                        let op = Op::Update {
-                            key: kv.key.clone(),
-                            value: Bytes::from(value.to_string()),
-                            expected_revision: kv.mod_revision,
-                        };
-                        match this.store.txn(vec![op]).await {
+                        let name = meta::meta_str(&value, "name").unwrap_or_default();
+                        let writer = Writer::new(&state, resource, MANAGER);
+                        let orphaned = writer
+                            .update(Some(&namespace), name, Part::Main, |current| {
+                                if !owned_by(current, &uid) {
+                                    return Change::Keep;
+                                }
+                                let mut next = current.clone();
+                                if let Some(refs) = meta::metadata_mut(&mut next)
+                                    .get_mut("ownerReferences")
+                                    .and_then(Value::as_array_mut)
+                                {
+                                    refs.retain(|r| r["uid"].as_str() != Some(uid.as_str()));
+                                }
+                                Change::Write(next)
+                            })
+                            .await;
+                        match orphaned {
                             Ok(_)
-                            | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
-                            Err(e) => return Err(e),
+                            | Err(Status {
+                                code: 404 | 409, ..
+                            }) => {}
+                            Err(status) => return Err(StoreError::Backend(status.message)),
                         }
                         continue;
                     }
                     let child_uid = meta::meta_str(&value, "uid").unwrap_or("").to_owned();
-                    let store = this.store.as_ref();
+                    let store = state.store.as_ref();
                     // Pods on a node are only marked: their agent stops them.
                     let gone =
-                        match delete_object(store, &this.allocators, resource, &kv, None).await {
+                        match delete_object(store, &state.allocators, resource, &kv, None).await {
                             Ok(outcome) => matches!(outcome, Outcome::Deleted { .. }),
                             Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => false,
                             Err(e) => return Err(e),

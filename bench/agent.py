@@ -32,9 +32,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
-import agent_bed  # noqa: E402
-import nodes  # noqa: E402
-import registry  # noqa: E402
+from support import agent_bed  # noqa: E402
+from support import nodes  # noqa: E402
+from support import registry  # noqa: E402
 from conftest import BINARY, Portal  # noqa: E402
 
 NS = "default"

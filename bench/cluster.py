@@ -32,8 +32,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
-import agent_bed  # noqa: E402
-from nodes import sh  # noqa: E402
+from support import agent_bed  # noqa: E402
+from support.nodes import sh  # noqa: E402
 from test_cluster import NAMES, NS, Bed, wait_for, web_rc  # noqa: E402
 
 PING = """

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 import kubernetes  # noqa: E402
 from conftest import BINARY, Portal  # noqa: E402
-from nodes import NODE_IP, Cluster, wait_for  # noqa: E402
+from support.nodes import NODE_IP, Cluster, wait_for  # noqa: E402
 
 NS = "bench"
 # Processes to end however the run ends.

@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
-from agent_bed import NS, AgentNode, pod_manifest, web_image  # noqa: E402
+from support.agent_bed import NS, AgentNode, pod_manifest, web_image  # noqa: E402
 from test_kubectl import KUBECTLS  # noqa: E402
 from test_streams import Forward  # noqa: E402
 

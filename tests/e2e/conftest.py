@@ -28,7 +28,7 @@ class Portal:
         self.api_bind = api_bind
         self.command = command
         # The proxy and the node agent change the network namespace they run
-        # in: only tests that made a namespace for them (nodes.py) turn
+        # in: only tests that made a namespace for them (support/nodes.py) turn
         # them on.
         disabled = [name for name, on in (("proxy", proxy), ("agent", agent)) if not on]
         # `portal apiserver` runs nothing but the API server.
@@ -110,6 +110,27 @@ def portal(data_dir, request):
     server.stop()
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         print(server.log())
+
+
+MARKERS = {
+    "root": "needs root (network namespaces, nftables, mounts, cgroups); fails, not skips, without it",
+    "netns": "creates network namespaces (node and pod namespaces of support.nodes, support.agent_bed, support.lan) or runs pods",
+    "etcd": "starts etcd (Debian's etcd-server) through support.etcd",
+}
+
+
+def pytest_configure(config):
+    for name, what in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # A test that needs root fails without it (before its fixtures make
+    # anything): a skip would hide the gap.
+    if item.get_closest_marker("root") and os.geteuid() != 0:
+        pytest.fail(f"{item.nodeid} needs root (marked `root`: it makes network namespaces, nftables rules, "
+                    f"mounts or cgroups); run the suite as root, or deselect with -m 'not root'", pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

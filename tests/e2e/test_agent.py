@@ -16,11 +16,13 @@ import time
 
 import pytest
 
-import agent_bed
-import nodes
-import registry
-from agent_bed import NS, AgentNode, busybox_image, container_pids, pod_manifest, wait_for, web_image
 from conftest import BINARY
+from support import agent_bed, nodes, registry
+from support.agent_bed import NS, AgentNode, busybox_image, container_pids, pod_manifest, web_image
+from support.metrics import proxy_syncs, scrape, value
+from support.waiting import holds_for, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +151,17 @@ def test_scale_to_zero_and_back_leaves_nothing(node):
     assert not (new & old), f"new pods got old addresses at once: {new & old}"
 
 
+def agent_took_over(node, count):
+    """The (restarted) server's agent holds `count` pods or more and has
+    listed as many running containers (its relist reports both)."""
+    text = scrape(node.portal)
+    return (value(text, "kubelet_running_pods") or 0) >= count and (value(text, "kubelet_running_containers") or 0) >= count
+
+
+def started_containers(node):
+    return value(scrape(node.portal), "kubelet_started_containers_total")
+
+
 def test_containers_outlive_a_killed_server(node):
     """kill -9 of portal server with pods serving: the same container
     processes afterwards, no restarts, and the Service keeps answering
@@ -158,7 +171,7 @@ def test_containers_outlive_a_killed_server(node):
     agent_bed.wait_endpoints_programmed({p.status.pod_ip for p in pods})
     before = container_pids(node.data_dir / "agent")
     cluster_ip = core.read_namespaced_service("web", NS).spec.cluster_ip
-    failures, done = [], threading.Event()
+    failures, served, done = [], [], threading.Event()
 
     began = time.monotonic()
     # The pods' resolv.conf keeps the cluster DNS throughout (the restarted
@@ -176,14 +189,23 @@ def test_containers_outlive_a_killed_server(node):
             result = subprocess.run(["wget", "-qO-", "--tries=1", "-T", "2", f"http://{cluster_ip}/name.txt"], capture_output=True, text=True, timeout=10)
             if result.returncode != 0:
                 failures.append((round(time.monotonic() - began, 2), result.stderr.strip()))
+            else:
+                served.append(time.monotonic())
             count += 1
             time.sleep(0.02)
     client = threading.Thread(target=load)
     client.start()
     try:
-        time.sleep(1)
+        wait_for(lambda: len(served) >= 10, "the Service answering before the kill")
         node.restart(kill=True)
-        time.sleep(3)
+        # The load goes on until the restarted server has taken the node
+        # over: its proxy has synced and its agent has the pods again (from
+        # the API) and has listed their containers, and a few more requests
+        # were answered after that.
+        wait_for(lambda: proxy_syncs(node.portal) >= 1, "the restarted proxy's first sync")
+        wait_for(lambda: agent_took_over(node, len(pods)), "the restarted agent to take the pods on")
+        settled = len(served)
+        wait_for(lambda: len(served) >= settled + 10, "the Service answering after the restart")
     finally:
         done.set()
         client.join()
@@ -191,7 +213,9 @@ def test_containers_outlive_a_killed_server(node):
     assert not lost_dns, f"a running pod's resolv.conf lost the cluster DNS: {lost_dns[:1]}"
     after = container_pids(node.data_dir / "agent")
     assert after == before, "containers were replaced"
-    time.sleep(2)
+    # The restarted agent has its pods and their containers (above): it
+    # starts no container meanwhile, and the pods report no restart.
+    holds_for(lambda: started_containers(node) == 0, "no container started by the restarted agent", 2)
     pods = running_pods(node, "app=web")
     assert pods and all(s.restart_count == 0 for p in pods for s in p.status.container_statuses)
 

@@ -11,12 +11,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-
-def service(name, labels=None, port=80):
-    return client.V1Service(
-        metadata=client.V1ObjectMeta(name=name, labels=labels or {}),
-        spec=client.V1ServiceSpec(selector={"app": name}, ports=[client.V1ServicePort(port=port)]),
-    )
+from support.api import portal_ca, service
 
 
 def error_body(exc):
@@ -230,12 +225,6 @@ def raw(portal, method, path, body=None, token=True, content_type="application/j
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
-
-
-def portal_ca(portal):
-    import base64
-
-    return base64.b64decode(portal.config()["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
 
 
 def test_oversized_body_is_413(portal):

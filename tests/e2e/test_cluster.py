@@ -10,6 +10,7 @@ and replaced, and the node comes back clean; drain moves pods off a node.
 The tests share one cluster and run in order."""
 
 import json
+import re
 import subprocess
 import time
 
@@ -17,11 +18,13 @@ import kubernetes
 import pytest
 import yaml
 
-import agent_bed
-import registry
-from agent_bed import NS, wait_for
 from conftest import BINARY, Portal
-from lan import Lan
+from support import agent_bed, registry
+from support.agent_bed import NS
+from support.lan import Lan
+from support.waiting import wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 GRACE = "4s"
 LEASE_SECONDS = "2"
@@ -267,6 +270,11 @@ def reach_across_nodes(bed):
     far_ip = core.read_namespaced_service("far", NS).spec.cluster_ip
     wait_for(lambda: len([e for s in core.list_namespaced_endpoints(NS, field_selector="metadata.name=far").items for s in (s.subsets or []) for e in (s.addresses or [])]) == 2, "far's endpoints")
     direct = far[0].status.pod_ip
+    # node-3's proxy sends the Service to both (a first answer from one
+    # alone, as the client's loop below waits for, is not enough).
+    wait_for(lambda: {p.status.pod_ip for p in far} <= set(re.findall(r"dnat to (\d+\.\d+\.\d+\.\d+):8080",
+                                                                      bed.lan.run(3, "nft", "list", "table", "ip", "portal").stdout)),
+             "node-3's proxy to program both far endpoints")
     script = (
         # Until node-3's proxy has the endpoints (it rejects before).
         f"for i in $(seq 1 40); do timeout 5 wget -qO- http://{far_ip}/name.txt >/dev/null && break; sleep 0.5; done; "
@@ -357,8 +365,11 @@ def test_local_traffic_policies(bed):
         "internalTrafficPolicy": "Local", "selector": {"app": "lp"}, "ports": [{"port": 80, "targetPort": 8080}]}})
     cluster_ip = core.read_namespaced_service("ilp", NS).spec.cluster_ip
     wait_for(lambda: fetch(bed, 1, f"http://{cluster_ip}/name.txt")[0] == "lp", "ilp from node-1")
-    # node-3 has no endpoint: dropped there (give its proxy time to program).
-    time.sleep(2)
+    # node-3 has no endpoint: dropped there, once its proxy has programmed
+    # the Service (as a drop).
+    wait_for(lambda: re.search(rf"{re.escape(cluster_ip)} \. tcp \. 80 : drop\b",
+                               bed.lan.run(3, "nft", "list", "map", "ip", "portal", "cluster-ips").stdout),
+             "node-3's proxy to program ilp as a drop")
     assert fetch(bed, 3, f"http://{cluster_ip}/name.txt", count=2) == [None, None]
     core.delete_namespaced_service("ilp", NS)
     core.delete_namespaced_service("lp", NS)
@@ -380,11 +391,18 @@ def test_requests_fit_allocatable(bed):
     placed = [p for p in pods if p.spec.node_name]
     assert sorted(p.spec.node_name for p in placed) == ["node-1", "node-2", "node-3"]
     waiting = next(p for p in pods if not p.spec.node_name)
-    def reason():
+    def failed_scheduling():
         events = core.list_namespaced_event(NS, field_selector=f"involvedObject.name={waiting.metadata.name}").items
-        return next((e.message for e in events if e.reason == "FailedScheduling"), None)
-    assert wait_for(reason, "FailedScheduling") == "0/3 nodes are available: 3 Insufficient cpu."
-    time.sleep(1)
+        return next((e for e in events if e.reason == "FailedScheduling"), None)
+    assert wait_for(failed_scheduling, "FailedScheduling").message == "0/3 nodes are available: 3 Insufficient cpu."
+    # A node change makes the scheduler try every pending pod again: once
+    # it has (the Event counted twice), the pod is still not placed.
+    bed.kubectl("label", "node", NAMES[1], "retry-scheduling=yes")
+    try:
+        again = wait_for(lambda: (e := failed_scheduling()) and (e.count or 1) >= 2 and e, "the scheduler to try the pod again")
+    finally:
+        bed.kubectl("label", "node", NAMES[1], "retry-scheduling-")
+    assert again.message == "0/3 nodes are available: 3 Insufficient cpu."
     assert not core.read_namespaced_pod(waiting.metadata.name, NS).spec.node_name
     core.delete_namespaced_replication_controller("big", NS)
     wait_for(lambda: not bed.pods("app=big"), "the big pods gone", timeout=60)
@@ -395,25 +413,39 @@ def test_a_lost_node_leaves_the_service_and_its_pods_move(bed):
     cluster_ip = core.read_namespaced_service("web", NS).spec.cluster_ip
     on_two = {p.metadata.name for p in bed.pods("app=web") if p.spec.node_name == "node-2"}
     assert len(on_two) == 2
-    # Requests through the Service from node-3, every 0.1 s, while node-2 is lost.
+    # Requests through the Service from node-3, every 0.1 s, while node-2 is
+    # lost; each sample (seconds since the probe's start, answered) is
+    # printed as it is taken, after the start's CLOCK_MONOTONIC reading.
     probe = (
         "import json, time, urllib.request\n"
-        "start = time.monotonic(); out = []\n"
+        "start = time.monotonic(); print(start, flush=True)\n"
         "while time.monotonic() - start < 20:\n"
         "    t = time.monotonic() - start\n"
         "    try:\n"
-        f"        urllib.request.urlopen('http://{cluster_ip}/name.txt', timeout=0.5).read(); out.append((t, True))\n"
+        f"        urllib.request.urlopen('http://{cluster_ip}/name.txt', timeout=0.5).read(); ok = True\n"
         "    except Exception:\n"
-        "        out.append((t, False))\n"
+        "        ok = False\n"
+        "    print(json.dumps([t, ok]), flush=True)\n"
         "    time.sleep(0.1)\n"
-        "print(json.dumps(out))\n"
     )
     watcher = subprocess.Popen(["ip", "netns", "exec", bed.lan.netns(3), "python3", "-c", probe], stdout=subprocess.PIPE, text=True)
-    time.sleep(1)
-    bed.workers[2].kill()
-    bed.lan.cut(2)
-    lost = 1.0
-    samples = json.loads(watcher.communicate(timeout=60)[0])
+    try:
+        start = float(watcher.stdout.readline())
+        samples = []
+        # The Service answers the probe before the node is lost.
+        while sum(ok for _, ok in samples) < 5:
+            line = watcher.stdout.readline()
+            assert line, f"the probe ended before the Service answered it: {samples}"
+            samples.append(json.loads(line))
+        bed.workers[2].kill()
+        bed.lan.cut(2)
+        # (Both clocks are the machine's CLOCK_MONOTONIC.)
+        lost = time.monotonic() - start
+        samples += [json.loads(line) for line in watcher.communicate(timeout=60)[0].splitlines()]
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
     failures = [t for t, ok in samples if not ok]
     assert failures, "the lost node's endpoints should fail before they leave the Service"
     last_failure = max(failures) - lost

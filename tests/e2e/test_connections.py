@@ -6,9 +6,9 @@ at once (and counted)."""
 import resource
 import subprocess
 import socket
-import time
 
 from conftest import Portal
+from support.waiting import wait_for
 
 IDLE = 4000
 
@@ -49,11 +49,14 @@ def test_idle_connections_are_closed_while_clients_are_served(data_dir):
         core = portal.core()
         assert core.read_namespace("default").metadata.name == "default"
         # The handshake timeout is 3 s: all are gone well within 30.
-        deadline = time.monotonic() + 30
         still_open = idle
-        while still_open and time.monotonic() < deadline:
-            time.sleep(0.5)
+
+        def all_closed():
+            nonlocal still_open
             still_open = [s for s in still_open if not closed_by_server(s)]
+            return not still_open
+
+        wait_for(all_closed, f"the {IDLE} idle connections to be closed", timeout=30, interval=0.5)
         assert not still_open, f"{len(still_open)} of {IDLE} idle connections still open"
         assert core.read_namespace("default").metadata.name == "default"
     finally:
@@ -67,15 +70,21 @@ def test_connections_past_the_maximum_are_refused_at_once(data_dir):
     idle = []
     try:
         idle = open_idle(api_address(portal), 100)
-        time.sleep(1)
-        refused = [s for s in idle if closed_by_server(s)]
+        # Closed by the server well before their 30 s handshake timeout: refused.
+        def refused_ones():
+            refused = [s for s in idle if closed_by_server(s)]
+            return refused if len(refused) >= 100 - 64 else None
+
+        refused = wait_for(refused_ones, f"{100 - 64} connections refused", timeout=10)
         assert len(refused) >= 100 - 64, len(refused)
         for s in idle:
             s.close()
         idle = []
-        time.sleep(0.5)
-        # Freed slots serve again, and the refusals were counted.
-        metrics = subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "get", "--raw", "/metrics"], capture_output=True, text=True, check=True, timeout=30).stdout
+        # Freed slots serve again (once the server has seen the connections
+        # close), and the refusals were counted.
+        metrics = wait_for(lambda: (r := subprocess.run(["kubectl", "--kubeconfig", portal.kubeconfig, "get", "--raw", "/metrics"],
+                                                         capture_output=True, text=True, timeout=30)).returncode == 0 and r.stdout,
+                           "a request served in a freed slot")
         count = next(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("portal_apiserver_refused_connections_total"))
         assert count >= 100 - 64
     finally:

@@ -4,7 +4,6 @@ import http.client
 import json
 import ssl
 import threading
-import time
 import urllib.parse
 
 import pytest
@@ -12,7 +11,8 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from conftest import Portal
-from test_api import portal_ca, service
+from support.api import portal_ca, service
+from support.waiting import wait_for
 
 
 def test_restart_keeps_objects_and_versions(data_dir):
@@ -104,7 +104,10 @@ def test_kill_9_loses_no_acknowledged_write(data_dir, round_):
     writers = [Writer(portal, i, stop) for i in range(16)]
     for w in writers:
         w.start()
-    time.sleep(0.7 + 0.05 * round_)
+    # Each round kills at another point of the write stream: once the
+    # writers have had more writes acknowledged than in the round before.
+    wanted = 50 * (round_ + 1)
+    wait_for(lambda: sum(len(w.acknowledged) for w in writers) >= wanted, f"{wanted} acknowledged writes")
     portal.kill()
     stop.set()
     for w in writers:

@@ -5,24 +5,14 @@ Endpoints and EndpointSlices in line."""
 
 import time
 
-import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-NS = "default"
+from support.api import NS
+from support.waiting import wait_for
+
+# These tests' bound (their own wait_for's before support.waiting).
 WAIT = 10
-
-
-def wait_for(check, what):
-    """Polls `check` until it returns a truthy value (bounded)."""
-    deadline = time.monotonic() + WAIT
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}; last saw {last!r}")
 
 
 def make_pod(core, name, labels, port_name="web", port=8080):
@@ -75,8 +65,8 @@ def test_endpoints_list_exactly_the_ready_pods(portal):
     make_pod(core, "other", {"app": "other"})
     set_status(core, "other", "10.244.0.99", True)
 
-    wait_for(lambda: addresses(core, "web") == ({"10.244.0.10", "10.244.0.11"}, {"10.244.0.12"}), "ready pods in Endpoints")
-    wait_for(lambda: slice_endpoints(discovery, "web") == {("10.244.0.10", True), ("10.244.0.11", True), ("10.244.0.12", False)}, "EndpointSlice endpoints")
+    wait_for(lambda: addresses(core, "web") == ({"10.244.0.10", "10.244.0.11"}, {"10.244.0.12"}), "ready pods in Endpoints", timeout=WAIT)
+    wait_for(lambda: slice_endpoints(discovery, "web") == {("10.244.0.10", True), ("10.244.0.11", True), ("10.244.0.12", False)}, "EndpointSlice endpoints", timeout=WAIT)
     ep = core.read_namespaced_endpoints("web", NS)
     assert ep.subsets[0].ports[0].port == 8080 and ep.subsets[0].ports[0].name == "http"
     assert ep.subsets[0].addresses[0].target_ref.kind == "Pod"
@@ -87,23 +77,23 @@ def test_endpoints_list_exactly_the_ready_pods(portal):
 
     # Readiness flips, relabelling and deletion are followed.
     set_status(core, "p2", "10.244.0.12", True)
-    wait_for(lambda: addresses(core, "web") == ({"10.244.0.10", "10.244.0.11", "10.244.0.12"}, set()), "a pod turning ready")
+    wait_for(lambda: addresses(core, "web") == ({"10.244.0.10", "10.244.0.11", "10.244.0.12"}, set()), "a pod turning ready", timeout=WAIT)
     set_status(core, "p0", "10.244.0.10", False)
-    wait_for(lambda: addresses(core, "web") == ({"10.244.0.11", "10.244.0.12"}, {"10.244.0.10"}), "a pod turning unready")
+    wait_for(lambda: addresses(core, "web") == ({"10.244.0.11", "10.244.0.12"}, {"10.244.0.10"}), "a pod turning unready", timeout=WAIT)
     core.patch_namespaced_pod("p1", NS, {"metadata": {"labels": {"app": "moved"}}})
-    wait_for(lambda: addresses(core, "web") == ({"10.244.0.12"}, {"10.244.0.10"}), "a relabelled pod leaving")
+    wait_for(lambda: addresses(core, "web") == ({"10.244.0.12"}, {"10.244.0.10"}), "a relabelled pod leaving", timeout=WAIT)
     core.delete_namespaced_pod("p2", NS)
-    wait_for(lambda: addresses(core, "web") == (set(), {"10.244.0.10"}), "a deleted pod leaving")
-    wait_for(lambda: slice_endpoints(discovery, "web") == {("10.244.0.10", False)}, "slices following")
+    wait_for(lambda: addresses(core, "web") == (set(), {"10.244.0.10"}), "a deleted pod leaving", timeout=WAIT)
+    wait_for(lambda: slice_endpoints(discovery, "web") == {("10.244.0.10", False)}, "slices following", timeout=WAIT)
 
     # A new selector takes other pods.
     core.patch_namespaced_service("web", NS, {"spec": {"selector": {"app": "moved"}}})
-    wait_for(lambda: addresses(core, "web") == ({"10.244.0.11"}, set()), "the selector change")
+    wait_for(lambda: addresses(core, "web") == ({"10.244.0.11"}, set()), "the selector change", timeout=WAIT)
 
     # Deleting the Service deletes what the controller made.
     core.delete_namespaced_service("web", NS)
-    wait_for(lambda: addresses(core, "web") is None, "Endpoints removed with the Service")
-    wait_for(lambda: slice_endpoints(discovery, "web") == set() and not discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=web").items, "slices removed")
+    wait_for(lambda: addresses(core, "web") is None, "Endpoints removed with the Service", timeout=WAIT)
+    wait_for(lambda: slice_endpoints(discovery, "web") == set() and not discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=web").items, "slices removed", timeout=WAIT)
 
 
 def test_named_target_port_resolves_per_pod(portal):
@@ -120,14 +110,20 @@ def test_named_target_port_resolves_per_pod(portal):
             return None
         return sorted((s.ports[0].port, sorted(a.ip for a in s.addresses or [])) for s in ep.subsets)
 
-    assert wait_for(lambda: subsets() == [(8080, ["10.244.1.1"]), (9090, ["10.244.1.2"])] and subsets(), "two subsets")
+    assert wait_for(lambda: subsets() == [(8080, ["10.244.1.1"]), (9090, ["10.244.1.2"])] and subsets(), "two subsets", timeout=WAIT)
 
 
 def test_selectorless_endpoints_are_left_alone(portal):
     core = portal.core()
     core.create_namespaced_service(NS, {"metadata": {"name": "manual"}, "spec": {"ports": [{"port": 80}]}})
     core.create_namespaced_endpoints(NS, {"metadata": {"name": "manual"}, "subsets": [{"addresses": [{"ip": "192.0.2.7"}], "ports": [{"port": 80}]}]})
-    time.sleep(0.5)
+    # The controllers have seen both: the mirroring controller has made a
+    # slice of the manual Endpoints, and the endpoints controller has
+    # handled a Service with a selector made after them.
+    discovery = client.DiscoveryV1Api(portal.api_client())
+    wait_for(lambda: slice_endpoints(discovery, "manual") == {("192.0.2.7", True)}, "the manual Endpoints mirrored", timeout=WAIT)
+    make_service(core, "later", {"app": "later"})
+    wait_for(lambda: addresses(core, "later") is not None, "Endpoints for a later Service", timeout=WAIT)
     assert addresses(core, "manual") == ({"192.0.2.7"}, set())
 
 
@@ -137,12 +133,12 @@ def test_manual_endpoints_are_mirrored_to_slices(portal):
     core.create_namespaced_service(NS, {"metadata": {"name": "external"}, "spec": {"ports": [{"name": "db", "port": 5432}]}})
     body = {"metadata": {"name": "external"}, "subsets": [{"addresses": [{"ip": "192.0.2.10"}], "notReadyAddresses": [{"ip": "192.0.2.11"}], "ports": [{"name": "db", "port": 5432}]}]}
     core.create_namespaced_endpoints(NS, body)
-    wait_for(lambda: slice_endpoints(discovery, "external") == {("192.0.2.10", True), ("192.0.2.11", False)}, "mirrored slice")
+    wait_for(lambda: slice_endpoints(discovery, "external") == {("192.0.2.10", True), ("192.0.2.11", False)}, "mirrored slice", timeout=WAIT)
     mirrored = discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=external").items[0]
     assert mirrored.metadata.labels["endpointslice.kubernetes.io/managed-by"] == "endpointslicemirroring-controller.k8s.io"
     assert mirrored.ports[0].port == 5432 and mirrored.ports[0].name == "db"
     body["subsets"][0]["addresses"] = [{"ip": "192.0.2.12"}]
     core.replace_namespaced_endpoints("external", NS, body)
-    wait_for(lambda: slice_endpoints(discovery, "external") == {("192.0.2.12", True), ("192.0.2.11", False)}, "the mirror following")
+    wait_for(lambda: slice_endpoints(discovery, "external") == {("192.0.2.12", True), ("192.0.2.11", False)}, "the mirror following", timeout=WAIT)
     core.delete_namespaced_endpoints("external", NS)
-    wait_for(lambda: not discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=external").items, "the mirror removed")
+    wait_for(lambda: not discovery.list_namespaced_endpoint_slice(NS, label_selector="kubernetes.io/service-name=external").items, "the mirror removed", timeout=WAIT)

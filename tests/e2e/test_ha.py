@@ -7,6 +7,7 @@ identity, losing an etcd member or an API server, and two `portal
 controllers` failing over."""
 
 import concurrent.futures
+import json
 import pathlib
 import shutil
 import subprocess
@@ -21,8 +22,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from conftest import BINARY, Portal
-from etcd import EtcdCluster
-from nodes import wait_for
+from support.etcd import EtcdCluster
+from support.metrics import scrape, value
+from support.waiting import wait_for
+
+pytestmark = [pytest.mark.etcd]
+
+# These tests' bound (support.nodes.wait_for's, which they used before).
+WAIT = 15
 
 KUBECTL = shutil.which("kubectl") or "kubectl"
 
@@ -111,14 +118,26 @@ def test_allocations_are_distinct_across_servers(cluster):
             {(s.metadata.name, s.spec.cluster_ip, s.spec.ports[0].node_port) for s in created}
 
 
-def watch_events(core, ns, resource_version, count, timeout=20):
-    """The first `count` events of a watch on Services from `resource_version`."""
+def watch_events(core, ns, resource_version, count, timeout=20, opened=None):
+    """The first `count` events of a watch on Services from
+    `resource_version`; `opened` (a threading.Event) is set once the server
+    has answered the watch request (its headers came)."""
     events = []
-    w = kubernetes.watch.Watch()
-    for event in w.stream(core.list_namespaced_service, ns, resource_version=resource_version, timeout_seconds=timeout):
-        events.append((event["type"], event["object"].metadata.name, int(event["object"].metadata.resource_version)))
-        if len(events) == count:
-            w.stop()
+    response = core.list_namespaced_service(ns, watch=True, resource_version=resource_version, timeout_seconds=timeout,
+                                            _preload_content=False)
+    try:
+        if opened is not None:
+            opened.set()
+        for line in kubernetes.watch.watch.iter_resp_lines(response):
+            event = json.loads(line)
+            assert event["type"] != "ERROR", event
+            metadata = event["object"]["metadata"]
+            events.append((event["type"], metadata["name"], int(metadata["resourceVersion"])))
+            if len(events) == count:
+                break
+    finally:
+        response.close()
+        response.release_conn()
     return events
 
 
@@ -127,9 +146,11 @@ def test_watches_see_every_server_in_order_and_resume_anywhere(cluster):
     ns = namespace(a, "watched")
     start = a.list_namespaced_service(ns).metadata.resource_version
     result = {}
-    watcher = threading.Thread(target=lambda: result.setdefault("a", watch_events(a, ns, start, 30)))
+    opened = threading.Event()
+    watcher = threading.Thread(target=lambda: result.setdefault("a", watch_events(a, ns, start, 30, opened=opened)))
     watcher.start()
-    time.sleep(0.5)
+    # The writes go to b and c once a's watch is open.
+    assert opened.wait(30), "the watch on a was not answered"
     for i in range(30):
         (b if i % 2 else c).create_namespaced_service(ns, {"metadata": {"name": f"w{i:02}"}, "spec": {"ports": [{"port": 80}]}})
     watcher.join(30)
@@ -209,16 +230,16 @@ def test_controllers_fail_over(cluster):
                                               stdout=open(log, "ab"), stderr=subprocess.STDOUT))
         holder = wait_for(lambda: (coordination.read_namespaced_lease("portal-controllers", "kube-system").spec.holder_identity
                                    if "portal-controllers" in {l.metadata.name for l in coordination.list_namespaced_lease("kube-system").items} else None),
-                          "a leader")
+                          "a leader", timeout=WAIT)
         def leaders():
             return [i for i, log in enumerate(logs) if "became leader" in log.read_text(errors="replace")]
 
-        leader = wait_for(leaders, "the leader's log")[0]
+        leader = wait_for(leaders, "the leader's log", timeout=WAIT)[0]
         follower = 1 - leader
         assert leaders() == [leader], "two leaders"
         core.create_namespaced_service(ns, {"metadata": {"name": "fo"}, "spec": {"selector": {"app": "fo"}, "ports": [{"port": 80, "targetPort": 8080}]}})
         make_ready_pod(core, ns, "p1", "10.244.9.1")
-        wait_for(lambda: ready_ips(core, ns, "fo") == {"10.244.9.1"}, "endpoints from the first leader")
+        wait_for(lambda: ready_ips(core, ns, "fo") == {"10.244.9.1"}, "endpoints from the first leader", timeout=WAIT)
 
         processes[leader].kill()
         processes[leader].wait()
@@ -229,7 +250,7 @@ def test_controllers_fail_over(cluster):
         print(f"controllers failed over in {took:.1f} s (lease 4 s, retry 1 s)")
         assert took < 4 + 2 * 1 + 1, f"failover took {took:.1f} s"
         # (Its log line follows the write the API already shows.)
-        wait_for(lambda: "became leader" in logs[follower].read_text(errors="replace"), "the new leader's log")
+        wait_for(lambda: "became leader" in logs[follower].read_text(errors="replace"), "the new leader's log", timeout=WAIT)
         # The new leader's controllers follow pods, for the Service the old
         # leader wrote the Endpoints of and for one made now. (`fo` once
         # stayed stale: a reconcile parked in kube-runtime's
@@ -237,14 +258,18 @@ def test_controllers_fail_over(cluster):
         core.create_namespaced_service(ns, {"metadata": {"name": "settled"}, "spec": {"selector": {"app": "fo"}, "ports": [{"port": 80, "targetPort": 8080}]}})
         make_ready_pod(core, ns, "p2", "10.244.9.2")
         for service in ("fo", "settled"):
-            wait_for(lambda: ready_ips(core, ns, service) == {"10.244.9.1", "10.244.9.2"}, f"endpoints of {service} from the new leader")
+            wait_for(lambda: ready_ips(core, ns, service) == {"10.244.9.1", "10.244.9.2"}, f"endpoints of {service} from the new leader", timeout=WAIT)
 
         # A leader stopped cleanly gives the Lease up: a third candidate
         # takes over without waiting for the lease to run out.
         third = cluster.root / "controllers-2.log"
+        # It campaigns through server c, which no other client asks for the
+        # Lease: once c has answered it a read of the Lease, it is a candidate.
+        lease_reads = lambda: value(scrape(cluster.servers[2]), "apiserver_request_total", verb="GET", resource="leases") or 0
+        reads_before = lease_reads()
         processes.append(subprocess.Popen([BINARY, "controllers", "--kubeconfig", cluster.servers[2].kubeconfig, *timing],
                                           stdout=open(third, "ab"), stderr=subprocess.STDOUT))
-        time.sleep(1.5)
+        wait_for(lambda: lease_reads() > reads_before, "the third candidate to read the Lease", timeout=WAIT)
         holder = coordination.read_namespaced_lease("portal-controllers", "kube-system").spec.holder_identity
         processes[follower].terminate()
         processes[follower].wait(timeout=15)
@@ -254,7 +279,7 @@ def test_controllers_fail_over(cluster):
         took = time.monotonic() - stopped
         print(f"after a clean stop, taken over in {took:.1f} s (lease 4 s)")
         assert took < 4, f"the lease was not given up: {took:.1f} s"
-        wait_for(lambda: "became leader" in third.read_text(errors="replace"), "the third candidate's log")
+        wait_for(lambda: "became leader" in third.read_text(errors="replace"), "the third candidate's log", timeout=WAIT)
     finally:
         for p in processes:
             p.kill()
@@ -269,7 +294,7 @@ def kubernetes_endpoints(core):
 def test_kubernetes_endpoints_list_the_live_servers(cluster):
     core = cluster.core(0)
     expected = {(ADVERTISED[n], int(s.server.rsplit(":", 1)[1])) for n, s in zip("abc", cluster.servers)}
-    wait_for(lambda: kubernetes_endpoints(core) == expected, "every server in the kubernetes Endpoints")
+    wait_for(lambda: kubernetes_endpoints(core) == expected, "every server in the kubernetes Endpoints", timeout=WAIT)
 
 
 def test_losing_an_api_server(cluster):
@@ -296,7 +321,7 @@ def test_losing_an_api_server(cluster):
     # and is in the Endpoints again.
     assert [s.metadata.name for s in cluster.core(2).list_namespaced_service(ns).items] == ["after"]
     new_port = int(c.server.rsplit(":", 1)[1])
-    wait_for(lambda: (ADVERTISED["c"], new_port) in kubernetes_endpoints(core_a), "the server back in the Endpoints")
+    wait_for(lambda: (ADVERTISED["c"], new_port) in kubernetes_endpoints(core_a), "the server back in the Endpoints", timeout=WAIT)
 
 
 def test_migrating_an_embedded_cluster_to_etcd():

@@ -5,35 +5,13 @@ Runs with every kubectl in KUBECTLS: the machine's (`/usr/bin/kubectl` or
 PATH) and, when `scripts/setup` unpacked it, Debian's kubectl 1.20.
 """
 
-import json
-import os
-import pathlib
 import subprocess
 import sys
 import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def available_kubectls():
-    found = []
-    for candidate in ["/usr/bin/kubectl", "kubectl"]:
-        path = candidate if os.path.isabs(candidate) else next(
-            (str(pathlib.Path(d) / candidate) for d in os.environ.get("PATH", "").split(":") if (pathlib.Path(d) / candidate).exists()),
-            None,
-        )
-        if path and os.path.exists(path):
-            found.append(path)
-            break
-    old = ROOT / ".cache" / "kubectl-1.20" / "usr" / "bin" / "kubectl"
-    if old.exists():
-        found.append(str(old))
-    return found
-
-
-KUBECTLS = available_kubectls()
+from support.kubectl import KUBECTLS, Kubectl, client_minor
 
 MANIFEST = """\
 apiVersion: v1
@@ -71,32 +49,6 @@ metadata:
 spec:
   containers: [{name: c, image: registry.local/front:1.0}]
 """
-
-
-class Kubectl:
-    def __init__(self, binary, portal, tmp_path):
-        self.binary = binary
-        self.portal = portal
-        self.tmp = tmp_path
-        self.cache = tmp_path / "kube-cache"
-
-    def __call__(self, *args, input=None, check=True, env=None):
-        command = [self.binary, "--kubeconfig", self.portal.kubeconfig, "--cache-dir", str(self.cache), *args]
-        result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
-        return result
-
-    def out(self, *args, **kwargs):
-        return self(*args, **kwargs).stdout
-
-    def json(self, *args):
-        return json.loads(self.out(*args, "-o", "json"))
-
-    def apply(self, text):
-        path = self.tmp / "manifest.yaml"
-        path.write_text(text)
-        return self.out("apply", "-f", str(path))
 
 
 @pytest.fixture(params=KUBECTLS, ids=lambda p: "kubectl-1.20" if "1.20" in p else "kubectl")
@@ -399,11 +351,6 @@ def test_wait_for_a_namespace_to_be_deleted(kubectl):
     assert any(s[0] == "MODIFIED" and not s[2] for s in terminating), "the finalizer is taken off before it goes"
     assert kubectl("get", "namespace", "doomed", check=False).returncode != 0
     assert kubectl.json("get", "svc", "-n", "doomed")["items"] == []
-
-
-def client_minor(binary):
-    out = subprocess.run([binary, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=30).stdout
-    return int("".join(c for c in json.loads(out)["clientVersion"]["minor"] if c.isdigit()))
 
 
 def test_explain_shows_the_real_schemas(kubectl):

@@ -11,7 +11,10 @@ import time
 
 import pytest
 
-from agent_bed import NS, AgentNode, busybox_image, container_pids, pod_manifest, running_containers_of, wait_endpoints_programmed, wait_for, wait_programmed
+from support.agent_bed import NS, AgentNode, busybox_image, container_pids, dnat_targets, pod_manifest, running_containers_of, wait_endpoints_programmed, wait_programmed, wait_proxy_caught_up
+from support.waiting import holds_for, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +110,10 @@ def test_readiness_gates_traffic(node):
     wait_for(lambda: node.pod("gated").status.phase == "Running", "the pod to run")
     ip = node.pod("gated").status.pod_ip
     wait_for(lambda: slice_state(node, "gated").get(ip) == (False, False, False), "a not-ready endpoint")
-    time.sleep(2)
+    # The probe has run (and failed), and the proxy has seen the not-ready
+    # endpoint.
+    wait_for(lambda: any(r == "Unhealthy" and "Readiness probe failed" in m for _, r, m in node.events("gated")), "a failed readiness probe")
+    wait_proxy_caught_up(core)
     assert not ready(node, "gated") and not node.pod("gated").status.container_statuses[0].ready
     assert http(f"http://{cluster_ip}/name", timeout=1) is None, "a not-ready pod got traffic"
     assert any(r == "Unhealthy" and "Readiness probe failed" in m for _, r, m in node.events("gated"))
@@ -161,13 +167,18 @@ def test_graceful_deletion_under_load(node):
     )
     load = Load(f"http://{cluster_ip}/name")
     try:
-        time.sleep(1)
+        wait_for(lambda: len(load.served) >= 10, "the Service answering the load")
+        gone_ip = node.pod("gentle-0").status.pod_ip
         began = time.monotonic()
         core.delete_namespaced_pod("gentle-0", NS)
         assert node.pod("gentle-0").metadata.deletion_timestamp is not None, "marked, not gone"
         wait_for(lambda: "gentle-0" not in [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=gentle").items], "the pod to go", timeout=20)
         took = time.monotonic() - began
-        time.sleep(1)
+        # The load goes on until the kernel no longer sends to the gone pod
+        # and more requests were answered after that.
+        wait_for(lambda: gone_ip not in dnat_targets(), "the gone pod out of the proxy's rules")
+        then = len(load.served)
+        wait_for(lambda: len(load.served) >= then + 10, "the Service answering after the pod went")
     finally:
         load.stop()
         events.kill()
@@ -202,7 +213,8 @@ def test_only_terminating_pod_keeps_serving(node):
     ip = node.pod("last").status.pod_ip
     core.delete_namespaced_pod("last", NS)
     wait_for(lambda: slice_state(node, "last").get(ip) == (False, True, True), "a serving, terminating endpoint")
-    time.sleep(1.5)
+    # Through the rules the proxy made after it saw the pod terminating.
+    wait_proxy_caught_up(core)
     assert http(f"http://{cluster_ip}/name", timeout=2) == "last\n", "the terminating pod stopped serving too early"
     wait_for(lambda: not core.list_namespaced_pod(NS, field_selector="metadata.name=last").items, "the pod to go", timeout=20)
     core.delete_namespaced_service("last", NS)
@@ -286,10 +298,11 @@ def test_active_deadline(node):
     status = node.pod("late").status
     assert status.reason == "DeadlineExceeded", status.reason
     # A finished pod stays finished (restartPolicy Always would otherwise
-    # bring it back as its killed container ends).
-    for _ in range(15):
-        time.sleep(0.2)
-        assert node.pod("late").status.phase == "Failed"
+    # bring it back as its killed container ends): once that container has
+    # ended, it stays Failed.
+    uid = node.pod("late").metadata.uid
+    wait_for(lambda: not running_containers_of(node.data_dir / "agent", uid), "the killed container to end")
+    holds_for(lambda: node.pod("late").status.phase == "Failed", "the finished pod Failed", 3)
     assert any(r == "DeadlineExceeded" for _, r, _ in node.events("late"))
     node.core.delete_namespaced_pod("late", NS)
     wait_for(lambda: not node.core.list_namespaced_pod(NS, field_selector="metadata.name=late").items, "a finished pod to go at once")

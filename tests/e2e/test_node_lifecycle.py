@@ -13,11 +13,14 @@ import threading
 import time
 
 import kubernetes
+import pytest
 
-import agent_bed
-import nodes
-from agent_bed import NS, wait_for, web_image
 from conftest import BINARY, Portal
+from support import agent_bed, nodes
+from support.agent_bed import NS, web_image
+from support.waiting import holds_for, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 NODE = "life-1"
 GRACE = "4s"
@@ -46,7 +49,8 @@ def ready_condition(core, name):
 
 
 def taints(core, name):
-    return sorted((t.key, t.effect) for t in (core.read_node(name).spec.taints or []))
+    spec = core.read_node(name).spec
+    return sorted((t.key, t.effect) for t in ((spec and spec.taints) or []))
 
 
 def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path):
@@ -109,8 +113,18 @@ def test_a_lost_node_is_unknown_its_pods_leave_are_evicted_and_replaced(tmp_path
             # Every node lost at once: the controller suspects itself cut
             # off and evicts nothing, as Kubernetes does (full disruption),
             # however long the pods' toleration has run out.
-            time.sleep(TOLERATION + 3)
+            tainted = next(t.time_added for t in core.read_node(NODE).spec.taints
+                           if (t.key, t.effect) == ("node.kubernetes.io/unreachable", "NoExecute"))
+            run_out = tainted + datetime.timedelta(seconds=TOLERATION)
+            wait_for(lambda: datetime.datetime.now(datetime.timezone.utc) > run_out, "the pods' toleration to run out", timeout=TOLERATION + 30)
+            # Then a node that is not Ready either (nothing changes the
+            # disruption): once the controller has tainted it, it has looked
+            # at every node after the toleration ran out.
+            core.create_node({"metadata": {"name": "probe"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+            wait_for(lambda: ("node.kubernetes.io/not-ready", "NoExecute") in taints(core, "probe"), "the controller to taint a node made after the toleration ran out")
+            holds_for(lambda: not any(core.read_namespaced_pod(n, NS).metadata.deletion_timestamp for n in first), "no eviction while every node is unready", 2)
             assert not any(core.read_namespaced_pod(n, NS).metadata.deletion_timestamp for n in first), "evicted while every node was unready"
+            core.delete_node("probe")
             # A second, healthy node (its Lease renewed by the test, tainted so
             # nothing is scheduled there): now the lost node is the exception.
             coordination = kubernetes.client.CoordinationV1Api(core.api_client)

@@ -8,12 +8,14 @@ route with it. The second node joins with the node token."""
 import signal
 import subprocess
 
+import pytest
 
-import agent_bed
-import nodes
-import registry
-from agent_bed import NS, AgentNode, wait_for
 from conftest import BINARY
+from support import agent_bed, nodes, registry
+from support.agent_bed import NS, AgentNode
+from support.waiting import wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 PEER = (
     "#!/bin/sh\n"

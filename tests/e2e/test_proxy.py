@@ -15,7 +15,10 @@ import pytest
 from kubernetes import client
 
 from conftest import BINARY, Portal
-from nodes import GATEWAY, NODE_IP, Cluster, make_service, register_pod, result_of, set_ready, sh, wait_for
+from support.metrics import proxy_syncs
+from support.nodes import GATEWAY, NODE_IP, Cluster, answered, make_service, register_pod, result_of, set_ready, sh, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 NS = "default"
 BACKENDS = {"web-a": "10.244.0.11", "web-b": "10.244.0.12", "web-c": "10.244.0.13"}
@@ -31,17 +34,6 @@ def server_args(mode):
 def ready_endpoints(discovery, name):
     slices = discovery.list_namespaced_endpoint_slice(NS, label_selector=f"kubernetes.io/service-name={name}").items
     return {a for s in slices for e in s.endpoints or [] if (e.conditions.ready is not False) for a in e.addresses}
-
-
-def syncs(portal):
-    """How many proxy syncs have completed (from /metrics)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    request = urllib.request.Request(portal.server + "/metrics", headers={"Authorization": f"Bearer {portal.token}"})
-    text = urllib.request.urlopen(request, context=context, timeout=5).read().decode()
-    match = re.search(r"^kubeproxy_sync_proxy_rules_duration_seconds_count (\d+)", text, re.M)
-    return int(match.group(1)) if match else 0
 
 
 def table():
@@ -244,15 +236,25 @@ def test_unready_endpoint_gets_no_new_connections_after_one_sync(cluster):
 def test_killed_proxy_keeps_traffic_and_restart_disturbs_nothing(cluster):
     vip = cluster.portal.core().read_namespaced_service("web", NS).spec.cluster_ip
     before = table()
-    # A long-lived connection, and new connections all along.
+    # A long-lived connection, and new connections all along (until the
+    # test has seen them through the kill, the time without a proxy and
+    # the restarted proxy's first sync).
     held = socket.create_connection((vip, 80), timeout=5)
     first = held.makefile().readline().split()[0]
-    load = cluster.client("client", vip, 80, seconds=8, background=True)
-    time.sleep(1)
-    cluster.portal.kill()
-    time.sleep(2)
-    cluster.portal.start()
-    wait_for(lambda: syncs(cluster.portal) >= 1, "the first sync after the restart")
+    progress, stop = cluster.portal.data_dir / "load.progress", cluster.portal.data_dir / "load.stop"
+    load = cluster.client("client", vip, 80, background=True, until=stop, progress=progress)
+    try:
+        wait_for(lambda: answered(progress) >= 20, "the load answered before the kill")
+        cluster.portal.kill()
+        # No proxy running now: new connections keep being answered.
+        killed = answered(progress)
+        wait_for(lambda: answered(progress) >= killed + 50, "the load answered with the proxy down")
+        cluster.portal.start()
+        wait_for(lambda: proxy_syncs(cluster.portal) >= 1, "the first sync after the restart")
+        synced = answered(progress)
+        wait_for(lambda: answered(progress) >= synced + 20, "the load answered after the restarted proxy's first sync")
+    finally:
+        stop.touch()
     result = result_of(load)
     assert result["failures"] == 0 and set(result["answers"]) == set(BACKENDS), result
     held.sendall(b"again\n")

@@ -13,7 +13,9 @@ import urllib.request
 import pytest
 
 from conftest import BINARY, Portal
-from nodes import NODE_IP, Cluster, make_service, register_pod, sh, wait_for
+from support.nodes import NODE_IP, Cluster, make_service, register_pod, sh, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 NS = "default"
 BACKENDS = {"web-a": "10.244.0.31", "web-b": "10.244.0.32"}

@@ -11,7 +11,9 @@ import socket
 import pytest
 
 from conftest import Portal
-from nodes import GATEWAY, NODE_IP, Cluster, make_service, register_pod, sh, wait_for
+from support.nodes import GATEWAY, NODE_IP, Cluster, make_service, register_pod, sh, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 NS = "default"
 LIVE = {"web-a": "10.244.0.21", "web-b": "10.244.0.22"}

@@ -4,8 +4,11 @@ FailedScheduling Event."""
 
 from kubernetes import client
 
-from test_endpoints import NS, wait_for
-from test_replication import owned_pods, rc_body
+from support.api import NS, owned_pods, rc_body
+from support.waiting import wait_for
+
+# These tests' bound (their own wait_for's before support.waiting).
+WAIT = 10
 
 
 def make_node(core, name, ready=True):
@@ -20,17 +23,17 @@ def test_without_nodes_pods_stay_pending(portal):
     core = portal.core()
     rcs = client.CoreV1Api(portal.api_client())
     rcs.create_namespaced_replication_controller(NS, rc_body("waiting", 2))
-    wait_for(lambda: len(owned_pods(core, "waiting")) == 2, "2 pods")
+    wait_for(lambda: len(owned_pods(core, "waiting")) == 2, "2 pods", timeout=WAIT)
 
     def failed_scheduling():
         events = core.list_namespaced_event(NS, field_selector="reason=FailedScheduling").items
         return events and events[0].involved_object.kind == "Pod"
 
-    wait_for(failed_scheduling, "a FailedScheduling event while no node fits")
+    wait_for(failed_scheduling, "a FailedScheduling event while no node fits", timeout=WAIT)
     assert all(not p.spec.node_name for p in owned_pods(core, "waiting")), "no node, no binding"
     # A node appearing later gets them.
     make_node(core, "late")
-    wait_for(lambda: all(p.spec.node_name == "late" for p in owned_pods(core, "waiting")), "binding once a node is ready")
+    wait_for(lambda: all(p.spec.node_name == "late" for p in owned_pods(core, "waiting")), "binding once a node is ready", timeout=WAIT)
 
 
 def test_pods_spread_over_ready_nodes(portal):
@@ -40,7 +43,7 @@ def test_pods_spread_over_ready_nodes(portal):
     make_node(core, "node-b")
     make_node(core, "node-down", ready=False)
     rcs.create_namespaced_replication_controller(NS, rc_body("spread", 4))
-    wait_for(lambda: len(owned_pods(core, "spread")) == 4 and all(p.spec.node_name for p in owned_pods(core, "spread")), "all pods bound")
+    wait_for(lambda: len(owned_pods(core, "spread")) == 4 and all(p.spec.node_name for p in owned_pods(core, "spread")), "all pods bound", timeout=WAIT)
     placement = sorted(p.spec.node_name for p in owned_pods(core, "spread"))
     assert placement == ["node-a", "node-a", "node-b", "node-b"], placement
     scheduled = core.list_namespaced_event(NS, field_selector="reason=Scheduled").items
@@ -78,14 +81,14 @@ def test_taints_node_selectors_and_cordon(portal):
         events = core.list_namespaced_event(NS, field_selector="reason=FailedScheduling,involvedObject.name=plain").items
         return events[0].message if events else None
 
-    message = wait_for(reason, "FailedScheduling for the plain pod")
+    message = wait_for(reason, "FailedScheduling for the plain pod", timeout=WAIT)
     assert message == "0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: db}, 1 node(s) were unschedulable.", message
     kubectl("uncordon", "web-node")
-    wait_for(lambda: core.read_namespaced_pod("plain", NS).spec.node_name == "web-node", "the plain pod on the uncordoned node")
+    wait_for(lambda: core.read_namespaced_pod("plain", NS).spec.node_name == "web-node", "the plain pod on the uncordoned node", timeout=WAIT)
     tolerant = {"metadata": {"name": "db"}, "spec": {
         "containers": [{"name": "c", "image": "x"}],
         "nodeSelector": {"disk": "ssd"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}],
     }}
     core.create_namespaced_pod(NS, tolerant)
-    wait_for(lambda: core.read_namespaced_pod("db", NS).spec.node_name == "db-node", "the tolerant pod on the tainted node it selects")
+    wait_for(lambda: core.read_namespaced_pod("db", NS).spec.node_name == "db-node", "the tolerant pod on the tainted node it selects", timeout=WAIT)

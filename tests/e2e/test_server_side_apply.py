@@ -10,7 +10,7 @@ import json
 import pytest
 from kubernetes import dynamic
 
-from test_kubectl import KUBECTLS, Kubectl, client_minor
+from support.kubectl import KUBECTLS, Kubectl, client_minor
 
 SERVICE = """\
 apiVersion: v1

@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from conftest import Portal
-from test_kubectl import KUBECTLS, Kubectl
+from support.kubectl import KUBECTLS, Kubectl
 
 
 def svc(name, spec):

@@ -7,15 +7,17 @@ mirror pods appear, with the same containers still running."""
 import pathlib
 import signal
 import subprocess
-import time
 
 import pytest
 import yaml
 
-import agent_bed
-import nodes
-from agent_bed import NS, container_pids, wait_for, web_image
 from conftest import BINARY, Portal
+from support import agent_bed, nodes
+from support.agent_bed import NS, container_pids, web_image
+from support.metrics import scrape_url, value
+from support.waiting import holds_for, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 NODE = "solo"
 POD_CIDR = "10.244.77.0/24"
@@ -40,6 +42,25 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+AGENT_METRICS = "http://127.0.0.1:10248/metrics"
+
+
+def agent_metric(name):
+    try:
+        return value(scrape_url(AGENT_METRICS), name)
+    except OSError:
+        return None  # not serving yet
+
+
+def agent_has(pods):
+    """The agent's relist reports `pods` pods and as many running containers."""
+    return agent_metric("kubelet_running_pods") == pods and (agent_metric("kubelet_running_containers") or 0) >= pods
+
+
+def started_containers():
+    return agent_metric("kubelet_started_containers_total")
 
 
 def http(url, timeout=2):
@@ -89,7 +110,12 @@ def test_standalone_agent_runs_static_pods_and_mirrors_them_once_the_api_server_
             portal.stop()
             portal = None
             agent = Agent(tmp_path, [*common, "--kubeconfig", str(kubeconfig)])
-            time.sleep(4)
+            # It has tried the API server, has the static pod and has listed
+            # its running container; then it starts nothing and keeps running.
+            wait_for(lambda: "registering the node; retrying" in agent.log() or agent.process.poll() is not None, "the agent to try the API server")
+            wait_for(lambda: agent_has(1) or agent.process.poll() is not None, "the restarted agent to take the static pod on")
+            assert agent.process.poll() is None, agent.log()
+            holds_for(lambda: agent.process.poll() is None and started_containers() == 0, "the restarted agent running, starting no container", 2)
             assert agent.process.poll() is None, agent.log()
             assert container_pids(agent_dir) == pids, "the restarted agent restarted the static pod"
             assert http(f"http://{ip}:8080/name.txt") == f"web-{NODE}\n"

@@ -19,11 +19,12 @@ import time
 import pytest
 import yaml
 
-import agent_bed
-import nodes
-import registry
-from agent_bed import NS, AgentNode, container_pids, running_containers_of, wait_for, web_image
 from conftest import BINARY, Portal
+from support import agent_bed, nodes, registry
+from support.agent_bed import NS, AgentNode, container_pids, running_containers_of, web_image
+from support.waiting import wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 URL_PORT = 18080
 NODE = "node-1"
@@ -275,10 +276,14 @@ def test_a_manifest_url_runs_survives_its_server_going_and_follows_changes(node)
     pids = pids_of(node, uid)
 
     # The server answers garbage, then goes away: the last good set stays.
+    # (The agent logs each new problem once: it has handled each when its
+    # log says so.)
+    kept = lambda: node.portal.log().count("the last good set keeps running")
+    before = kept()
     node.url.body = b"{not: [a manifest"
-    time.sleep(3)
+    wait_for(lambda: kept() > before, "the agent to report the bad manifest")
     node.url.close()
-    time.sleep(3)
+    wait_for(lambda: kept() > before + 1, "the agent to report the unreachable URL")
     assert mirror(node, name, uid) and pids_of(node, uid) == pids, "an unreachable URL stopped its pod"
     assert "the last good set keeps running" in node.portal.log()
 

@@ -15,9 +15,12 @@ import time
 import pytest
 from kubernetes.stream import portforward, stream
 
-import nodes
-from agent_bed import NS, AgentNode, busybox_image, pod_manifest, wait_for, web_image
-from test_kubectl import KUBECTLS
+from support import nodes
+from support.agent_bed import NS, AgentNode, busybox_image, pod_manifest, web_image
+from support.kubectl import KUBECTLS
+from support.waiting import holds_for, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 KUBECTL_IDS = lambda p: "kubectl-1.20" if "1.20" in p else "kubectl"  # noqa: E731
 
@@ -192,6 +195,15 @@ def test_port_forward_to_a_pod_and_a_service(node, web, binary):
 @pytest.mark.parametrize("binary", KUBECTLS, ids=KUBECTL_IDS)
 def test_port_forward_to_a_closed_port_reports_and_keeps_going(node, web, binary):
     forward = Forward(node, binary, "pod/web", 9999)
+    # What kubectl says, read as it comes.
+    said = []
+
+    def read():
+        while chunk := os.read(forward.proc.stderr.fileno(), 4096):
+            said.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         with socket.create_connection(("127.0.0.1", forward.local), timeout=10) as s:
             s.sendall(b"GET / HTTP/1.0\r\n\r\n")
@@ -200,15 +212,17 @@ def test_port_forward_to_a_closed_port_reports_and_keeps_going(node, web, binary
                 assert s.recv(100) == b""
             except ConnectionResetError:
                 pass
-        time.sleep(1)
-        err = forward.proc.stderr
+        # kubectl has reported the remote error (then it has handled it).
+        wait_for(lambda: b"refused" in b"".join(said), "kubectl to report the refused connection")
         if "1.20" in binary:
             # kubectl 1.20 reports and goes on; since 1.23 kubectl ends the
             # whole forward on any remote error (as against a kubelet).
+            holds_for(lambda: forward.proc.poll() is None, "kubectl 1.20 forwarding on after the error", 1)
             assert forward.proc.poll() is None
     finally:
         forward.close()
-    stderr = err.read().decode()
+        reader.join(10)
+    stderr = b"".join(said).decode()
     assert "9999" in stderr and "refused" in stderr, stderr
 
 

@@ -9,6 +9,7 @@ network namespaces and cgroups.
 """
 
 import contextlib
+import itertools
 import json
 import os
 import pathlib
@@ -21,9 +22,9 @@ import types
 
 import kubernetes
 
-import nodes
-import registry
 from conftest import Portal
+from support import nodes, registry
+from support.waiting import wait_for
 
 NS = "default"
 
@@ -37,10 +38,6 @@ def fnv1a(text):
 
 def agent_tag(data_dir, node_name):
     return f"{fnv1a(f'{os.path.realpath(data_dir)}|{node_name}'):08x}"
-
-
-def wait_for(check, what, timeout=30):
-    return nodes.wait_for(check, what, timeout=timeout)
 
 
 class AgentNode:
@@ -177,6 +174,35 @@ def wait_endpoints_programmed(ips):
     wait_for(lambda: set(ips) <= dnat_targets(), f"the proxy to program {sorted(ips)}")
 
 
+_marks = itertools.count(1)
+
+
+def wait_proxy_caught_up(core):
+    """Until the proxy has programmed a Service and EndpointSlice made now:
+    it has then seen every EndpointSlice change made before (its watch
+    delivers them in order) and synced after them. For a test that asserts
+    what the proxy must not do about an earlier change."""
+    n = next(_marks)
+    name, ip = f"caught-up-{n}", f"192.0.2.{n}"
+    discovery = kubernetes.client.DiscoveryV1Api(core.api_client)
+    core.create_namespaced_service(NS, {"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}})
+    try:
+        discovery.create_namespaced_endpoint_slice(NS, {
+            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"name": "", "port": 80, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
+        })
+        wait_for(lambda: ip in dnat_targets(), f"the proxy to program {name}, made after the change")
+    finally:
+        core.delete_namespaced_service(name, NS)
+        try:
+            discovery.delete_namespaced_endpoint_slice(name, NS)
+        except kubernetes.client.rest.ApiException as error:
+            if error.status != 404:
+                raise
+
+
 def processes_of(agent_dir):
     """(pid, cmdline) of shims and containers under this agent's data dir."""
     found = []
@@ -265,14 +291,28 @@ def leftovers(agent_dir, tag):
     }
 
 
+def alive(pid):
+    """Whether `pid` runs (a zombie has released what it held)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def cleanup(agent_dir, tag):
     """Removes whatever the agent left: processes, mounts, netns, cgroups."""
-    for pid in list(container_pids(agent_dir).values()) + [pid for pid, _ in processes_of(agent_dir)]:
+    killed = list(container_pids(agent_dir).values()) + [pid for pid, _ in processes_of(agent_dir)]
+    for pid in killed:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    time.sleep(0.2)
+    # Their mounts and namespaces are released once they have died (a
+    # teardown: it goes on after a bounded wait rather than fail).
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
     for mount in sorted(mounts_under(agent_dir), key=len, reverse=True):
         subprocess.run(["umount", "-l", mount], capture_output=True)
     for name in netns_of(tag):

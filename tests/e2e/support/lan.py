@@ -18,8 +18,8 @@ import itertools
 import os
 import subprocess
 
-import nodes
-from nodes import sh
+from support import nodes
+from support.nodes import sh
 
 SUBNET = "192.168.99"
 _counter = itertools.count()

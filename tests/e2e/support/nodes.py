@@ -21,7 +21,10 @@ import time
 
 from kubernetes import client
 
-HERE = pathlib.Path(__file__).resolve().parent
+from support import waiting
+
+# The scripts run in pods stay in tests/e2e/netns (bench/proxy.py uses them too).
+NETNS_SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "netns"
 CLONE_NEWNET = 0x40000000
 GATEWAY = "10.244.0.1"
 NODE_IP = "192.168.99.1"
@@ -138,7 +141,7 @@ class Cluster:
     def start_backend(self, name, tcp_port=8080, udp_port=5353):
         ns, _ = self.pods[name]
         process = subprocess.Popen(
-            ["ip", "netns", "exec", ns, "python3", str(HERE / "netns" / "backend.py"), name, str(tcp_port), str(udp_port)],
+            ["ip", "netns", "exec", ns, "python3", str(NETNS_SCRIPTS / "backend.py"), name, str(tcp_port), str(udp_port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -148,14 +151,20 @@ class Cluster:
             raise RuntimeError(f"backend {name} did not start")
         return process
 
-    def client(self, pod, host, port, count=300, udp=False, seconds=None, background=False):
+    def client(self, pod, host, port, count=300, udp=False, seconds=None, background=False, until=None, progress=None):
         """Runs netns/client.py in `pod` (None: on the node); returns its
-        JSON result, or the process when `background`."""
-        argv = ["python3", str(HERE / "netns" / "client.py"), host, str(port), str(count)]
+        JSON result, or the process when `background`. `until`: it keeps
+        going until that file exists; `progress`: a file it keeps the number
+        of answered requests in (see `answered`)."""
+        argv = ["python3", str(NETNS_SCRIPTS / "client.py"), host, str(port), str(count)]
         if udp:
             argv.append("--udp")
         if seconds:
             argv += ["--seconds", str(seconds), "--pause", "0.01"]
+        if until:
+            argv += ["--until", str(until), "--pause", "0.01"]
+        if progress:
+            argv += ["--progress", str(progress)]
         if pod is not None:
             argv = ["ip", "netns", "exec", self.pods[pod][0], *argv]
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -185,6 +194,14 @@ class Cluster:
         self.namespaces.clear()
 
 
+def answered(progress):
+    """How many requests a client started with `progress=` has had answered."""
+    try:
+        return int(pathlib.Path(progress).read_text() or 0)
+    except FileNotFoundError:
+        return 0
+
+
 def result_of(process, timeout=120):
     out, err = process.communicate(timeout=timeout)
     if process.returncode != 0:
@@ -193,14 +210,8 @@ def result_of(process, timeout=120):
 
 
 def wait_for(check, what, timeout=15):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last saw {last!r}")
+    """support.waiting.wait_for with this module's bound (15 s) and pace."""
+    return waiting.wait_for(check, what, timeout=timeout, interval=0.05)
 
 
 # Pods and Services through the API, as a node agent and a user would make them.

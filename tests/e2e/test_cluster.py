@@ -179,7 +179,9 @@ def test_joining_needs_the_token_and_the_cluster_ca(bed):
         user = config["users"][0]
         assert user["name"] == f"system:node:{NAMES[i]}"
         assert "client-certificate-data" in user["user"] and "token" not in user["user"]
-        assert nodes[NAMES[i]].spec.pod_cidr
+        # Node IPAM gives every joined node a pod range (a controller: it
+        # may come a moment after the Node).
+        wait_for(lambda: bed.core.read_node(NAMES[i]).spec.pod_cidr, f"{NAMES[i]}'s pod range")
     token = bed.token_file.read_text().strip()
     cases = {
         "wrong secret": (token.rsplit(":", 1)[0] + ":not-the-secret", "401"),

@@ -158,6 +158,18 @@ def agent_took_over(node, count):
     return (value(text, "kubelet_running_pods") or 0) >= count and (value(text, "kubelet_running_containers") or 0) >= count
 
 
+def describe_containers(node, before, after):
+    """Which pod and container each id is, for a failure message."""
+    out = {}
+    for cid in set(before) | set(after):
+        try:
+            meta = json.loads((node.data_dir / "agent" / "runtime" / "containers" / cid / "meta.json").read_text())
+            out[cid] = (meta.get("pod_name"), meta.get("name"), meta.get("attempt"), cid in before, cid in after)
+        except (OSError, ValueError):
+            out[cid] = ("?", "?", "?", cid in before, cid in after)
+    return out
+
+
 def started_containers(node):
     return value(scrape(node.portal), "kubelet_started_containers_total")
 
@@ -167,7 +179,16 @@ def test_containers_outlive_a_killed_server(node):
     processes afterwards, no restarts, and the Service keeps answering
     while the server is down (the kernel proxy's rules stay)."""
     core = node.core
-    pods = wait_for(lambda: (lambda p: p if p and len(p) == 3 else None)(running_pods(node, "app=web")), "3 web pods")
+
+    def settled():
+        # The three web pods, none of them leaving, and on the node their
+        # containers alone (what earlier tests deleted has stopped).
+        pods = running_pods(node, "app=web")
+        if not pods or len(pods) != 3 or any(p.metadata.deletion_timestamp for p in pods):
+            return None
+        return pods if len(container_pids(node.data_dir / "agent")) == 3 else None
+
+    pods = wait_for(settled, "3 web pods and only their containers running")
     agent_bed.wait_endpoints_programmed({p.status.pod_ip for p in pods})
     before = container_pids(node.data_dir / "agent")
     cluster_ip = core.read_namespaced_service("web", NS).spec.cluster_ip
@@ -212,7 +233,7 @@ def test_containers_outlive_a_killed_server(node):
     assert not failures, f"{len(failures)} requests failed while the server restarted (seconds in, error): {failures}"
     assert not lost_dns, f"a running pod's resolv.conf lost the cluster DNS: {lost_dns[:1]}"
     after = container_pids(node.data_dir / "agent")
-    assert after == before, "containers were replaced"
+    assert after == before, f"containers were replaced: {describe_containers(node, before, after)}"
     # The restarted agent has its pods and their containers (above): it
     # starts no container meanwhile, and the pods report no restart.
     holds_for(lambda: started_containers(node) == 0, "no container started by the restarted agent", 2)

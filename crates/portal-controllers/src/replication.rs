@@ -50,6 +50,10 @@ struct Context {
     retries: crate::Retries,
     events: events::Recorder,
     pods: Store<Pod>,
+    /// The shared pod reflector has listed: until then an empty store does
+    /// not mean no pods (a restarted controller would create replicas that
+    /// exist).
+    pods_listed: Arc<crate::Listed>,
     expectations: Mutex<HashMap<String, Expectations>>,
 }
 
@@ -65,7 +69,14 @@ pub async fn run(
         client: client.clone(),
         events: events::Recorder::new(client.clone(), COMPONENT),
         pods,
+        pods_listed: Arc::new(crate::Listed::default()),
         expectations: Mutex::new(HashMap::new()),
+    });
+    let listed = context.pods_listed.clone();
+    let pod_changes = futures_util::StreamExt::inspect(pod_changes, move |change| {
+        if matches!(change, Settled::Relisted(_)) {
+            listed.set();
+        }
     });
     let controller = Controller::new(
         Api::<ReplicationController>::all(client),
@@ -217,6 +228,9 @@ fn deletion_rank(pod: &Pod) -> (u8, u8, u8, std::cmp::Reverse<Option<jiff::Times
 }
 
 async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.pods_listed.is_set() {
+        return Ok(Action::requeue(crate::NOT_LISTED_YET));
+    }
     let namespace = rc.namespace().unwrap_or_default();
     let name = rc.name_any();
     let uid = rc.metadata.uid.clone().unwrap_or_default();

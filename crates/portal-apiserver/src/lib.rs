@@ -21,7 +21,8 @@ mod server;
 
 use duties::{compaction, endpoint_leases, kubernetes_service, load_balancer};
 use handlers::routes;
-use registry::{allocator, cache, gc, namespace};
+use registry::write::{gc, namespace};
+use registry::{allocator, cache};
 use security::{auth, identity};
 pub use security::{join, pki};
 

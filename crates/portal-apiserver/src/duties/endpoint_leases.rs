@@ -20,7 +20,7 @@ use portal_api::{kinds, Status};
 use portal_store::{Error as StoreError, Op, Revision, Store};
 use serde_json::{json, Value};
 
-use crate::registry::internal::{Change, Writer};
+use crate::registry::write::internal::{Change, Writer};
 use crate::registry::write::Part;
 use crate::{store_error, ApiState};
 

@@ -10,7 +10,7 @@ use portal_api::{kinds, Status};
 use serde_json::{json, Value};
 
 use super::endpoint_leases::MANAGER;
-use crate::registry::internal::{Change, Writer};
+use crate::registry::write::internal::{Change, Writer};
 use crate::registry::write::Part;
 use crate::ApiState;
 

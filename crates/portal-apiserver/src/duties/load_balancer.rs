@@ -15,7 +15,7 @@ use portal_store::{Error as StoreError, Op};
 use serde_json::{json, Value};
 
 use crate::registry::allocator::{owner, Pool, Range, Refusal, LOAD_BALANCER_IPS};
-use crate::registry::internal::{Change, Writer};
+use crate::registry::write::internal::{Change, Writer};
 use crate::registry::write::Part;
 use crate::{store_error, ApiState};
 

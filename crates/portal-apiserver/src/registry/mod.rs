@@ -9,9 +9,6 @@
 pub(crate) mod allocator;
 pub(crate) mod cache;
 pub(crate) mod deletion;
-pub(crate) mod gc;
-pub(crate) mod internal;
 pub(crate) mod lookup;
-pub(crate) mod namespace;
 pub(crate) mod strategy;
 pub(crate) mod write;

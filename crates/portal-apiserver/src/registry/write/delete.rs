@@ -4,7 +4,7 @@
 use super::*;
 use portal_api::kinds;
 
-use crate::registry::namespace::SYSTEM_NAMESPACES;
+use crate::registry::write::namespace::SYSTEM_NAMESPACES;
 
 /// The parts of `DeleteOptions` that change what a delete does.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -100,8 +100,10 @@ pub(crate) async fn delete(
             ));
         }
         if resource.kind() == kinds::namespace::KIND {
-            return crate::registry::namespace::begin_termination(state, scope, name, current, old)
-                .await;
+            return crate::registry::write::namespace::begin_termination(
+                state, scope, name, current, old,
+            )
+            .await;
         }
         let uid = meta::meta_str(&old, "uid").unwrap_or("").to_owned();
         let namespace = scope.namespace.map(str::to_owned);

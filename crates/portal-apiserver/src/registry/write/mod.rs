@@ -5,6 +5,9 @@
 mod apply;
 mod create;
 mod delete;
+pub(crate) mod gc;
+pub(crate) mod internal;
+pub(crate) mod namespace;
 mod update;
 
 pub(crate) use apply::apply;
@@ -24,9 +27,9 @@ use serde_json::{json, Value};
 use crate::registry::allocator::{delete_stored, Allocators};
 use crate::registry::cache::CachedObject;
 use crate::registry::deletion::{self, Outcome};
-use crate::registry::gc::Propagation;
 use crate::registry::lookup::{fresh, parse_revision, stored, Filter};
 use crate::registry::strategy;
+use crate::registry::write::gc::Propagation;
 use crate::server::http::{json_response, Body, FieldValidation, Query};
 use crate::{store_error, ApiState, Scope};
 

@@ -13,8 +13,8 @@ use portal_store::Error as StoreError;
 use serde_json::Value;
 
 use crate::registry::deletion::{delete_object, Outcome};
-use crate::registry::internal::{Change, Writer};
 use crate::registry::strategy::Part;
+use crate::registry::write::internal::{Change, Writer};
 use crate::ApiState;
 
 /// The field manager of the collector's writes (an orphan's references).

@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use crate::registry::allocator::Allocators;
 use crate::registry::cache::CachedObject;
 use crate::registry::deletion::{delete_object, Outcome};
-use crate::registry::internal::{Change, Writer};
 use crate::registry::strategy::{self, Part};
+use crate::registry::write::internal::{Change, Writer};
 use crate::server::http::{json_response, Body};
 use crate::{store_error, ApiState, Scope};
 

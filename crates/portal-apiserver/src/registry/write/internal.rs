@@ -8,8 +8,8 @@ use portal_api::{Resource, Status};
 use portal_store::Op;
 use serde_json::Value;
 
-use super::cache::CachedObject;
-use super::write::{create_object, guaranteed_update, DecodedBody, Part, Proposal, WriteOptions};
+use super::{create_object, guaranteed_update, DecodedBody, Part, Proposal, WriteOptions};
+use crate::registry::cache::CachedObject;
 use crate::{ApiState, Scope};
 
 /// Writes as `manager` to objects of one resource.

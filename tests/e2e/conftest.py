@@ -133,6 +133,23 @@ def pytest_runtest_setup(item):
                     f"mounts or cgroups); run the suite as root, or deselect with -m 'not root'", pytrace=False)
 
 
+@pytest.fixture
+def start_portal(data_dir):
+    """Starts `portal server` on the test's data directory with extra
+    arguments; every server started is stopped at teardown, also when the
+    test fails."""
+    started = []
+
+    def start(extra_args=()):
+        server = Portal(data_dir, list(extra_args)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -6,7 +6,6 @@ import subprocess
 
 from kubernetes import client, watch
 
-from conftest import Portal
 from support.kubectl import KUBECTLS
 from support.waiting import wait_for
 
@@ -21,8 +20,8 @@ def owned(obj, manager):
     return entry.fields_v1
 
 
-def test_kubernetes_service_and_endpoints_name_their_manager(data_dir):
-    portal = Portal(data_dir, ["--node-ip", "192.0.2.44"]).start()
+def test_kubernetes_service_and_endpoints_name_their_manager(start_portal):
+    portal = start_portal(["--node-ip", "192.0.2.44"])
     core = portal.core()
     svc = core.read_namespaced_service("kubernetes", "default")
     assert ("portal-apiserver", "Update", None) in managers(svc), svc.metadata.managed_fields
@@ -32,11 +31,10 @@ def test_kubernetes_service_and_endpoints_name_their_manager(data_dir):
     assert endpoints.subsets[0].addresses[0].ip == "192.0.2.44"
     dns = core.read_namespaced_service("kube-dns", "kube-system")
     assert ("portal-apiserver", "Update", None) in managers(dns)
-    portal.stop()
 
 
-def test_load_balancer_addresses_are_the_providers_status_writes(data_dir):
-    portal = Portal(data_dir, ["--load-balancer-pool", "192.0.2.8/30"]).start()
+def test_load_balancer_addresses_are_the_providers_status_writes(start_portal):
+    portal = start_portal(["--load-balancer-pool", "192.0.2.8/30"])
     core = portal.core()
     core.create_namespaced_service(
         "default",
@@ -54,11 +52,10 @@ def test_load_balancer_addresses_are_the_providers_status_writes(data_dir):
     assert ("portal-load-balancer", "Update", "status") in managers(svc), svc.metadata.managed_fields
     assert "f:loadBalancer" in owned(svc, "portal-load-balancer")["f:status"]
     assert ("tester", "Update", None) in managers(svc)
-    portal.stop()
 
 
-def test_namespace_termination_writes_as_the_namespace_controller(data_dir):
-    portal = Portal(data_dir).start()
+def test_namespace_termination_writes_as_the_namespace_controller(start_portal):
+    portal = start_portal()
     core = portal.core()
     core.create_namespace({"metadata": {"name": "doomed"}})
     core.create_namespaced_service("doomed", {"metadata": {"name": "s"}, "spec": {"ports": [{"port": 80}]}})
@@ -95,7 +92,6 @@ def test_namespace_termination_writes_as_the_namespace_controller(data_dir):
     assert seen_conditions is not None, "no conditions were written before the namespace went"
     assert ("portal-namespace-controller", "Update", "status") in managers(seen_conditions)
     assert "f:conditions" in owned(seen_conditions, "portal-namespace-controller")["f:status"]
-    portal.stop()
 
 
 def test_orphaning_is_the_garbage_collectors_update(portal):

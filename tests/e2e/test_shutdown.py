@@ -11,7 +11,6 @@ import threading
 import time
 import urllib.parse
 
-from conftest import Portal
 from support.api import portal_ca
 from support.waiting import wait_for
 
@@ -105,8 +104,8 @@ class Watcher(threading.Thread):
         self.ending = "clean" if self.received.endswith(b"\r\n0\r\n\r\n") else "cut short"
 
 
-def test_sigterm_drains_requests_and_watches(data_dir):
-    portal = Portal(data_dir).start()
+def test_sigterm_drains_requests_and_watches(start_portal):
+    portal = start_portal()
     core = portal.core()
     watcher = Watcher(portal)
     watcher.start()
@@ -146,4 +145,3 @@ def test_sigterm_drains_requests_and_watches(data_dir):
     assert not (unanswered & stored), f"done but never answered: {sorted(unanswered & stored)[:5]}"
     print(f"{len(acknowledged)} writes acknowledged, {len(unanswered)} closed unread, exit after {took:.2f} s")
     portal.core().create_namespaced_service("default", {"metadata": {"name": "after"}, "spec": {"ports": [{"port": 80}]}})
-    portal.stop()

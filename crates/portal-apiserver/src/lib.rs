@@ -15,16 +15,19 @@
 
 mod duties;
 mod handlers;
+mod loopback;
 mod registry;
 mod security;
 mod server;
 
-use duties::{compaction, endpoint_leases, kubernetes_service, load_balancer};
+use duties::{compaction, endpoint_leases, kubernetes_service};
 use handlers::routes;
+use loopback::Loopback;
 use registry::write::{gc, namespace};
 use registry::{allocator, cache};
 use security::{auth, identity};
 pub use security::{join, pki};
+use server::http::from_connection;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,9 +85,6 @@ pub struct Config {
     /// The address pods reach this server at (the `kubernetes` Endpoints);
     /// none, or a loopback one, leaves the Service without endpoints.
     pub advertise_address: Option<std::net::IpAddr>,
-    /// Addresses for `type: LoadBalancer` (`--load-balancer-pool`); empty
-    /// leaves such Services pending.
-    pub load_balancer_pool: Vec<Ipv4Cidr>,
     /// Bounds on client connections.
     pub connections: ConnectionLimits,
     /// Where objects are kept.
@@ -136,29 +136,22 @@ impl Default for ConnectionLimits {
 /// How often the allocation repair pass runs.
 const REPAIR_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Work done once per cluster: mending allocations, handing out
-/// load-balancer addresses.
+/// Work done once per cluster: mending allocations (load-balancer
+/// addresses are the controllers' work, through the API).
 #[derive(Clone)]
 struct ClusterDuties {
     state: Arc<ApiState>,
-    load_balancer_pool: Vec<Ipv4Cidr>,
 }
 
 impl ClusterDuties {
     async fn run(self) {
-        let repair = allocator::repair::run(
+        allocator::repair::run(
             self.state.store.clone(),
             self.state.allocators.clone(),
             REPAIR_PERIOD,
             Mend::Yes,
-        );
-        let load_balancers = async {
-            if !self.load_balancer_pool.is_empty() {
-                let pool = load_balancer::pool(self.load_balancer_pool.clone());
-                load_balancer::run(self.state.clone(), pool).await;
-            }
-        };
-        tokio::join!(repair, load_balancers);
+        )
+        .await;
     }
 }
 
@@ -241,6 +234,8 @@ pub struct ApiServer {
     tasks: portal_client::Supervisor,
     /// The cluster duties' election, given up at a clean stop.
     duties_election: Option<(kube::Client, portal_client::leader::Election)>,
+    /// For loopback clients: held weakly, they fail once the server stops.
+    state: std::sync::Weak<ApiState>,
 }
 
 impl std::fmt::Debug for ApiServer {
@@ -407,7 +402,6 @@ impl ApiServer {
         }
         let duties = ClusterDuties {
             state: state.clone(),
-            load_balancer_pool: config.load_balancer_pool.clone(),
         };
         if shared {
             // etcd's history is compacted by the cluster's servers together
@@ -425,6 +419,7 @@ impl ApiServer {
             tasks.restarting("cluster duties", move || duties.clone().run());
         }
         let acceptor = tokio_rustls::TlsAcceptor::from(credentials.tls.clone());
+        let weak_state = Arc::downgrade(&state);
         let serving = tokio::spawn(serve(
             listener,
             acceptor,
@@ -452,7 +447,7 @@ impl ApiServer {
         let mut duties_election = None;
         if shared {
             // Work one server of the cluster does, the elected one.
-            let client = portal_client::client_from_kubeconfig(&kubeconfig).await?;
+            let client = Loopback::client(weak_state.clone(), "portal-apiserver");
             let election = portal_client::leader::Election::new("kube-system", "portal-apiserver");
             duties_election = Some((client.clone(), election.clone()));
             tasks.restarting("cluster duties election", move || {
@@ -472,7 +467,15 @@ impl ApiServer {
             stop,
             tasks,
             duties_election,
+            state: weak_state,
         })
+    }
+
+    /// A client of this server for components in its own process: requests
+    /// are answered in memory, as the admin, and record `user_agent` (up to
+    /// its first `/`) as the field manager of their writes.
+    pub fn loopback_client(&self, user_agent: &str) -> kube::Client {
+        Loopback::client(self.state.clone(), user_agent)
     }
 
     /// Writes `path`, a kubeconfig with a fresh node certificate for
@@ -592,7 +595,7 @@ async fn serve(
                 let user = user.clone();
                 async move {
                     Ok::<_, std::convert::Infallible>(
-                        routes::handle(state, request, user.as_deref()).await,
+                        routes::handle(state, from_connection(request), user.as_deref()).await,
                     )
                 }
             });

@@ -26,7 +26,6 @@ async fn server() -> Server {
         service_cidr: "10.96.0.0/24".parse::<Ipv4Cidr>().expect("cidr"),
         node_ports: "30000-30010".parse::<PortRange>().expect("range"),
         advertise_address: None,
-        load_balancer_pool: Vec::new(),
         connections: ConnectionLimits::default(),
         datastore: Default::default(),
         token: None,

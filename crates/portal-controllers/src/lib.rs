@@ -2,11 +2,12 @@
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController controller, node IPAM
-//! (pod ranges), node lifecycle (unreachable nodes, taint-based eviction)
-//! and the scheduler.
+//! (pod ranges), node lifecycle (unreachable nodes, taint-based eviction),
+//! the scheduler and the load-balancer provider.
 
 pub mod endpoints;
 pub mod events;
+pub mod load_balancer;
 pub mod mirroring;
 pub mod node_ipam;
 pub mod node_lifecycle;
@@ -140,12 +141,20 @@ impl Retries {
     }
 }
 
+/// What the controllers are told.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub ipam: node_ipam::Config,
+    pub lifecycle: node_lifecycle::Config,
+    pub load_balancer: load_balancer::Config,
+}
+
 /// Runs every controller until the process ends. The endpoints,
 /// ReplicationController and scheduling controllers share one pod watch and
 /// one pod cache.
-pub async fn run(client: Client, ipam: node_ipam::Config, lifecycle: node_lifecycle::Config) {
+pub async fn run(client: Client, config: Config) {
     let mut pods = pods::reflector(client.clone());
-    let node_lifecycle = node_lifecycle::run(client.clone(), lifecycle, pods.store());
+    let node_lifecycle = node_lifecycle::run(client.clone(), config.lifecycle, pods.store());
     let endpoints = endpoints::run(client.clone(), pods.store(), pods.subscribe());
     let replication = replication::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
@@ -154,9 +163,10 @@ pub async fn run(client: Client, ipam: node_ipam::Config, lifecycle: node_lifecy
         endpoints,
         mirroring::run(client.clone()),
         replication,
-        node_ipam::run(client, ipam),
+        node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
-        scheduler
+        scheduler,
+        load_balancer::run(client, config.load_balancer)
     );
 }
 

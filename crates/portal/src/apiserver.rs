@@ -38,9 +38,6 @@ pub(crate) struct ApiArgs {
     /// Node ports of NodePort and LoadBalancer Services come from this range.
     #[arg(long, default_value = "30000-32767")]
     service_node_port_range: PortRange,
-    /// Addresses for LoadBalancer Services (CIDR[,CIDR]); none = they stay pending.
-    #[arg(long, value_delimiter = ',')]
-    load_balancer_pool: Vec<Ipv4Cidr>,
     #[command(flatten)]
     datastore: DatastoreArgs,
 }
@@ -162,7 +159,6 @@ impl ApiArgs {
             service_cidr: self.service_cluster_ip_range,
             node_ports: self.service_node_port_range,
             advertise_address,
-            load_balancer_pool: self.load_balancer_pool.clone(),
             connections: portal_apiserver::ConnectionLimits {
                 max: self.max_connections.unwrap_or(defaults.max).max(1),
                 handshake: Duration::from_secs(self.tls_handshake_timeout.max(1)),

@@ -201,11 +201,33 @@ struct ControllersArgs {
     #[arg(long)]
     kubeconfig: PathBuf,
     #[command(flatten)]
+    controllers: ControllerOptions,
+    #[command(flatten)]
+    leader: apiserver::LeaderElectArgs,
+}
+
+/// What the controllers are told (in `portal server` and `portal controllers`).
+#[derive(clap::Args, Debug, Clone)]
+struct ControllerOptions {
+    #[command(flatten)]
     ipam: IpamArgs,
     #[command(flatten)]
     lifecycle: LifecycleArgs,
-    #[command(flatten)]
-    leader: apiserver::LeaderElectArgs,
+    /// Addresses for LoadBalancer Services (CIDR[,CIDR]); none = they stay pending.
+    #[arg(long, value_delimiter = ',')]
+    load_balancer_pool: Vec<Ipv4Cidr>,
+}
+
+impl ControllerOptions {
+    fn config(&self) -> Result<portal_controllers::Config, Error> {
+        Ok(portal_controllers::Config {
+            ipam: self.ipam.config()?,
+            lifecycle: self.lifecycle.config(),
+            load_balancer: portal_controllers::load_balancer::Config {
+                pool: self.load_balancer_pool.clone(),
+            },
+        })
+    }
 }
 
 /// How the pod network is cut into node ranges (node IPAM).
@@ -270,9 +292,7 @@ struct ServerArgs {
     #[command(flatten)]
     proxy: ProxyTiming,
     #[command(flatten)]
-    ipam: IpamArgs,
-    #[command(flatten)]
-    lifecycle: LifecycleArgs,
+    controllers: ControllerOptions,
     #[command(flatten)]
     agent: agent::AgentOptions,
     /// Components not to run in this process (comma-separated: agent,
@@ -328,7 +348,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         None => None,
     };
     let reachable_node_ip = node_ip.filter(|ip| !ip.is_loopback());
-    let ipam = args.ipam.config()?;
+    let controllers = args.controllers.config()?;
     let data_dir = args.api.data_dir.clone();
     let agent_data = data_dir.join("agent");
     let client_ca = data_dir.join("pki").join("kubelet-client-ca.crt");
@@ -348,21 +368,16 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     );
     let mut controllers_election = None;
     if !disabled.contains(&Component::Controllers) {
-        // The controllers are API clients like any other, through the
-        // kubeconfig the server just wrote.
-        let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
+        // The controllers are API clients like any other, answered in
+        // memory (`portal controllers` runs them against a remote server).
+        let client = api.loopback_client("portal-controllers");
         // With other servers on the same store, one runs the controllers.
         let election = args
             .api
             .shared()
             .then(|| portal_client::leader::Election::new("kube-system", "portal-controllers"));
         controllers_election = election.clone().map(|e| (client.clone(), e));
-        tokio::spawn(run_controllers(
-            client,
-            ipam,
-            args.lifecycle.config(),
-            election,
-        ));
+        tokio::spawn(run_controllers(client, controllers, election));
     }
     // With pods on this node, the DNS answers on the node address by
     // default and is published as the kube-dns Service's endpoints.
@@ -374,7 +389,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         .or(default_dns)
         .filter(|_| !disabled.contains(&Component::Dns))
     {
-        let client = portal_client::client_from_kubeconfig(&api.kubeconfig).await?;
+        let client = api.loopback_client("portal-dns");
         match portal_dns::start(client.clone(), args.dns.config(bind)).await {
             Ok(dns) => {
                 let metrics = dns.metrics.clone();
@@ -515,12 +530,12 @@ pub(crate) async fn wait_for_signal(what_stays: &str) -> Result<(), Error> {
 }
 
 async fn controllers(args: ControllersArgs) -> Result<(), Error> {
-    let ipam = args.ipam.config()?;
+    let config = args.controllers.config()?;
     let election = args.leader.election()?;
     let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
     let held = election.clone();
     tokio::select! {
-        () = run_controllers(client.clone(), ipam, args.lifecycle.config(), election) => Ok(()),
+        () = run_controllers(client.clone(), config, election) => Ok(()),
         result = wait_for_signal("the other candidates take over") => {
             if let Some(election) = held {
                 give_up(client, &election).await;
@@ -533,15 +548,14 @@ async fn controllers(args: ControllersArgs) -> Result<(), Error> {
 /// The controllers, while leading when an election is given.
 async fn run_controllers(
     client: kube::Client,
-    ipam: portal_controllers::node_ipam::Config,
-    lifecycle: portal_controllers::node_lifecycle::Config,
+    config: portal_controllers::Config,
     election: Option<portal_client::leader::Election>,
 ) {
     match election {
-        None => portal_controllers::run(client, ipam, lifecycle).await,
+        None => portal_controllers::run(client, config).await,
         Some(election) => {
             portal_client::leader::lead(client.clone(), election, move || {
-                portal_controllers::run(client.clone(), ipam, lifecycle)
+                portal_controllers::run(client.clone(), config.clone())
             })
             .await
         }

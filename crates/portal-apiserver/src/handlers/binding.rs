@@ -47,7 +47,6 @@ pub(crate) async fn bind(
             expected: None,
             warnings: Vec::new(),
             managed: None,
-            also: Vec::new(),
         })
     };
     guaranteed_update(

@@ -17,7 +17,9 @@ use hyper::body::Incoming;
 use portal_api::{kinds, Status};
 use serde_json::Value;
 
-use crate::server::http::{full, relay_body, splice, upstream_connection, Body, Query};
+use crate::server::http::{
+    full, relay_body, splice, upstream_connection, Body, Query, RequestBody,
+};
 use crate::{ApiState, Scope};
 
 /// How long reaching an agent may take.
@@ -64,7 +66,7 @@ pub(crate) async fn serve(
     namespace: &str,
     name: &str,
     what: Connect,
-    mut request: Request<Incoming>,
+    mut request: Request<RequestBody>,
 ) -> Result<Response<Body>, Status> {
     let allowed = match what {
         Connect::Log => request.method() == Method::GET,

@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderName, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use portal_api::{kinds, Resource, Status};
 use serde_json::Value;
 
-use crate::server::http::{full, relay_body, splice, upstream_connection, Body};
+use crate::server::http::{full, relay_body, splice, upstream_connection, Body, RequestBody};
 use crate::{ApiState, Scope};
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -174,7 +173,7 @@ async fn service_target(
 pub(crate) async fn serve(
     state: &ApiState,
     (namespace, kind, name, below): (String, &'static str, String, String),
-    mut request: Request<Incoming>,
+    mut request: Request<RequestBody>,
 ) -> Result<Response<Body>, Status> {
     let target = if kind == "pods" {
         pod_target(state, &namespace, &name).await?

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{header, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use portal_api::patch::PatchType;
 use portal_api::{kinds, path, Resource, Status};
 
@@ -24,7 +23,7 @@ use crate::security::auth;
 use crate::security::auth::User;
 use crate::security::join;
 use crate::server::http::{
-    json_response, read_body, status_response, text_response, Body, Output, Query,
+    json_response, read_body, status_response, text_response, Body, Output, Query, RequestBody,
 };
 use crate::{ApiState, Scope};
 
@@ -33,7 +32,7 @@ const PUBLIC: [&str; 3] = ["/healthz", "/livez", "/readyz"];
 
 pub(crate) async fn handle(
     state: Arc<ApiState>,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
     peer: Option<&User>,
 ) -> Response<Body> {
     use tracing::Instrument;
@@ -108,7 +107,7 @@ fn authorization_verb(verb: &str) -> &'static str {
 
 async fn route(
     state: &ApiState,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
     peer: Option<&User>,
     labels: &mut (&'static str, String),
 ) -> Result<Response<Body>, Status> {

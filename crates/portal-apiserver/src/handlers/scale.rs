@@ -109,7 +109,6 @@ fn apply_scale(name: &str, rc: &Value, scale: &Value) -> Result<Proposal, Status
         expected,
         warnings: Vec::new(),
         managed: None,
-        also: Vec::new(),
     })
 }
 

@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use portal_api::join::{
     CredentialRequest, CredentialResponse, NodeToken, NODES_GROUP, NODE_USER_PREFIX,
 };
@@ -29,7 +28,7 @@ use rcgen::{
 };
 
 use crate::security::pki::{self, write_private};
-use crate::server::http::{json_response, text_response, Body};
+use crate::server::http::{json_response, text_response, Body, RequestBody};
 
 /// The largest credential request read.
 const MAX_REQUEST: usize = 64 * 1024;
@@ -95,7 +94,7 @@ pub(crate) fn cacerts(joining: &Joining) -> Response<Body> {
 /// `POST /portal/v1/node-credential`, `Authorization: Bearer <secret>`.
 pub(crate) async fn node_credential(
     state: &crate::ApiState,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
 ) -> Result<Response<Body>, Status> {
     let joining = &state.joining;
     let given = request

@@ -7,11 +7,32 @@ use std::convert::Infallible;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use portal_api::Status;
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// A request's body, from a connection or from the loopback client.
+pub(crate) type RequestBody = UnsyncBoxBody<Bytes, BodyError>;
+
+/// Why reading a request body failed (the connection's error, or the
+/// loopback client's).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub(crate) struct BodyError(Box<dyn std::error::Error + Send + Sync>);
+
+impl BodyError {
+    pub(crate) fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        BodyError(Box::new(error))
+    }
+}
+
+/// A request read from a connection, with the body every handler takes.
+pub(crate) fn from_connection(request: http::Request<Incoming>) -> http::Request<RequestBody> {
+    request.map(|body| body.map_err(BodyError::new).boxed_unsync())
+}
 
 /// Request bodies larger than this are refused with 413, like Kubernetes.
 pub(crate) const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -56,7 +77,7 @@ pub(crate) fn text_response(code: StatusCode, text: impl Into<Bytes>) -> Respons
 }
 
 /// Reads a request body, refusing more than [`MAX_BODY`] bytes.
-pub(crate) async fn read_body(body: Incoming) -> Result<Bytes, Status> {
+pub(crate) async fn read_body(body: RequestBody) -> Result<Bytes, Status> {
     match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Status::too_large(

@@ -17,7 +17,6 @@ pub(crate) use pool::{Pool, Range, Refusal};
 
 pub(crate) const SERVICE_IPS: &str = "/registry/ranges/serviceips/";
 pub(crate) const NODE_PORTS: &str = "/registry/ranges/servicenodeports/";
-pub(crate) const LOAD_BALANCER_IPS: &str = "/registry/ranges/loadbalancerips/";
 
 /// The allocation ranges of one cluster.
 #[derive(Debug)]

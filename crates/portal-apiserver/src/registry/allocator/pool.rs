@@ -17,8 +17,6 @@ pub(crate) enum Range {
         cidr: Ipv4Cidr,
         first_dynamic: u64,
     },
-    /// Addresses of several CIDRs, used in order (load-balancer pools).
-    Ipv4Pool(Vec<Ipv4Cidr>),
     Ports(PortRange),
 }
 
@@ -26,7 +24,6 @@ impl Range {
     fn size(&self) -> u64 {
         match self {
             Range::Ipv4 { cidr, .. } => cidr.size(),
-            Range::Ipv4Pool(cidrs) => cidrs.iter().map(Ipv4Cidr::size).sum(),
             Range::Ports(ports) => ports.size(),
         }
     }
@@ -35,16 +32,6 @@ impl Range {
     pub(crate) fn value(&self, offset: u64) -> Option<String> {
         match self {
             Range::Ipv4 { cidr, .. } => cidr.nth(offset).map(|ip| ip.to_string()),
-            Range::Ipv4Pool(cidrs) => {
-                let mut rest = offset;
-                for cidr in cidrs {
-                    if rest < cidr.size() {
-                        return cidr.nth(rest).map(|ip| ip.to_string());
-                    }
-                    rest -= cidr.size();
-                }
-                None
-            }
             Range::Ports(ports) => {
                 (offset < ports.size()).then(|| (u64::from(ports.first) + offset).to_string())
             }
@@ -55,17 +42,6 @@ impl Range {
     pub(crate) fn offset(&self, value: &str) -> Option<u64> {
         match self {
             Range::Ipv4 { cidr, .. } => cidr.offset(value.parse::<Ipv4Addr>().ok()?),
-            Range::Ipv4Pool(cidrs) => {
-                let ip = value.parse::<Ipv4Addr>().ok()?;
-                let mut base = 0;
-                for cidr in cidrs {
-                    if let Some(offset) = cidr.offset(ip) {
-                        return Some(base + offset);
-                    }
-                    base += cidr.size();
-                }
-                None
-            }
             Range::Ports(ports) => {
                 let port = value.parse::<i64>().ok()?;
                 ports
@@ -81,7 +57,7 @@ impl Range {
             Range::Ipv4 { cidr, .. } => {
                 cidr.size() <= 2 || (offset != 0 && offset != cidr.size() - 1)
             }
-            Range::Ipv4Pool(_) | Range::Ports(_) => offset < self.size(),
+            Range::Ports(_) => offset < self.size(),
         }
     }
 
@@ -89,18 +65,13 @@ impl Range {
     fn first_dynamic(&self) -> u64 {
         match self {
             Range::Ipv4 { first_dynamic, .. } => *first_dynamic,
-            Range::Ipv4Pool(_) | Range::Ports(_) => 0,
+            Range::Ports(_) => 0,
         }
     }
 
     pub(crate) fn describe(&self) -> String {
         match self {
             Range::Ipv4 { cidr, .. } => cidr.to_string(),
-            Range::Ipv4Pool(cidrs) => cidrs
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
             Range::Ports(ports) => ports.to_string(),
         }
     }
@@ -247,15 +218,9 @@ mod tests {
     }
 
     #[test]
-    fn ports_and_pools() {
+    fn ports() {
         let ports = Pool::new(Range::Ports("30000-30001".parse().unwrap()), "/n/");
         assert!(ports.reserve_any().is_ok() && ports.reserve_any().is_ok());
         assert_eq!(ports.reserve_any(), Err(Refusal::Full));
-        let lb = Range::Ipv4Pool(vec![
-            "192.0.2.0/31".parse().unwrap(),
-            "198.51.100.8/30".parse().unwrap(),
-        ]);
-        assert_eq!(lb.value(2).as_deref(), Some("198.51.100.8"));
-        assert_eq!(lb.offset("198.51.100.9"), Some(3));
     }
 }

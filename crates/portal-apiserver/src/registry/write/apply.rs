@@ -116,7 +116,6 @@ pub(crate) async fn apply(
                 expected,
                 warnings,
                 managed: Some(managed),
-                also: Vec::new(),
             })
         };
         match guaranteed_update(

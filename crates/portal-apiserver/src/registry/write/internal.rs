@@ -5,7 +5,6 @@
 
 use portal_api::decode::decode_object;
 use portal_api::{Resource, Status};
-use portal_store::Op;
 use serde_json::Value;
 
 use super::{create_object, guaranteed_update, DecodedBody, Part, Proposal, WriteOptions};
@@ -23,9 +22,6 @@ pub(crate) struct Writer<'a> {
 pub(crate) enum Change {
     /// Writes this object (the part of it the write is aimed at).
     Write(Value),
-    /// Writes this object, and these operations in the same transaction
-    /// (a record that only exists with the change).
-    WriteWith(Value, Vec<Op>),
     /// Leaves it as it is.
     Keep,
 }
@@ -70,18 +66,16 @@ impl<'a> Writer<'a> {
         mut change: impl FnMut(&Value) -> Change,
     ) -> Result<CachedObject, Status> {
         let propose = |current: &Value| {
-            let (object, also) = match change(current) {
-                Change::Write(object) => (object, Vec::new()),
-                Change::WriteWith(object, also) => (object, also),
+            let object = match change(current) {
+                Change::Write(object) => object,
                 // Unchanged objects are not written (the registry compares).
-                Change::Keep => (current.clone(), Vec::new()),
+                Change::Keep => current.clone(),
             };
             Ok(Proposal {
                 object,
                 expected: None,
                 warnings: Vec::new(),
                 managed: None,
-                also,
             })
         };
         let (stored, _) = guaranteed_update(

@@ -234,10 +234,6 @@ pub(crate) struct Proposal {
     /// `managedFields` already worked out (by an apply); `None`: the write
     /// is recorded as an update by its field manager.
     pub(crate) managed: Option<Value>,
-    /// More operations in the same transaction (a record that exists only
-    /// with this change, such as a load-balancer address's). One that
-    /// fails its precondition fails the write with 409.
-    pub(crate) also: Vec<Op>,
 }
 
 fn check_body_namespace(scope: &Scope<'_>, object: &Value) -> Result<(), Status> {

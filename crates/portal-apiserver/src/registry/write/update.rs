@@ -34,7 +34,6 @@ pub(crate) async fn guaranteed_update(
             expected,
             warnings,
             managed,
-            also,
         } = propose(&visible)?;
         if expected.is_some_and(|rv| rv != current.mod_revision) {
             return Err(Status::conflict(scope.target(), name));
@@ -96,20 +95,10 @@ pub(crate) async fn guaranteed_update(
             expected_revision: current.mod_revision,
         }];
         ops.append(&mut reservation.ops);
-        let also_keys: Vec<String> = also.iter().map(|op| op.key().to_owned()).collect();
-        ops.extend(also);
         match state.store.txn(ops).await {
             Ok(revision) => {
                 reservation.commit();
                 return Ok((CachedObject::from_value(key, new, revision), warnings));
-            }
-            Err(
-                StoreError::AlreadyExists { key: taken }
-                | StoreError::Conflict { key: taken, .. }
-                | StoreError::NotFound { key: taken },
-            ) if also_keys.contains(&taken) => {
-                reservation.abort(None);
-                return Err(Status::conflict(scope.target(), name));
             }
             Err(StoreError::AlreadyExists { key: taken }) if Allocators::is_record(&taken) => {
                 reservation.abort(Some(&taken));
@@ -178,7 +167,6 @@ pub(crate) async fn update(
             expected,
             warnings: warnings.clone(),
             managed: None,
-            also: Vec::new(),
         })
     };
     let options = WriteOptions::from_query(query)?;
@@ -253,7 +241,6 @@ pub(crate) async fn patch(
             expected,
             warnings,
             managed: None,
-            also: Vec::new(),
         })
     };
     let options = WriteOptions::from_query(query)?;

@@ -23,7 +23,7 @@ mod server;
 use duties::{compaction, endpoint_leases, kubernetes_service};
 use handlers::routes;
 use loopback::Loopback;
-use registry::write::{gc, namespace};
+use registry::write::namespace;
 use registry::{allocator, cache};
 use security::{auth, identity};
 pub use security::{join, pki};
@@ -171,17 +171,6 @@ pub(crate) struct ApiState {
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
     /// Namespaces marked Terminating, to be emptied and removed.
     pub(crate) terminations: namespace::Terminations,
-    /// This state itself, for work that outlives a request (the garbage
-    /// collector's).
-    pub(crate) me: std::sync::Weak<ApiState>,
-}
-
-impl ApiState {
-    pub(crate) fn collector(&self) -> gc::Collector {
-        gc::Collector {
-            state: self.me.clone(),
-        }
-    }
 }
 
 /// The resource and namespace a request addresses.
@@ -347,7 +336,7 @@ impl ApiServer {
         });
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let (terminations, marked) = tokio::sync::mpsc::unbounded_channel();
-        let state = Arc::new_cyclic(|me| ApiState {
+        let state = Arc::new(ApiState {
             store,
             cache,
             allocators,
@@ -358,7 +347,6 @@ impl ApiServer {
             joining: joining.clone(),
             stopping: stopping.clone(),
             terminations,
-            me: me.clone(),
         });
         // Namespace termination, resuming what a previous run left.
         for namespace in unfinished {

@@ -3,10 +3,11 @@
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController controller, node IPAM
 //! (pod ranges), node lifecycle (unreachable nodes, taint-based eviction),
-//! the scheduler and the load-balancer provider.
+//! the scheduler, the load-balancer provider and the garbage collector.
 
 pub mod endpoints;
 pub mod events;
+pub mod garbage_collector;
 pub mod load_balancer;
 pub mod mirroring;
 pub mod node_ipam;
@@ -166,7 +167,8 @@ pub async fn run(client: Client, config: Config) {
         node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
         scheduler,
-        load_balancer::run(client, config.load_balancer)
+        load_balancer::run(client.clone(), config.load_balancer),
+        garbage_collector::run(client)
     );
 }
 

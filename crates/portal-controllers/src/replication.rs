@@ -280,8 +280,11 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
         (expect.created.len(), expect.deleted.len())
     };
     let current = pods.len() + pending_creates - pending_deletes.min(pods.len() + pending_creates);
+    // Being deleted (the garbage collector orphans or deletes its pods):
+    // no replicas are made or removed any more, as in Kubernetes.
+    let managing = rc.metadata.deletion_timestamp.is_none();
 
-    if current < wanted {
+    if managing && current < wanted {
         let template = spec.template.clone().unwrap_or_default();
         let count = (wanted - current).min(BATCH);
         let creates = (0..count).map(|_| {
@@ -333,7 +336,7 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
         if let Some(e) = first_error {
             return Err(e.into());
         }
-    } else if current > wanted {
+    } else if managing && current > wanted {
         let mut victims: Vec<&Arc<Pod>> = pods.iter().collect();
         victims.sort_by_key(|p| deletion_rank(p));
         let victims: Vec<String> = victims

@@ -6,6 +6,13 @@
 //! containers, deletes it again with grace 0. An unscheduled or finished
 //! pod goes at once, and so does anything deleted with grace 0 and no
 //! finalizers (`kubectl delete --force --grace-period=0`).
+//!
+//! What happens to an object's dependents is the garbage collector's work
+//! (a controller): `Foreground` and `Orphan` deletions leave the object
+//! marked with the `foregroundDeletion` or `orphan` finalizer, which the
+//! collector removes once the dependents are gone or orphaned;
+//! `Background` removes the object and the collector deletes its
+//! dependents after it.
 
 use bytes::Bytes;
 use portal_api::{kinds, meta, Resource};
@@ -16,6 +23,55 @@ use crate::registry::allocator::{delete_stored, Allocators};
 
 /// A pod's grace period when neither the request nor the spec gives one.
 const DEFAULT_POD_GRACE: i64 = 30;
+
+/// What happens to the dependents of a deleted object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Propagation {
+    Background,
+    Foreground,
+    Orphan,
+}
+
+impl Propagation {
+    pub(crate) fn parse(value: Option<&str>) -> Result<Self, String> {
+        match value {
+            None | Some("") | Some("Background") => Ok(Propagation::Background),
+            Some("Foreground") => Ok(Propagation::Foreground),
+            Some("Orphan") => Ok(Propagation::Orphan),
+            Some(other) => Err(format!(
+                "propagationPolicy {other:?} must be Background, Foreground or Orphan"
+            )),
+        }
+    }
+
+    /// The finalizer that holds the object for the garbage collector.
+    fn finalizer(self) -> Option<&'static str> {
+        match self {
+            Propagation::Background => None,
+            Propagation::Foreground => Some("foregroundDeletion"),
+            Propagation::Orphan => Some("orphan"),
+        }
+    }
+}
+
+/// Adds `finalizer` to the object's; whether it was missing.
+fn add_finalizer(object: &mut Value, finalizer: &str) -> bool {
+    let metadata = meta::metadata_mut(object);
+    let list = metadata
+        .entry("finalizers")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !list.is_array() {
+        *list = Value::Array(Vec::new());
+    }
+    let Some(list) = list.as_array_mut() else {
+        return false;
+    };
+    if list.iter().any(|f| f.as_str() == Some(finalizer)) {
+        return false;
+    }
+    list.push(Value::String(finalizer.to_owned()));
+    true
+}
 
 /// What a delete request does to the object now.
 #[derive(Debug, PartialEq)]
@@ -61,14 +117,20 @@ fn grace_period(resource: &Resource, object: &Value, asked: Option<i64>) -> i64 
     }
 }
 
-/// Decides what deleting `object` with the requested grace period does.
+/// Decides what deleting `object` with the requested grace period and
+/// propagation does.
 pub(crate) fn plan(
     resource: &Resource,
     object: &Value,
     asked: Option<i64>,
+    propagation: Propagation,
     now: jiff::Timestamp,
 ) -> Plan {
     let grace = grace_period(resource, object, asked);
+    let mut marked_object = object.clone();
+    let held = propagation
+        .finalizer()
+        .is_some_and(|finalizer| add_finalizer(&mut marked_object, finalizer));
     let metadata = meta::metadata(object);
     let marked = metadata.get("deletionTimestamp").is_some();
     if marked {
@@ -76,15 +138,19 @@ pub(crate) fn plan(
             .get("deletionGracePeriodSeconds")
             .and_then(Value::as_i64)
             .unwrap_or(0);
-        // A second delete may only shorten the grace period.
+        // A second delete may only shorten the grace period (and add the
+        // garbage collector's finalizer).
         if grace >= current {
-            return Plan::Pending;
+            return if held {
+                Plan::Mark(marked_object)
+            } else {
+                Plan::Pending
+            };
         }
     }
-    if grace == 0 && !finalizers(object) {
+    if grace == 0 && !finalizers(&marked_object) {
         return Plan::Now;
     }
-    let mut marked_object = object.clone();
     let at = now
         .checked_add(jiff::SignedDuration::from_secs(grace))
         .unwrap_or(now)
@@ -133,6 +199,7 @@ pub(crate) async fn delete_object(
     resource: &Resource,
     current: &KeyValue,
     asked: Option<i64>,
+    propagation: Propagation,
 ) -> Result<Outcome, StoreError> {
     let object: Value =
         serde_json::from_slice(&current.value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -152,7 +219,13 @@ pub(crate) async fn delete_object(
         }
         _ => asked,
     };
-    match plan(resource, &object, asked, jiff::Timestamp::now()) {
+    match plan(
+        resource,
+        &object,
+        asked,
+        propagation,
+        jiff::Timestamp::now(),
+    ) {
         Plan::Now => {
             let revision = delete_stored(store, allocators, resource, current).await?;
             Ok(Outcome::Deleted { revision, object })
@@ -181,14 +254,19 @@ mod tests {
         json!({"metadata": {"name": "p"}, "spec": {"nodeName": node, "terminationGracePeriodSeconds": 20}, "status": {"phase": phase}})
     }
 
+    const BG: Propagation = Propagation::Background;
+
     #[test]
     fn pods_on_a_node_are_marked_others_go_at_once() {
         let pods = &kinds::pod::RESOURCE;
         let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
-        assert_eq!(plan(pods, &pod("", "Pending"), None, now), Plan::Now);
-        assert_eq!(plan(pods, &pod("n", "Succeeded"), None, now), Plan::Now);
-        assert_eq!(plan(pods, &pod("n", "Running"), Some(0), now), Plan::Now);
-        let Plan::Mark(marked) = plan(pods, &pod("n", "Running"), None, now) else {
+        assert_eq!(plan(pods, &pod("", "Pending"), None, BG, now), Plan::Now);
+        assert_eq!(plan(pods, &pod("n", "Succeeded"), None, BG, now), Plan::Now);
+        assert_eq!(
+            plan(pods, &pod("n", "Running"), Some(0), BG, now),
+            Plan::Now
+        );
+        let Plan::Mark(marked) = plan(pods, &pod("n", "Running"), None, BG, now) else {
             panic!("a running pod is marked");
         };
         assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 20);
@@ -198,17 +276,20 @@ mod tests {
         );
         assert!(!finished(&marked), "the agent confirms");
         assert!(
-            matches!(plan(pods, &pod("n", "Running"), Some(-5), now), Plan::Mark(m) if m["metadata"]["deletionGracePeriodSeconds"] == 1)
+            matches!(plan(pods, &pod("n", "Running"), Some(-5), BG, now), Plan::Mark(m) if m["metadata"]["deletionGracePeriodSeconds"] == 1)
         );
-        assert_eq!(plan(pods, &marked, None, now), Plan::Pending);
+        assert_eq!(plan(pods, &marked, None, BG, now), Plan::Pending);
         assert_eq!(
-            plan(pods, &marked, Some(30), now),
+            plan(pods, &marked, Some(30), BG, now),
             Plan::Pending,
             "never longer"
         );
-        assert!(matches!(plan(pods, &marked, Some(5), now), Plan::Mark(_)));
+        assert!(matches!(
+            plan(pods, &marked, Some(5), BG, now),
+            Plan::Mark(_)
+        ));
         assert_eq!(
-            plan(pods, &marked, Some(0), now),
+            plan(pods, &marked, Some(0), BG, now),
             Plan::Now,
             "the agent's final delete"
         );
@@ -219,7 +300,7 @@ mod tests {
         let services = &kinds::service::RESOURCE;
         let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
         let held = json!({"metadata": {"name": "s", "finalizers": ["example.com/x"]}});
-        let Plan::Mark(marked) = plan(services, &held, None, now) else {
+        let Plan::Mark(marked) = plan(services, &held, None, BG, now) else {
             panic!("held by a finalizer");
         };
         assert!(!finished(&marked));
@@ -233,8 +314,39 @@ mod tests {
         let namespaces = &kinds::namespace::RESOURCE;
         assert!(!super::released(namespaces, &marked, &released));
         assert_eq!(
-            plan(services, &json!({"metadata": {"name": "s"}}), None, now),
+            plan(services, &json!({"metadata": {"name": "s"}}), None, BG, now),
             Plan::Now
         );
+    }
+
+    #[test]
+    fn foreground_and_orphan_hold_the_object_for_the_collector() {
+        let services = &kinds::service::RESOURCE;
+        let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        let plain = json!({"metadata": {"name": "s"}});
+        let Plan::Mark(held) = plan(services, &plain, None, Propagation::Foreground, now) else {
+            panic!("foreground marks it");
+        };
+        assert_eq!(
+            held["metadata"]["finalizers"],
+            json!(["foregroundDeletion"])
+        );
+        assert!(held["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(
+            plan(services, &held, None, Propagation::Foreground, now),
+            Plan::Pending
+        );
+        let Plan::Mark(both) = plan(services, &held, None, Propagation::Orphan, now) else {
+            panic!("a second delete adds its finalizer");
+        };
+        assert_eq!(
+            both["metadata"]["finalizers"],
+            json!(["foregroundDeletion", "orphan"])
+        );
+        assert_eq!(
+            both["metadata"]["deletionTimestamp"],
+            held["metadata"]["deletionTimestamp"]
+        );
+        assert!(Propagation::parse(Some("Sideways")).is_err());
     }
 }

@@ -105,11 +105,10 @@ pub(crate) async fn delete(
             )
             .await;
         }
-        let uid = meta::meta_str(&old, "uid").unwrap_or("").to_owned();
-        let namespace = scope.namespace.map(str::to_owned);
-        let collector = state.collector();
         let store = state.store.as_ref();
-        match deletion::delete_object(store, &state.allocators, resource, &current, grace).await {
+        match deletion::delete_object(store, &state.allocators, resource, &current, grace, policy)
+            .await
+        {
             // Marked (a pod stopping on its node, finalizers): it stays.
             Ok(Outcome::Marked { revision, object }) => {
                 return Ok(json_response(
@@ -125,24 +124,8 @@ pub(crate) async fn delete(
                         .clone(),
                 ));
             }
+            // Its dependents are the garbage collector's to delete.
             Ok(Outcome::Deleted { revision, .. }) => {
-                // The owner goes first, so no controller recreates what is
-                // being removed. Foreground and Orphan finish before the
-                // reply; Background after it.
-                if !uid.is_empty() {
-                    if policy == Propagation::Background {
-                        tokio::spawn(async move {
-                            if let Err(error) = collector.collect(namespace, uid, policy).await {
-                                tracing::warn!(%error, "deleting dependents failed");
-                            }
-                        });
-                    } else {
-                        collector
-                            .collect(namespace, uid, policy)
-                            .await
-                            .map_err(store_error)?;
-                    }
-                }
                 return Ok(json_response(
                     StatusCode::OK,
                     CachedObject::from_value(key, old, revision).json.clone(),
@@ -179,6 +162,7 @@ pub(crate) async fn delete_collection(
         ),
         None => None,
     };
+    let policy = Propagation::parse(query.get("propagationPolicy")).map_err(Status::bad_request)?;
     let mut deleted = Vec::with_capacity(items.len());
     for item in items {
         for _ in 0..MAX_ATTEMPTS {
@@ -186,7 +170,15 @@ pub(crate) async fn delete_collection(
                 break;
             };
             let store = state.store.as_ref();
-            match deletion::delete_object(store, &state.allocators, resource, &current, grace).await
+            match deletion::delete_object(
+                store,
+                &state.allocators,
+                resource,
+                &current,
+                grace,
+                policy,
+            )
+            .await
             {
                 Ok(Outcome::Marked { revision, object }) => {
                     deleted.push(std::sync::Arc::new(CachedObject::from_value(
@@ -208,17 +200,6 @@ pub(crate) async fn delete_collection(
                     revision,
                     object: value,
                 }) => {
-                    let uid = meta::meta_str(&value, "uid").unwrap_or("").to_owned();
-                    let (collector, namespace) =
-                        (state.collector(), scope.namespace.map(str::to_owned));
-                    tokio::spawn(async move {
-                        if let Err(error) = collector
-                            .collect(namespace, uid, Propagation::Background)
-                            .await
-                        {
-                            tracing::warn!(%error, "deleting dependents failed");
-                        }
-                    });
                     deleted.push(std::sync::Arc::new(CachedObject::from_value(
                         item.key.clone(),
                         value,

@@ -5,7 +5,6 @@
 mod apply;
 mod create;
 mod delete;
-pub(crate) mod gc;
 pub(crate) mod internal;
 pub(crate) mod namespace;
 mod update;
@@ -26,10 +25,10 @@ use serde_json::{json, Value};
 
 use crate::registry::allocator::{delete_stored, Allocators};
 use crate::registry::cache::CachedObject;
+use crate::registry::deletion::Propagation;
 use crate::registry::deletion::{self, Outcome};
 use crate::registry::lookup::{fresh, parse_revision, stored, Filter};
 use crate::registry::strategy;
-use crate::registry::write::gc::Propagation;
 use crate::server::http::{json_response, Body, FieldValidation, Query};
 use crate::{store_error, ApiState, Scope};
 

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use crate::registry::allocator::Allocators;
 use crate::registry::cache::CachedObject;
-use crate::registry::deletion::{delete_object, Outcome};
+use crate::registry::deletion::{delete_object, Outcome, Propagation};
 use crate::registry::strategy::{self, Part};
 use crate::registry::write::internal::{Change, Writer};
 use crate::server::http::{json_response, Body};
@@ -155,7 +155,16 @@ async fn delete_with_retry(
     mut current: KeyValue,
 ) -> Result<bool, StoreError> {
     loop {
-        match delete_object(store, allocators, resource, &current, None).await {
+        match delete_object(
+            store,
+            allocators,
+            resource,
+            &current,
+            None,
+            Propagation::Background,
+        )
+        .await
+        {
             Ok(outcome) => return Ok(matches!(outcome, Outcome::Deleted { .. })),
             Err(StoreError::NotFound { .. }) => return Ok(true),
             Err(StoreError::Conflict { .. }) => match store.get(&current.key).await? {

@@ -314,17 +314,20 @@ spec:
 
 
 def test_wait_for_a_namespace_to_be_deleted(kubectl):
-    """Even an empty namespace passes through Terminating with its
-    `kubernetes` finalizer (as in Kubernetes), so a script can delete it and
-    then wait for it to be gone (issue 19). What the namespace went through
-    is read from a watch opened before the delete (no timing window)."""
+    """A namespace passes through Terminating with its `kubernetes`
+    finalizer (as in Kubernetes), so a script can delete it and then wait
+    for it to be gone (issue 19). What the namespace went through is read
+    from a watch opened before the delete (no timing window); a finalizer on
+    a Service inside holds the namespace until `kubectl wait` is watching
+    (its -v=6 log shows the watch request)."""
+    import subprocess
     import threading
 
     from kubernetes import watch
 
     kubectl("create", "namespace", "doomed")
-    kubectl("create", "service", "clusterip", "inside", "--tcp=80", "-n", "doomed")
     core = kubectl.portal.core()
+    core.create_namespaced_service("doomed", {"metadata": {"name": "inside", "finalizers": ["example.com/hold"]}, "spec": {"ports": [{"port": 80}]}})
     start = core.read_namespace("doomed").metadata.resource_version
     seen = []
 
@@ -342,7 +345,20 @@ def test_wait_for_a_namespace_to_be_deleted(kubectl):
     follower = threading.Thread(target=follow)
     follower.start()
     kubectl("delete", "namespace", "doomed", "--wait=false")
-    assert "namespace/doomed condition met" in kubectl.out("wait", "--for=delete", "namespace/doomed", "--timeout=30s")
+    waiting = subprocess.Popen(
+        [kubectl.binary, "--kubeconfig", kubectl.portal.kubeconfig, "--cache-dir", str(kubectl.cache), "-v=6",
+         "wait", "--for=delete", "namespace/doomed", "--timeout=30s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for line in waiting.stderr:
+            if "watch=true" in line:
+                break
+        core.patch_namespaced_service("inside", "doomed", {"metadata": {"finalizers": None}})
+        out, _ = waiting.communicate(timeout=35)
+    finally:
+        waiting.kill()
+    assert "namespace/doomed condition met" in out
     follower.join(timeout=35)
     assert seen and seen[-1][0] == "DELETED", seen
     terminating = [s for s in seen if s[1] == "Terminating"]

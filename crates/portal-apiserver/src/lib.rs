@@ -169,8 +169,6 @@ pub(crate) struct ApiState {
     pub(crate) joining: Arc<join::Joining>,
     /// Turns `true` when the server starts draining: watches end cleanly.
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
-    /// Namespaces marked Terminating, to be emptied and removed.
-    pub(crate) terminations: namespace::Terminations,
 }
 
 /// The resource and namespace a request addresses.
@@ -280,7 +278,6 @@ impl ApiServer {
         // a shared store only the elected server mends (`cluster_duties`).
         let mend = if shared { Mend::No } else { Mend::Yes };
         allocator::repair::pass(store.as_ref(), &allocators, mend).await?;
-        let unfinished = namespace::marked(store.as_ref()).await?;
 
         let cache = cache::WatchCache::new(RING_CAPACITY);
         // The cache follows the store on a thread of its own: under a flood
@@ -335,7 +332,6 @@ impl ApiServer {
             pinning: tokio::sync::Mutex::new(()),
         });
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let (terminations, marked) = tokio::sync::mpsc::unbounded_channel();
         let state = Arc::new(ApiState {
             store,
             cache,
@@ -346,16 +342,7 @@ impl ApiServer {
             agents: agents.tls,
             joining: joining.clone(),
             stopping: stopping.clone(),
-            terminations,
         });
-        // Namespace termination, resuming what a previous run left.
-        for namespace in unfinished {
-            let _ = state.terminations.send(namespace);
-        }
-        tasks.once(
-            "namespace termination",
-            namespace::terminate(state.clone(), marked),
-        );
         // The server's own objects, through the registry like any write.
         kubernetes_service::ensure(&state, address.port())
             .await

@@ -3,13 +3,15 @@
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController controller, node IPAM
 //! (pod ranges), node lifecycle (unreachable nodes, taint-based eviction),
-//! the scheduler, the load-balancer provider and the garbage collector.
+//! the scheduler, the load-balancer provider, the garbage collector and
+//! namespace termination.
 
 pub mod endpoints;
 pub mod events;
 pub mod garbage_collector;
 pub mod load_balancer;
 pub mod mirroring;
+pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod pods;
@@ -168,7 +170,8 @@ pub async fn run(client: Client, config: Config) {
         node_lifecycle,
         scheduler,
         load_balancer::run(client.clone(), config.load_balancer),
-        garbage_collector::run(client)
+        garbage_collector::run(client.clone()),
+        namespace::run(client)
     );
 }
 

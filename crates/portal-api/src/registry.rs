@@ -38,9 +38,12 @@ pub enum RegistryError {
 }
 
 /// One consistent set of served kinds.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Registry {
     resources: Vec<&'static Resource>,
+    /// Each resource's store key prefix, made once (the watch cache looks
+    /// up the kind of every stored object it sees).
+    key_prefixes: Vec<(String, &'static Resource)>,
 }
 
 impl Registry {
@@ -74,7 +77,16 @@ impl Registry {
             )));
         }
         self.resources.push(resource);
+        self.key_prefixes.push((resource.key_prefix(), resource));
         Ok(())
+    }
+
+    /// The resource a store key belongs to.
+    pub fn of_key(&self, key: &str) -> Option<&'static Resource> {
+        self.key_prefixes
+            .iter()
+            .find(|(prefix, _)| key.starts_with(prefix.as_str()))
+            .map(|(_, resource)| *resource)
     }
 
     /// Every served resource, in discovery order.
@@ -110,9 +122,7 @@ pub fn current() -> Arc<Registry> {
 /// keep it until they finish.
 pub fn register(resource: &'static Resource) -> Result<(), RegistryError> {
     let mut guard = shared().write();
-    let mut next = Registry {
-        resources: guard.resources.clone(),
-    };
+    let mut next = Registry::clone(&guard);
     next.add(resource)?;
     *guard = Arc::new(next);
     Ok(())

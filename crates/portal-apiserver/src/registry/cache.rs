@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::{FutureExt, StreamExt};
 use parking_lot::RwLock;
+use portal_api::registry::Registry;
 use portal_api::{resources, Kind, Resource, Status};
 use portal_store::{EventKind, KeyValue, Revision, Store};
 use serde_json::Value;
@@ -95,10 +96,8 @@ pub(crate) struct WatchCache {
     ring_capacity: usize,
 }
 
-fn kind_of_key(key: &str) -> Option<Kind> {
-    resources()
-        .find(|r| key.starts_with(&r.key_prefix()))
-        .map(|r| r.kind())
+fn kind_of_key(registry: &Registry, key: &str) -> Option<Kind> {
+    registry.of_key(key).map(Resource::kind)
 }
 
 impl WatchCache {
@@ -174,8 +173,9 @@ impl WatchCache {
                 )
             })
             .collect();
+        let registry = portal_api::registry::current();
         for kv in items {
-            let Some(kind) = kind_of_key(&kv.key) else {
+            let Some(kind) = kind_of_key(&registry, &kv.key) else {
                 continue;
             };
             match CachedObject::decode(&kv.key, &kv.value, kv.mod_revision) {
@@ -205,11 +205,12 @@ impl WatchCache {
         };
         // Decode and re-serialize before taking the lock: readers (lists,
         // watches) are not held up by the JSON work.
+        let registry = portal_api::registry::current();
         let decoded: Vec<_> = transactions
             .iter()
             .flatten()
             .filter_map(|event| {
-                let kind = kind_of_key(&event.kv.key)?;
+                let kind = kind_of_key(&registry, &event.kv.key)?;
                 let object = match event.kind {
                     EventKind::Put => {
                         match CachedObject::decode(&event.kv.key, &event.kv.value, event.revision()) {

@@ -179,7 +179,10 @@ async fn measure(args: &Args, portal: &Portal, controllers: u32) -> Result<Strin
     .await?;
     let filled = started.elapsed();
 
-    // Converged: every pod is an endpoint in some slice.
+    // Converged: every pod is an endpoint in some slice. On a connection
+    // of its own: the server closes one left idle through the fill (its
+    // header read timeout).
+    let mut admin = portal.connect().await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let converge = Instant::now();
     let revision = loop {

@@ -25,6 +25,7 @@ pub mod images;
 pub mod join;
 pub mod metrics;
 mod mirror;
+pub mod netlink;
 pub mod network;
 pub mod node;
 mod pods;
@@ -360,23 +361,20 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
     Ok(Agent { metrics, tasks })
 }
 
-/// The node's first global IPv4 address (loopback when it has none).
+/// The node's first global IPv4 address (loopback when it has none), not
+/// counting the pods' bridge.
 pub async fn node_address() -> Ipv4Addr {
-    let output = tokio::process::Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "scope", "global"])
-        .output()
-        .await;
-    let text = output
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    text.lines()
-        .filter(|line| !line.contains(network::BRIDGE))
-        .find_map(|line| {
-            let mut words = line.split_whitespace();
-            words.find(|w| *w == "inet")?;
-            words.next()?.split('/').next()?.parse().ok()
-        })
-        .unwrap_or(Ipv4Addr::LOCALHOST)
+    let Ok(node) = netlink::Netlink::connect() else {
+        return Ipv4Addr::LOCALHOST;
+    };
+    let addresses = node.global_ipv4_addresses().await.unwrap_or_default();
+    for (index, ip) in addresses {
+        let name = node.link_name(index).await.ok().flatten();
+        if name.as_deref() != Some(network::BRIDGE) {
+            return ip;
+        }
+    }
+    Ipv4Addr::LOCALHOST
 }
 
 /// `portal images import FILE`: loads the archive's images into the

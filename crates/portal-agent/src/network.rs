@@ -3,6 +3,9 @@
 //! through the node (pods are /32s routed by the node, so every packet
 //! crosses the node's netfilter hooks: Services, hairpin included, work).
 //!
+//! Links, addresses, routes and namespaces are made over netlink
+//! ([`crate::netlink`]), not by spawning `ip`.
+//!
 //! Addresses are leased as files (`DIR/<ip>` holding the pod's UID), made
 //! with `O_EXCL` like CNI's host-local plugin, so no address is handed out
 //! twice or lost across agent restarts. Namespace names carry the agent's
@@ -14,17 +17,23 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use portal_api::cidr::Ipv4Cidr;
-use tokio::process::Command;
+
+use crate::netlink::{self, Netlink};
 
 /// The node's bridge; one per node network namespace.
 pub const BRIDGE: &str = "portal0";
 /// A fixed bridge MAC: otherwise the bridge takes the lowest of its ports'
 /// and changes it as pods come and go, and pods' cached gateway goes stale.
-const BRIDGE_MAC: &str = "02:50:4f:52:54:01";
+const BRIDGE_MAC: [u8; 6] = [0x02, 0x50, 0x4f, 0x52, 0x54, 0x01];
+/// The pod's end of its veth.
+const POD_LINK: &str = "eth0";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An `ip` or `sysctl` step failed.
+    /// A netlink step failed.
+    #[error(transparent)]
+    Netlink(#[from] netlink::Error),
+    /// A `sysctl` step failed.
     #[error("{command}: {message}")]
     Command { command: String, message: String },
     /// The lease directory could not be read or written.
@@ -65,7 +74,7 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn netns_path(&self) -> PathBuf {
-        Path::new("/run/netns").join(&self.netns)
+        netlink::netns_path(&self.netns)
     }
 }
 
@@ -128,21 +137,14 @@ impl Network {
     /// netfilter (pods are routed; see the module doc).
     pub async fn prepare_node(&self) -> Result<()> {
         std::fs::create_dir_all(&self.leases).map_err(|source| self.lease_error(source))?;
-        let exists = Command::new("ip")
-            .args(["link", "show", BRIDGE])
-            .output()
-            .await
-            .is_ok_and(|o| o.status.success());
-        if !exists {
-            ip(&[
-                "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge",
-            ])
-            .await?;
+        let node = Netlink::connect()?;
+        if node.link_index(BRIDGE).await?.is_none() {
+            node.add_bridge(BRIDGE, BRIDGE_MAC).await?;
         }
-        let gateway = format!("{}/{}", self.gateway(), self.range.prefix());
         // `replace` keeps this idempotent across restarts.
-        ip(&["addr", "replace", &gateway, "dev", BRIDGE]).await?;
-        ip(&["link", "set", BRIDGE, "up"]).await?;
+        node.replace_address(BRIDGE, self.gateway(), self.range.prefix())
+            .await?;
+        node.set_up(BRIDGE).await?;
         for (key, value) in [
             ("net/ipv4/ip_forward", "1"),
             ("net/ipv4/conf/all/send_redirects", "0"),
@@ -261,8 +263,7 @@ impl Network {
     /// The pod's sandbox if its namespace, links and address are in place.
     pub fn existing(&self, pod_uid: &str) -> Option<Sandbox> {
         let netns = self.netns_name(pod_uid);
-        if !Path::new("/run/netns").join(&netns).exists() || !self.plumbed_marker(pod_uid).exists()
-        {
+        if !netlink::netns_path(&netns).exists() || !self.plumbed_marker(pod_uid).exists() {
             return None;
         }
         let (ip, _) = self
@@ -299,31 +300,35 @@ impl Network {
     }
 
     async fn plumb(&self, sandbox: &Sandbox) -> Result<()> {
-        ip(&["netns", "add", &sandbox.netns]).await?;
-        let mtu = self.mtu.map(|m| format!(" mtu {m}")).unwrap_or_default();
-        let node_side = format!(
-            "link add {veth}{mtu} type veth peer name eth0{mtu} netns {netns}\n\
-             link set {veth} master {BRIDGE} up\n",
-            veth = sandbox.veth,
-            netns = sandbox.netns,
-        );
-        ip_batch(None, &node_side).await?;
+        let name = sandbox.netns.clone();
+        tokio::task::spawn_blocking(move || netlink::add_netns(&name))
+            .await
+            .map_err(|e| Error::Command {
+                command: format!("ip netns add {}", sandbox.netns),
+                message: e.to_string(),
+            })??;
+        let netns = sandbox.netns_path();
+        let node = Netlink::connect()?;
+        node.add_veth_into(&sandbox.veth, POD_LINK, &netns, self.mtu)
+            .await?;
+        node.attach_up(&sandbox.veth, BRIDGE).await?;
+        let pod = Netlink::connect_in(&netns)?;
         let gateway = self.gateway();
-        let pod_side = format!(
-            "link set lo up\n\
-             link set eth0 up\n\
-             addr add {ip}/32 dev eth0\n\
-             route add {gateway} dev eth0 scope link\n\
-             route add default via {gateway} dev eth0\n",
-            ip = sandbox.ip,
-        );
-        ip_batch(Some(&sandbox.netns), &pod_side).await
+        pod.set_up("lo").await?;
+        pod.set_up(POD_LINK).await?;
+        pod.replace_address(POD_LINK, sandbox.ip, 32).await?;
+        pod.add_link_route(gateway, 32, POD_LINK).await?;
+        pod.add_default_route(gateway, POD_LINK).await?;
+        Ok(())
     }
 
     /// Deletes the pod's namespace and veth (missing parts are fine).
     async fn remove_links(&self, sandbox: &Sandbox) {
-        let _ = ip(&["link", "del", &sandbox.veth]).await;
-        let _ = ip(&["netns", "del", &sandbox.netns]).await;
+        if let Ok(node) = Netlink::connect() {
+            let _ = node.delete_link(&sandbox.veth).await;
+        }
+        let name = sandbox.netns.clone();
+        let _ = tokio::task::spawn_blocking(move || netlink::delete_netns(&name)).await;
     }
 
     /// Removes the sandbox and frees its address.
@@ -346,7 +351,7 @@ impl Network {
     /// that went away while the agent was down).
     pub fn sandboxes_on_disk(&self) -> Vec<String> {
         let prefix = format!("portal-{}-", self.tag);
-        std::fs::read_dir("/run/netns")
+        std::fs::read_dir(netlink::NETNS_DIR)
             .into_iter()
             .flatten()
             .flatten()
@@ -362,97 +367,4 @@ impl Network {
 /// The node side of a pod's veth: unique per pod, at most 15 bytes.
 pub fn veth_name(pod_uid: &str) -> String {
     format!("pv{:08x}", crate::short_hash(pod_uid))
-}
-
-async fn ip(args: &[&str]) -> Result<()> {
-    run(
-        Command::new("ip").args(args),
-        &format!("ip {}", args.join(" ")),
-        None,
-    )
-    .await
-}
-
-/// Several `ip` commands in one process (`ip -batch -`), in `netns` if given.
-async fn ip_batch(netns: Option<&str>, commands: &str) -> Result<()> {
-    let mut command = Command::new("ip");
-    if let Some(netns) = netns {
-        command.args(["-n", netns]);
-    }
-    command.args(["-batch", "-"]);
-    let label = format!("ip -batch ({})", commands.trim().replace('\n', "; "));
-    run(&mut command, &label, Some(commands)).await
-}
-
-async fn run(command: &mut Command, label: &str, input: Option<&str>) -> Result<()> {
-    use tokio::io::AsyncWriteExt;
-    let failed = |message: String| Error::Command {
-        command: label.to_owned(),
-        message,
-    };
-    command
-        .stdin(if input.is_some() {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        })
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(text.as_bytes())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-    }
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(failed(
-            String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn leases_are_unique_persisted_and_not_reused_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let range: Ipv4Cidr = "10.244.3.0/29".parse().unwrap();
-        let net = Network::new("t", range, dir.path().join("leases"));
-        std::fs::create_dir_all(dir.path().join("leases")).unwrap();
-        let a = net.lease("a").unwrap();
-        assert_eq!(
-            a,
-            "10.244.3.2".parse::<Ipv4Addr>().unwrap(),
-            ".0 and the gateway .1 are skipped"
-        );
-        assert_eq!(net.lease("a").unwrap(), a, "a pod keeps its address");
-        let b = net.lease("b").unwrap();
-        net.release("a").unwrap();
-        let c = net.lease("c").unwrap();
-        assert_ne!(c, a, "a freed address is not handed out again at once");
-        // A second agent on the same directory (a restart) sees the leases.
-        let again = Network::new("t", range, dir.path().join("leases"));
-        assert_eq!(again.lease("b").unwrap(), b);
-        let mut all: Vec<_> = (0..4).map(|i| again.lease(&format!("x{i}"))).collect();
-        // b and c hold two of the five (.2 to .6): three more fit.
-        assert!(all.pop().unwrap().is_err(), "/29 holds 5 pods: .2 to .6");
-        assert!(all.iter().all(|r| r.is_ok()));
-    }
-
-    #[test]
-    fn names_fit_the_kernel_limits() {
-        let uid = "0b7c2a7e-1b7f-4d7a-9b43-9e0e6f3a2c11";
-        assert!(veth_name(uid).len() <= 15);
-        assert_ne!(veth_name(uid), veth_name("another"));
-    }
 }

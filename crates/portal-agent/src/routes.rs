@@ -23,11 +23,12 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use portal_api::cidr::Ipv4Cidr;
 
+use crate::netlink::Netlink;
 use crate::vxlan;
 use tokio::process::Command;
 
 /// The `proto` of the routes the agent makes (`ip route show proto 117`).
-pub const PROTO: &str = "117";
+pub const PROTO: u8 = 117;
 /// The routes are checked at least this often (a route removed by hand
 /// comes back).
 const RESYNC: Duration = Duration::from_secs(30);
@@ -279,35 +280,36 @@ async fn overlay(
 
 /// Makes the kernel's routes of [`PROTO`] exactly `wanted`.
 async fn sync(wanted: &BTreeMap<Ipv4Cidr, Route>) -> Result<(), String> {
-    let current = current().await?;
+    let node = Netlink::connect().map_err(|e| e.to_string())?;
+    let current = current(&node).await?;
     // One bad route (a gateway not on this link) does not hold up the others.
     let mut failed = Vec::new();
     for (range, route) in wanted {
-        let (range, via) = (range.to_string(), route.via.to_string());
-        let verb = match current.get(&range) {
-            Some(gateway) if *gateway == via => continue,
-            // Only a route of ours is replaced: `add` fails rather than
+        let network = range.nth(0).unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let replace = match current.get(range) {
+            Some(gateway) if *gateway == Some(route.via) => continue,
+            // Only a route of ours is replaced: adding fails rather than
             // take over a route someone else made for the same range.
-            Some(_) => "replace",
-            None => "add",
+            Some(_) => true,
+            None => false,
         };
-        let mut args = vec!["route", verb, &range, "via", &via, "proto", PROTO];
-        if route.overlay {
-            args.extend(["dev", vxlan::DEVICE, "onlink"]);
-        }
-        match ip(&args).await {
-            Ok(()) => tracing::info!(pods = %range, %via, "route to another node's pods"),
-            Err(error) => failed.push(error),
+        let onlink = route.overlay.then_some(vxlan::DEVICE);
+        let set = node
+            .set_route(network, range.prefix(), route.via, PROTO, onlink, replace)
+            .await;
+        match set {
+            Ok(()) => {
+                tracing::info!(pods = %range, via = %route.via, "route to another node's pods")
+            }
+            Err(error) => failed.push(error.to_string()),
         }
     }
     for range in current.keys() {
-        let still = range
-            .parse::<Ipv4Cidr>()
-            .is_ok_and(|r| wanted.contains_key(&r));
-        if !still {
-            match ip(&["route", "del", range, "proto", PROTO]).await {
+        if !wanted.contains_key(range) {
+            let network = range.nth(0).unwrap_or(Ipv4Addr::UNSPECIFIED);
+            match node.delete_route(network, range.prefix(), PROTO).await {
                 Ok(()) => tracing::info!(pods = %range, "route to a node that is gone removed"),
-                Err(error) => failed.push(error),
+                Err(error) => failed.push(error.to_string()),
             }
         }
     }
@@ -381,49 +383,15 @@ async fn masquerade(ranges: &[Ipv4Cidr]) -> Result<(), String> {
 }
 
 /// The routes of [`PROTO`]: destination → gateway.
-async fn current() -> Result<BTreeMap<String, String>, String> {
-    let output = Command::new("ip")
-        .args(["-j", "-4", "route", "show", "proto", PROTO])
-        .output()
-        .await
-        .map_err(|e| format!("ip route show: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "ip route show: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    let routes: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap_or_default();
+async fn current(node: &Netlink) -> Result<BTreeMap<Ipv4Cidr, Option<Ipv4Addr>>, String> {
+    let routes = node.routes_of(PROTO).await.map_err(|e| e.to_string())?;
     Ok(routes
-        .iter()
-        .filter_map(|r| {
-            let dst = r["dst"].as_str()?;
-            // A /32 prints without its prefix; ranges always have one.
-            let dst = if dst.contains('/') {
-                dst.to_owned()
-            } else {
-                format!("{dst}/32")
-            };
-            Some((dst, r["gateway"].as_str().unwrap_or("").to_owned()))
+        .into_iter()
+        .filter_map(|(destination, prefix, gateway)| {
+            let range = format!("{destination}/{prefix}").parse::<Ipv4Cidr>().ok()?;
+            Some((range, gateway))
         })
         .collect())
-}
-
-async fn ip(args: &[&str]) -> Result<(), String> {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .await
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
 }
 
 #[cfg(test)]

@@ -14,14 +14,14 @@
 
 use std::net::Ipv4Addr;
 
-use tokio::process::Command;
+use crate::netlink::{self, Netlink};
 
 /// The device's name.
 pub const DEVICE: &str = "portal.vxlan";
 /// The VXLAN network identifier (flannel's default is 1).
-pub const VNI: &str = "7";
+pub const VNI: u32 = 7;
 /// The IANA VXLAN port.
-pub const PORT: &str = "4789";
+pub const PORT: u16 = 4789;
 /// Where a node says its device's MAC.
 pub const MAC_ANNOTATION: &str = "portal.dev/vxlan-mac";
 /// The encapsulation's cost: outer IPv4 (20), UDP (8), VXLAN (8), Ethernet (14).
@@ -30,41 +30,22 @@ const OVERHEAD: u32 = 50;
 /// Makes the device (once) with `local` as its source address and `first`
 /// (this node's pod range's first address) on it; its MAC.
 pub(crate) async fn ensure(local: Ipv4Addr, first: Ipv4Addr) -> Result<String, String> {
-    if link(DEVICE).await.is_none() {
-        let mtu = pod_mtu(local).await.to_string();
-        let local = local.to_string();
-        run(
-            "ip",
-            &[
-                "link",
-                "add",
-                DEVICE,
-                "type",
-                "vxlan",
-                "id",
-                VNI,
-                "local",
-                &local,
-                "dstport",
-                PORT,
-                "nolearning",
-            ],
-        )
-        .await?;
-        run("ip", &["link", "set", DEVICE, "mtu", &mtu]).await?;
+    let node = Netlink::connect().map_err(|e| e.to_string())?;
+    let failed = |e: netlink::Error| e.to_string();
+    if node.link_index(DEVICE).await.map_err(failed)?.is_none() {
+        let mtu = pod_mtu(local).await;
+        node.add_vxlan(DEVICE, VNI, local, PORT)
+            .await
+            .map_err(failed)?;
+        node.set_mtu(DEVICE, mtu).await.map_err(failed)?;
     }
-    run(
-        "ip",
-        &["addr", "replace", &format!("{first}/32"), "dev", DEVICE],
-    )
-    .await?;
-    run("ip", &["link", "set", DEVICE, "up"]).await?;
-    let info = link(DEVICE)
+    node.replace_address(DEVICE, first, 32)
         .await
-        .ok_or_else(|| format!("{DEVICE} vanished"))?;
-    info["address"]
-        .as_str()
-        .map(str::to_owned)
+        .map_err(failed)?;
+    node.set_up(DEVICE).await.map_err(failed)?;
+    node.link_mac(DEVICE)
+        .await
+        .map_err(failed)?
         .ok_or_else(|| format!("{DEVICE} has no MAC address"))
 }
 
@@ -90,57 +71,33 @@ pub struct Peer {
 
 /// Makes the neighbour and forwarding entries exactly those of `peers`.
 pub(crate) async fn sync(peers: &[Peer]) -> Result<(), String> {
+    let node = Netlink::connect().map_err(|e| e.to_string())?;
     let mut failed = Vec::new();
     for peer in peers {
-        let (gateway, vtep) = (peer.gateway.to_string(), peer.vtep.to_string());
-        let neigh = [
-            "neigh",
-            "replace",
-            &gateway,
-            "lladdr",
-            &peer.mac,
-            "dev",
-            DEVICE,
-            "nud",
-            "permanent",
-        ];
-        if let Err(error) = run("ip", &neigh).await {
-            failed.push(error);
+        let Some(mac) = netlink::parse_mac(&peer.mac) else {
+            failed.push(format!("{}: invalid MAC {:?}", peer.vtep, peer.mac));
+            continue;
+        };
+        if let Err(error) = node.replace_neighbour(DEVICE, peer.gateway, &mac).await {
+            failed.push(error.to_string());
         }
-        let fdb = [
-            "fdb",
-            "replace",
-            &peer.mac,
-            "dev",
-            DEVICE,
-            "dst",
-            &vtep,
-            "self",
-            "permanent",
-        ];
-        if let Err(error) = run("bridge", &fdb).await {
-            failed.push(error);
+        if let Err(error) = node.replace_fdb(DEVICE, &mac, peer.vtep).await {
+            failed.push(error.to_string());
         }
     }
     // Entries of nodes that are gone.
-    for entry in listed("ip", &["-j", "neigh", "show", "dev", DEVICE]).await? {
-        let Some(address) = entry["dst"].as_str() else {
-            continue;
-        };
-        if !peers.iter().any(|p| p.gateway.to_string() == address) {
-            if let Err(error) = run("ip", &["neigh", "del", address, "dev", DEVICE]).await {
-                failed.push(error);
+    let neighbours = node.neighbours(DEVICE).await.map_err(|e| e.to_string())?;
+    for address in neighbours {
+        if !peers.iter().any(|p| p.gateway == address) {
+            if let Err(error) = node.delete_neighbour(DEVICE, address).await {
+                failed.push(error.to_string());
             }
         }
     }
-    for entry in listed("bridge", &["-j", "fdb", "show", "dev", DEVICE]).await? {
-        let (Some(mac), Some(dst)) = (entry["mac"].as_str(), entry["dst"].as_str()) else {
-            continue;
-        };
+    for (mac, destination) in node.fdb(DEVICE).await.map_err(|e| e.to_string())? {
         if !peers.iter().any(|p| p.mac == mac) {
-            let delete = ["fdb", "del", mac, "dev", DEVICE, "dst", dst, "self"];
-            if let Err(error) = run("bridge", &delete).await {
-                failed.push(error);
+            if let Err(error) = node.delete_fdb(DEVICE, &mac, destination).await {
+                failed.push(error.to_string());
             }
         }
     }
@@ -154,64 +111,9 @@ pub(crate) async fn sync(peers: &[Peer]) -> Result<(), String> {
 /// What fits in the overlay: the MTU of the link that carries `local`
 /// (1500 if unknown) less the encapsulation.
 pub(crate) async fn pod_mtu(local: Ipv4Addr) -> u32 {
-    underlay_mtu(local)
-        .await
-        .unwrap_or(1500)
-        .saturating_sub(OVERHEAD)
-}
-
-/// The MTU of the link that carries `local`.
-async fn underlay_mtu(local: Ipv4Addr) -> Option<u32> {
-    let addresses = listed("ip", &["-j", "-4", "addr", "show"]).await.ok()?;
-    addresses
-        .iter()
-        .find(|link| {
-            link["addr_info"].as_array().is_some_and(|a| {
-                a.iter()
-                    .any(|i| i["local"].as_str() == Some(&local.to_string()))
-            })
-        })
-        .and_then(|link| link["mtu"].as_u64())
-        .and_then(|mtu| u32::try_from(mtu).ok())
-}
-
-async fn link(name: &str) -> Option<serde_json::Value> {
-    listed("ip", &["-j", "link", "show", "dev", name])
-        .await
-        .ok()?
-        .into_iter()
-        .next()
-}
-
-async fn listed(program: &str, args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .await
-        .map_err(|e| format!("{program} {}: {e}", args.join(" ")))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    Ok(serde_json::from_slice(&output.stdout).unwrap_or_default())
-}
-
-async fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .await
-        .map_err(|e| format!("{program} {}: {e}", args.join(" ")))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
+    let underlay = match Netlink::connect() {
+        Ok(node) => node.mtu_of_address(local).await.ok().flatten(),
+        Err(_) => None,
+    };
+    underlay.unwrap_or(1500).saturating_sub(OVERHEAD)
 }

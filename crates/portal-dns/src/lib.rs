@@ -53,6 +53,9 @@ pub struct Dns {
     /// Where it answers (UDP and TCP).
     pub addr: SocketAddr,
     pub metrics: Arc<Metrics>,
+    /// The TCP server and the watches: [`portal_client::Supervisor::failed`]
+    /// answers when one of them stopped.
+    pub tasks: portal_client::Supervisor,
 }
 
 /// Starts the sockets and the watches; both keep running until the process
@@ -92,8 +95,13 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Dns, Error> {
         }
     };
     server::serve_udp(sockets, &shared, &tokio::runtime::Handle::current()).map_err(bind_error)?;
-    tokio::spawn(server::serve_tcp(listener, shared));
-    tokio::spawn(feed::run(client, records, metrics.clone()));
+    let tasks = portal_client::Supervisor::new();
+    tasks.critical("DNS over TCP", server::serve_tcp(listener, shared));
+    tasks.critical("DNS watches", feed::run(client, records, metrics.clone()));
     tracing::info!(%addr, domain = %config.cluster_domain, "DNS serving");
-    Ok(Dns { addr, metrics })
+    Ok(Dns {
+        addr,
+        metrics,
+        tasks,
+    })
 }

@@ -58,6 +58,9 @@ pub struct Proxy {
     /// The mode chosen (never `Auto`).
     pub mode: Mode,
     pub metrics: Arc<Metrics>,
+    /// The watches and the sync loop: [`portal_client::Supervisor::failed`] answers when
+    /// one of them stopped.
+    pub tasks: portal_client::Supervisor,
 }
 
 /// Whether `nft` runs and may read the ruleset here (root or
@@ -112,21 +115,29 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
         wake: wake.clone(),
         metrics: metrics.clone(),
     };
-    tokio::spawn(feed::run(client, feed, listed_tx));
-    tokio::spawn(runner::run(
-        tracker,
-        wake,
-        listed,
-        backend,
-        metrics.clone(),
-        runner::Timing {
-            min_sync_period: config.min_sync_period,
-            sync_period: config.sync_period,
-        },
-        health::HealthChecks::new(Ipv4Addr::UNSPECIFIED, metrics.clone()),
-    ));
+    let tasks = portal_client::Supervisor::new();
+    tasks.critical("proxy watches", feed::run(client, feed, listed_tx));
+    tasks.critical(
+        "proxy sync loop",
+        runner::run(
+            tracker,
+            wake,
+            listed,
+            backend,
+            metrics.clone(),
+            runner::Timing {
+                min_sync_period: config.min_sync_period,
+                sync_period: config.sync_period,
+            },
+            health::HealthChecks::new(Ipv4Addr::UNSPECIFIED, metrics.clone()),
+        ),
+    );
     tracing::info!(?mode, "service proxy started");
-    Ok(Proxy { mode, metrics })
+    Ok(Proxy {
+        mode,
+        metrics,
+        tasks,
+    })
 }
 
 impl<N: nftables::Nft + 'static> runner::Backend for nftables::Nftables<N> {

@@ -366,6 +366,9 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         api.address.port(),
         node_token.display()
     );
+    // The components beside the API server: if one stops, the process
+    // fails loudly (the node agent excepted: see below).
+    let components = portal_client::Supervisor::new();
     let mut controllers_election = None;
     if !disabled.contains(&Component::Controllers) {
         // The controllers are API clients like any other, answered in
@@ -377,7 +380,10 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             .shared()
             .then(|| portal_client::leader::Election::new("kube-system", "portal-controllers"));
         controllers_election = election.clone().map(|e| (client.clone(), e));
-        tokio::spawn(run_controllers(client, controllers, election));
+        components.critical(
+            "controllers",
+            run_controllers(client, controllers, election),
+        );
     }
     // With pods on this node, the DNS answers on the node address by
     // default and is published as the kube-dns Service's endpoints.
@@ -392,6 +398,11 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         let client = api.loopback_client("portal-dns");
         match portal_dns::start(client.clone(), args.dns.config(bind)).await {
             Ok(dns) => {
+                let tasks = dns.tasks.clone();
+                components.critical("cluster DNS", async move {
+                    let task = tasks.failed().await;
+                    tracing::error!(task, "the cluster DNS stopped");
+                });
                 let metrics = dns.metrics.clone();
                 api.metrics.add_source(move |out| metrics.encode_into(out));
                 let published = match dns.addr.ip() {
@@ -427,6 +438,11 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
                 .config(node_ip, Some(node_name.clone()), &args.proxy),
         )
         .await?;
+        let tasks = proxy.tasks.clone();
+        components.critical("service proxy", async move {
+            let task = tasks.failed().await;
+            tracing::error!(task, "the service proxy stopped");
+        });
         let (metrics, health) = (proxy.metrics.clone(), proxy.metrics.clone());
         api.metrics.add_source(move |out| metrics.encode_into(out));
         api.metrics
@@ -470,7 +486,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     }
     let outcome = tokio::select! {
         () = api.wait() => Ok(()),
-        result = wait_for_signal("containers keep running") => result,
+        result = until_signal_or_failure(&components, "containers keep running") => result,
     };
     if let Some((client, election)) = controllers_election {
         give_up(client, &election).await;
@@ -570,11 +586,10 @@ async fn dns(args: DnsArgs) -> Result<(), Error> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Metrics { addr, source })?;
-        tokio::spawn(serve_metrics(listener, move || metrics.encode()));
+        dns.tasks
+            .critical("metrics", serve_metrics(listener, move || metrics.encode()));
     }
-    let _ = tokio::signal::ctrl_c().await;
-    tracing::info!("interrupted; stopping");
-    Ok(())
+    until_signal_or_failure(&dns.tasks, "no state to keep").await
 }
 
 async fn proxy(args: ProxyArgs) -> Result<(), Error> {
@@ -611,19 +626,12 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     )
     .await?;
     let (metrics, health) = (proxy.metrics.clone(), proxy.metrics.clone());
-    tokio::spawn(serve_metrics_and_health(
-        listener,
-        move || metrics.encode(),
-        move || health.healthy(),
-    ));
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| portal_apiserver::Error::Signal(e.to_string()))?;
+    proxy.tasks.critical(
+        "metrics and health",
+        serve_metrics_and_health(listener, move || metrics.encode(), move || health.healthy()),
+    );
     // The rules stay in the kernel: traffic keeps flowing until the next start.
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping (rules stay in place)"),
-        _ = terminate.recv() => tracing::info!("terminated; stopping (rules stay in place)"),
-    }
-    Ok(())
+    until_signal_or_failure(&proxy.tasks, "rules stay in place").await
 }
 
 /// The node's InternalIP (IPv4) from its Node object.

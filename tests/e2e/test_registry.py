@@ -123,3 +123,24 @@ def test_orphaning_is_the_garbage_collectors_update(portal):
         # entry kept claiming it).
         fields = [e.fields_v1 for e in pod.metadata.managed_fields]
         assert all(owner not in str(f) for f in fields), pod.metadata.managed_fields
+
+
+def test_controllers_writes_name_their_manager(portal):
+    """The controllers run in the server on its loopback client: what they
+    write names them (as kube-controller-manager's do), not an empty
+    manager."""
+    core = portal.core()
+    rc = {
+        "metadata": {"name": "managed"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"app": "managed"},
+            "template": {"metadata": {"labels": {"app": "managed"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+        },
+    }
+    core.create_namespaced_replication_controller("default", rc)
+    pod = wait_for(
+        lambda: (p := core.list_namespaced_pod("default", label_selector="app=managed").items) and p[0],
+        "the controller's pod",
+    )
+    assert ("portal-controllers", "Update", None) in managers(pod), pod.metadata.managed_fields

@@ -60,6 +60,9 @@ pub struct Network {
     leasing: std::sync::Arc<parking_lot::Mutex<()>>,
     /// The pods' MTU when it must be below the node's (an overlay's).
     mtu: Option<u32>,
+    /// One netlink connection to the node's namespace for every pod's
+    /// veth (each connection holds its own buffers).
+    node: std::sync::Arc<tokio::sync::OnceCell<Netlink>>,
 }
 
 /// The network of one pod as set up.
@@ -118,6 +121,7 @@ impl Network {
             leases,
             leasing: std::sync::Arc::default(),
             mtu: None,
+            node: std::sync::Arc::default(),
         }
     }
 
@@ -126,6 +130,14 @@ impl Network {
     pub fn with_mtu(mut self, mtu: Option<u32>) -> Self {
         self.mtu = mtu;
         self
+    }
+
+    /// The netlink connection to the node's namespace, opened once.
+    async fn node(&self) -> Result<&Netlink> {
+        Ok(self
+            .node
+            .get_or_try_init(|| async { Netlink::connect() })
+            .await?)
     }
 
     /// The node's address on the bridge: the pods' gateway.
@@ -137,7 +149,7 @@ impl Network {
     /// netfilter (pods are routed; see the module doc).
     pub async fn prepare_node(&self) -> Result<()> {
         std::fs::create_dir_all(&self.leases).map_err(|source| self.lease_error(source))?;
-        let node = Netlink::connect()?;
+        let node = self.node().await?;
         if node.link_index(BRIDGE).await?.is_none() {
             node.add_bridge(BRIDGE, BRIDGE_MAC).await?;
         }
@@ -308,7 +320,7 @@ impl Network {
                 message: e.to_string(),
             })??;
         let netns = sandbox.netns_path();
-        let node = Netlink::connect()?;
+        let node = self.node().await?;
         node.add_veth_into(&sandbox.veth, POD_LINK, &netns, self.mtu)
             .await?;
         node.attach_up(&sandbox.veth, BRIDGE).await?;
@@ -324,7 +336,7 @@ impl Network {
 
     /// Deletes the pod's namespace and veth (missing parts are fine).
     async fn remove_links(&self, sandbox: &Sandbox) {
-        if let Ok(node) = Netlink::connect() {
+        if let Ok(node) = self.node().await {
             let _ = node.delete_link(&sandbox.veth).await;
         }
         let name = sandbox.netns.clone();

@@ -31,15 +31,22 @@ pub enum Error {
     Client(#[from] kube::Error),
 }
 
-/// A client for the cluster a kubeconfig file describes.
-pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
+/// A client for the cluster a kubeconfig file describes, for `component`:
+/// its requests say `User-Agent: COMPONENT/VERSION`, which names the field
+/// manager of its writes (`portal-controllers`, as Kubernetes' say
+/// `kube-controller-manager`).
+pub async fn client_from_kubeconfig(path: &Path, component: &str) -> Result<Client, Error> {
     let invalid = |message: String| Error::Kubeconfig {
         path: path.display().to_string(),
         message,
     };
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| invalid(e.to_string()))?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| invalid(e.to_string()))?;
+    let agent = format!("{component}/{}", env!("CARGO_PKG_VERSION"));
+    if let Ok(value) = http::HeaderValue::from_str(&agent) {
+        config.headers.push((http::header::USER_AGENT, value));
+    }
     Ok(Client::try_from(config)?)
 }

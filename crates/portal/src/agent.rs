@@ -222,7 +222,7 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
         .map(|j| j.kubeconfig.clone())
         .or(args.kubeconfig.clone());
     let client = match &kubeconfig {
-        Some(path) => Some(portal_client::client_from_kubeconfig(path).await?),
+        Some(path) => Some(portal_client::client_from_kubeconfig(path, "portal-agent").await?),
         None => None,
     };
     let client_ca = args.client_ca_file.or(joined.map(|j| j.client_ca));

@@ -427,7 +427,8 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         }
     }
     if !disabled.contains(&Component::Proxy) {
-        let client = portal_client::client_from_kubeconfig(&node_kubeconfig).await?;
+        let client =
+            portal_client::client_from_kubeconfig(&node_kubeconfig, "portal-proxy").await?;
         let node_ip = match node_ip {
             Some(IpAddr::V4(ip)) => Some(ip),
             _ => None,
@@ -450,7 +451,8 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     }
     if !disabled.contains(&Component::Agent) {
         if agent_wanted {
-            let client = portal_client::client_from_kubeconfig(&node_kubeconfig).await?;
+            let client =
+                portal_client::client_from_kubeconfig(&node_kubeconfig, "portal-agent").await?;
             let node_ip = match node_ip {
                 Some(IpAddr::V4(ip)) => Some(ip),
                 _ => None,
@@ -548,7 +550,8 @@ pub(crate) async fn wait_for_signal(what_stays: &str) -> Result<(), Error> {
 async fn controllers(args: ControllersArgs) -> Result<(), Error> {
     let config = args.controllers.config()?;
     let election = args.leader.election()?;
-    let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
+    let client =
+        portal_client::client_from_kubeconfig(&args.kubeconfig, "portal-controllers").await?;
     let held = election.clone();
     tokio::select! {
         () = run_controllers(client.clone(), config, election) => Ok(()),
@@ -579,7 +582,7 @@ async fn run_controllers(
 }
 
 async fn dns(args: DnsArgs) -> Result<(), Error> {
-    let client = portal_client::client_from_kubeconfig(&args.kubeconfig).await?;
+    let client = portal_client::client_from_kubeconfig(&args.kubeconfig, "portal-dns").await?;
     let dns = portal_dns::start(client, args.dns.config(args.bind)).await?;
     if let Some(addr) = args.metrics_bind {
         let metrics = dns.metrics.clone();
@@ -605,7 +608,7 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     let Some(kubeconfig) = &args.kubeconfig else {
         return Ok(());
     };
-    let client = portal_client::client_from_kubeconfig(kubeconfig).await?;
+    let client = portal_client::client_from_kubeconfig(kubeconfig, "portal-proxy").await?;
     let node_ip = match (args.node_ip, &args.node_name) {
         (Some(ip), _) => Some(ip),
         (None, Some(name)) => Some(node_internal_ip(&client, name).await?),

@@ -56,7 +56,7 @@ pub(crate) async fn node(args: NodeArgs) -> Result<(), Error> {
             source,
         })?;
 
-    let client = portal_client::client_from_kubeconfig(&joined.kubeconfig).await?;
+    let client = portal_client::client_from_kubeconfig(&joined.kubeconfig, "portal-node").await?;
     let proxy = portal_proxy::start(
         client.clone(),
         args.proxy_mode

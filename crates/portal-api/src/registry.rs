@@ -22,6 +22,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::service::RESOURCE,
     &kinds::endpoints::RESOURCE,
     &kinds::replication_controller::RESOURCE,
+    &kinds::replica_set::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,

@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
-    DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams, Preconditions,
+    DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, Preconditions,
     PropagationPolicy,
 };
 use kube::core::discovery::Scope;
@@ -446,9 +446,11 @@ impl Collector {
                 }
                 Some(Task::Foreground {
                     api: self.api_of(node),
+                    uid: uid.clone(),
                     node: node.clone(),
                     blocking,
                     delete,
+                    lister: self.lister(node),
                 })
             }
             Work::Orphan(uid) => {
@@ -472,8 +474,17 @@ impl Collector {
                     uid: uid.clone(),
                     node: node.clone(),
                     dependents,
+                    lister: self.lister(node),
                 })
             }
+        }
+    }
+
+    fn lister(&self, owner: &Node) -> Lister {
+        Lister {
+            client: self.client.clone(),
+            kinds: self.kinds.clone(),
+            namespace: owner.namespace.clone(),
         }
     }
 
@@ -484,6 +495,73 @@ impl Collector {
             }
             _ => Api::all_with(self.client.clone(), &kind.resource),
         }
+    }
+}
+
+/// Finds an owner's dependents through the API, not the graph: before a
+/// finalizer goes, a dependent whose watch event has not reached the graph
+/// yet (its kind's watch lags the owner's) must not be missed.
+struct Lister {
+    client: Client,
+    kinds: Vec<Kind>,
+    /// The owner's namespace (a cluster-scoped owner: everywhere).
+    namespace: Option<String>,
+}
+
+impl Lister {
+    /// Every object whose owners include `uid`: its API, uid and metadata.
+    async fn referencing(
+        &self,
+        uid: &str,
+    ) -> Result<Vec<(Api<DynamicObject>, String, Node)>, kube::Error> {
+        let mut found = Vec::new();
+        for (index, kind) in self.kinds.iter().enumerate() {
+            let list_api = match (&self.namespace, kind.namespaced) {
+                (Some(namespace), true) => {
+                    Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(
+                        self.client.clone(),
+                        namespace,
+                        &kind.resource,
+                    )
+                }
+                // A namespaced owner has no cluster-scoped dependents.
+                (Some(_), false) => continue,
+                (None, _) => Api::<PartialObjectMeta<DynamicObject>>::all_with(
+                    self.client.clone(),
+                    &kind.resource,
+                ),
+            };
+            let listed = match list_api.list(&ListParams::default()).await {
+                Ok(listed) => listed,
+                Err(kube::Error::Api(status)) if matches!(status.code, 404 | 405) => continue,
+                Err(error) => return Err(error),
+            };
+            for item in listed.items {
+                let metadata = item.metadata;
+                let owners = metadata.owner_references.unwrap_or_default();
+                if !owners.iter().any(|o| o.uid == uid) {
+                    continue;
+                }
+                let own_uid = metadata.uid.unwrap_or_default();
+                let node = Node {
+                    kind: index,
+                    namespace: metadata.namespace.clone(),
+                    name: metadata.name.unwrap_or_default(),
+                    resource_version: metadata.resource_version,
+                    owners,
+                    finalizers: metadata.finalizers.unwrap_or_default(),
+                    deleting: metadata.deletion_timestamp.is_some(),
+                };
+                let api = match (&metadata.namespace, kind.namespaced) {
+                    (Some(namespace), true) => {
+                        Api::namespaced_with(self.client.clone(), namespace, &kind.resource)
+                    }
+                    _ => Api::all_with(self.client.clone(), &kind.resource),
+                };
+                found.push((api, own_uid, node));
+            }
+        }
+        Ok(found)
     }
 }
 
@@ -516,15 +594,18 @@ enum Task {
     },
     Foreground {
         api: Api<DynamicObject>,
+        uid: String,
         node: Node,
         blocking: usize,
         delete: Vec<Doomed>,
+        lister: Lister,
     },
     Orphan {
         api: Api<DynamicObject>,
         uid: String,
         node: Node,
         dependents: Vec<(Api<DynamicObject>, Node)>,
+        lister: Lister,
     },
 }
 
@@ -659,9 +740,11 @@ impl Task {
             }
             Task::Foreground {
                 api,
+                uid,
                 node,
                 blocking,
                 delete: doomed,
+                lister,
             } => {
                 for child in doomed {
                     let policy = if child.foreground {
@@ -671,18 +754,41 @@ impl Task {
                     };
                     delete(&child.api, &child.name, &child.uid, policy).await?;
                 }
-                if blocking == 0 {
-                    release(&api, &node, FOREGROUND).await?;
+                if blocking > 0 {
+                    return Ok(());
                 }
-                Ok(())
+                // None left in the graph; the API has the last word.
+                let live = lister.referencing(&uid).await?;
+                let mut waiting = false;
+                for (child_api, child_uid, child) in live {
+                    let blocks = child
+                        .owners
+                        .iter()
+                        .any(|o| o.uid == uid && o.block_owner_deletion == Some(true));
+                    if !child.deleting {
+                        let policy = PropagationPolicy::Background;
+                        delete(&child_api, &child.name, &child_uid, policy).await?;
+                    }
+                    waiting |= blocks;
+                }
+                if waiting {
+                    // Their deletions come back as watch events.
+                    return Ok(());
+                }
+                release(&api, &node, FOREGROUND).await
             }
             Task::Orphan {
                 api,
                 uid,
                 node,
                 dependents,
+                lister,
             } => {
                 for (child_api, child) in dependents {
+                    keep_owners(&child_api, &child, |o| o.uid != uid).await?;
+                }
+                // Dependents the graph has not seen yet.
+                for (child_api, _, child) in lister.referencing(&uid).await? {
                     keep_owners(&child_api, &child, |o| o.uid != uid).await?;
                 }
                 release(&api, &node, ORPHAN).await

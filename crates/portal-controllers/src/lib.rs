@@ -1,7 +1,8 @@
 //! Portal's controllers: plain API clients, so they run inside `portal
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
-//! EndpointSlice mirroring, the ReplicationController controller, node IPAM
+//! EndpointSlice mirroring, the ReplicationController and ReplicaSet
+//! controller, node IPAM
 //! (pod ranges), node lifecycle (unreachable nodes, taint-based eviction),
 //! the scheduler, the load-balancer provider, the garbage collector and
 //! namespace termination.
@@ -159,13 +160,23 @@ pub async fn run(client: Client, config: Config) {
     let mut pods = pods::reflector(client.clone());
     let node_lifecycle = node_lifecycle::run(client.clone(), config.lifecycle, pods.store());
     let endpoints = endpoints::run(client.clone(), pods.store(), pods.subscribe());
-    let replication = replication::run(client.clone(), pods.store(), pods.subscribe());
+    let replication = replication::run::<k8s_openapi::api::core::v1::ReplicationController>(
+        client.clone(),
+        pods.store(),
+        pods.subscribe(),
+    );
+    let replica_sets = replication::run::<k8s_openapi::api::apps::v1::ReplicaSet>(
+        client.clone(),
+        pods.store(),
+        pods.subscribe(),
+    );
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
     tokio::join!(
         pods.run(),
         endpoints,
         mirroring::run(client.clone()),
         replication,
+        replica_sets,
         node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
         scheduler,

@@ -1,6 +1,8 @@
-//! The ReplicationController controller (SPEC W4): keeps `spec.replicas`
-//! pods from the template alive, creating and deleting in batches, and
-//! reports `status.replicas`, `readyReplicas`, `observedGeneration`.
+//! The ReplicationController and ReplicaSet controllers (SPEC W4; one
+//! controller, two kinds, as upstream's ReplicaSet controller serves both):
+//! keep `spec.replicas` pods from the template alive, creating and deleting
+//! in batches, and report `status.replicas`, `readyReplicas`,
+//! `availableReplicas` (ready for `minReadySeconds`), `observedGeneration`.
 //!
 //! Orphaned pods that match the selector are adopted, and owned pods that
 //! stop matching it are released, as upstream does.
@@ -14,16 +16,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::Stream;
+use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::{
-    ObjectReference, Pod, ReplicationController, ReplicationControllerStatus,
+    ObjectReference, Pod, PodTemplateSpec, ReplicationController, ReplicationControllerStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+use portal_api::selector::LabelSelector;
 use portal_client::Settled;
 
 use crate::events;
@@ -44,6 +49,167 @@ struct Expectations {
     since: Option<Instant>,
 }
 
+/// What one status reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub replicas: i32,
+    pub fully_labeled: i32,
+    pub ready: i32,
+    pub available: i32,
+    pub observed_generation: Option<i64>,
+}
+
+/// A kind whose objects keep replicas of a pod template.
+pub trait Replicated:
+    kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + serde::Serialize
+    + Send
+    + Sync
+    + 'static
+{
+    const API_VERSION: &'static str;
+    const KIND: &'static str;
+    /// The Events' source component.
+    const COMPONENT: &'static str;
+    fn replicas(&self) -> usize;
+    fn min_ready_seconds(&self) -> i64;
+    /// The selector; `None` when it is empty or invalid (selects nothing).
+    fn selector(&self) -> Option<LabelSelector>;
+    fn template(&self) -> PodTemplateSpec;
+    fn counts(&self) -> Option<Counts>;
+    fn with_counts(&self, counts: Counts) -> Self;
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+impl Replicated for ReplicationController {
+    const API_VERSION: &'static str = "v1";
+    const KIND: &'static str = "ReplicationController";
+    const COMPONENT: &'static str = "replication-controller";
+
+    fn replicas(&self) -> usize {
+        let replicas = self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        usize::try_from(replicas).unwrap_or(0)
+    }
+
+    fn min_ready_seconds(&self) -> i64 {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.min_ready_seconds)
+            .map_or(0, i64::from)
+    }
+
+    /// A map of labels (the API defaults it to the template's).
+    fn selector(&self) -> Option<LabelSelector> {
+        let spec = self.spec.as_ref();
+        let map = spec
+            .and_then(|s| s.selector.clone())
+            .filter(|s| !s.is_empty())
+            .or_else(|| {
+                spec.and_then(|s| s.template.as_ref())
+                    .and_then(|t| t.metadata.as_ref())
+                    .and_then(|m| m.labels.clone())
+            })
+            .filter(|m| !m.is_empty())?;
+        LabelSelector::from_api(&serde_json::json!({"matchLabels": map}), "spec.selector").ok()
+    }
+
+    fn template(&self) -> PodTemplateSpec {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.template.clone())
+            .unwrap_or_default()
+    }
+
+    fn counts(&self) -> Option<Counts> {
+        let status = self.status.as_ref()?;
+        Some(Counts {
+            replicas: status.replicas,
+            fully_labeled: status.fully_labeled_replicas.unwrap_or(0),
+            ready: status.ready_replicas.unwrap_or(0),
+            available: status.available_replicas.unwrap_or(0),
+            observed_generation: status.observed_generation,
+        })
+    }
+
+    fn with_counts(&self, counts: Counts) -> Self {
+        let mut updated = self.clone();
+        let conditions = self.status.as_ref().and_then(|s| s.conditions.clone());
+        updated.status = Some(ReplicationControllerStatus {
+            replicas: counts.replicas,
+            fully_labeled_replicas: Some(counts.fully_labeled),
+            ready_replicas: Some(counts.ready),
+            available_replicas: Some(counts.available),
+            observed_generation: counts.observed_generation,
+            conditions,
+        });
+        updated
+    }
+}
+
+impl Replicated for ReplicaSet {
+    const API_VERSION: &'static str = "apps/v1";
+    const KIND: &'static str = "ReplicaSet";
+    const COMPONENT: &'static str = "replicaset-controller";
+
+    fn replicas(&self) -> usize {
+        let replicas = self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        usize::try_from(replicas).unwrap_or(0)
+    }
+
+    fn min_ready_seconds(&self) -> i64 {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.min_ready_seconds)
+            .map_or(0, i64::from)
+    }
+
+    fn selector(&self) -> Option<LabelSelector> {
+        let selector = serde_json::to_value(&self.spec.as_ref()?.selector).ok()?;
+        LabelSelector::from_api(&selector, "spec.selector")
+            .ok()
+            .filter(|s| !s.is_empty())
+    }
+
+    fn template(&self) -> PodTemplateSpec {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.template.clone())
+            .unwrap_or_default()
+    }
+
+    fn counts(&self) -> Option<Counts> {
+        let status = self.status.as_ref()?;
+        Some(Counts {
+            replicas: status.replicas,
+            fully_labeled: status.fully_labeled_replicas.unwrap_or(0),
+            ready: status.ready_replicas.unwrap_or(0),
+            available: status.available_replicas.unwrap_or(0),
+            observed_generation: status.observed_generation,
+        })
+    }
+
+    fn with_counts(&self, counts: Counts) -> Self {
+        let mut updated = self.clone();
+        let conditions = self.status.as_ref().and_then(|s| s.conditions.clone());
+        updated.status = Some(ReplicaSetStatus {
+            replicas: counts.replicas,
+            fully_labeled_replicas: Some(counts.fully_labeled),
+            ready_replicas: Some(counts.ready),
+            available_replicas: Some(counts.available),
+            observed_generation: counts.observed_generation,
+            conditions,
+            ..ReplicaSetStatus::default()
+        });
+        updated
+    }
+}
+
 struct Context {
     client: Client,
     /// Delays between retries of a failing object.
@@ -57,9 +223,9 @@ struct Context {
     expectations: Mutex<HashMap<String, Expectations>>,
 }
 
-/// Runs the controller until the process ends, reading pods from the
-/// process's shared pod reflector.
-pub async fn run(
+/// Runs the controller of kind `K` until the process ends, reading pods
+/// from the process's shared pod reflector.
+pub async fn run<K: Replicated>(
     client: Client,
     pods: Store<Pod>,
     pod_changes: impl Stream<Item = Settled<Pod>> + Send + 'static,
@@ -67,7 +233,7 @@ pub async fn run(
     let context = Arc::new(Context {
         retries: crate::Retries::new(Duration::from_millis(500)),
         client: client.clone(),
-        events: events::Recorder::new(client.clone(), COMPONENT),
+        events: events::Recorder::new(client.clone(), K::COMPONENT),
         pods,
         pods_listed: Arc::new(crate::Listed::default()),
         expectations: Mutex::new(HashMap::new()),
@@ -78,22 +244,19 @@ pub async fn run(
             listed.set();
         }
     });
-    let controller = Controller::new(
-        Api::<ReplicationController>::all(client),
-        watcher::Config::default(),
-    )
-    .with_config(crate::config());
+    let controller = Controller::new(Api::<K>::all(client), watcher::Config::default())
+        .with_config(crate::config());
     let controllers = controller.store();
-    // A pod concerns its controller, or, when it has none, every RC whose
-    // selector matches it (to be adopted).
-    let mapper = move |pod: Arc<Pod>| -> Vec<ObjectRef<ReplicationController>> {
+    // A pod concerns its controller, or, when it has none, every owner
+    // whose selector matches it (to be adopted).
+    let mapper = move |pod: Arc<Pod>| -> Vec<ObjectRef<K>> {
         let namespace = pod.namespace().unwrap_or_default();
         if let Some(owner) = pod
             .owner_references()
             .iter()
             .find(|o| o.controller == Some(true))
         {
-            return (owner.kind == "ReplicationController")
+            return (owner.kind == K::KIND && owner.api_version == K::API_VERSION)
                 .then(|| ObjectRef::new(&owner.name).within(&namespace))
                 .into_iter()
                 .collect();
@@ -102,36 +265,23 @@ pub async fn run(
             .state()
             .iter()
             .filter(|rc| rc.namespace().as_deref() == Some(namespace.as_str()))
-            .filter(|rc| selects(&selector_of(rc), pod.labels()))
+            .filter(|rc| selects(rc.selector().as_ref(), pod.labels()))
             .map(|rc| ObjectRef::from_obj(&**rc))
             .collect()
     };
     crate::drive(
         controller
             .watches_shared_stream(portal_client::shared::objects(pod_changes), mapper)
-            .run(reconcile, error_policy, context.clone()),
-        "replication reconcile",
+            .run(reconcile::<K>, error_policy::<K>, context.clone()),
+        K::COMPONENT,
         &context.retries,
     )
     .await;
 }
 
-/// The RC's selector (the API defaults it to the template's labels).
-fn selector_of(rc: &ReplicationController) -> BTreeMap<String, String> {
-    let spec = rc.spec.as_ref();
-    spec.and_then(|s| s.selector.clone())
-        .filter(|s| !s.is_empty())
-        .or_else(|| {
-            spec.and_then(|s| s.template.as_ref())
-                .and_then(|t| t.metadata.as_ref())
-                .and_then(|m| m.labels.clone())
-        })
-        .unwrap_or_default()
-}
-
-/// An empty selector selects nothing.
-fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
-    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+/// Whether a selector selects the labels (none selects nothing).
+fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+    selector.is_some_and(|s| s.matches(|key| labels.get(key).map(String::as_str)))
 }
 
 fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
@@ -174,20 +324,18 @@ async fn set_controller(
     }
 }
 
-fn error_policy(rc: Arc<ReplicationController>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, rc = %rc.name_any(), "replication update failed; retrying");
+fn error_policy<K: Replicated>(rc: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, kind = K::KIND, name = %rc.name_any(), "replica update failed; retrying");
     Action::requeue(ctx.retries.after_failure(rc.as_ref()))
 }
 
-const COMPONENT: &str = "replication-controller";
-
-fn reference(rc: &ReplicationController) -> ObjectReference {
+fn reference<K: Replicated>(rc: &K) -> ObjectReference {
     ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("ReplicationController".into()),
+        api_version: Some(K::API_VERSION.into()),
+        kind: Some(K::KIND.into()),
         name: Some(rc.name_any()),
         namespace: rc.namespace(),
-        uid: rc.metadata.uid.clone(),
+        uid: rc.meta().uid.clone(),
         ..ObjectReference::default()
     }
 }
@@ -202,6 +350,25 @@ fn is_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Ready for at least `min_ready` seconds by `now`.
+fn is_available(pod: &Pod, min_ready: i64, now: jiff::Timestamp) -> bool {
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status == "True"));
+    let Some(ready) = ready else {
+        return false;
+    };
+    if min_ready <= 0 {
+        return true;
+    }
+    ready
+        .last_transition_time
+        .as_ref()
+        .is_some_and(|since| now.duration_since(since.0).as_secs() >= min_ready)
 }
 
 fn owned_by(pod: &Pod, uid: &str) -> bool {
@@ -227,20 +394,20 @@ fn deletion_rank(pod: &Pod) -> (u8, u8, u8, std::cmp::Reverse<Option<jiff::Times
     )
 }
 
-async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.pods_listed.is_set() {
         return Ok(Action::requeue(crate::NOT_LISTED_YET));
     }
     let namespace = rc.namespace().unwrap_or_default();
     let name = rc.name_any();
-    let uid = rc.metadata.uid.clone().unwrap_or_default();
-    let key = format!("{namespace}/{name}");
-    let spec = rc.spec.clone().unwrap_or_default();
-    let wanted = usize::try_from(spec.replicas.unwrap_or(1)).unwrap_or(0);
-    let selector = selector_of(&rc);
+    let uid = rc.meta().uid.clone().unwrap_or_default();
+    let key = format!("{}/{namespace}/{name}", K::KIND);
+    let wanted = rc.replicas();
+    let selector = rc.selector();
+    let deleting = rc.meta().deletion_timestamp.is_some();
     let owner = OwnerReference {
-        api_version: "v1".into(),
-        kind: "ReplicationController".into(),
+        api_version: K::API_VERSION.into(),
+        kind: K::KIND.into(),
         name: name.clone(),
         uid: uid.clone(),
         controller: Some(true),
@@ -252,17 +419,14 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
         if pod.namespace().as_deref() != Some(namespace.as_str()) || !is_active(&pod) {
             continue;
         }
-        let matches = selects(&selector, pod.labels());
+        let matches = selects(selector.as_ref(), pod.labels());
         if owned_by(&pod, &uid) {
             if matches {
                 pods.push(pod);
             } else {
                 set_controller(&api, &pod, None, &uid).await?;
             }
-        } else if matches
-            && controller_of(&pod).is_none()
-            && rc.metadata.deletion_timestamp.is_none()
-        {
+        } else if matches && controller_of(&pod).is_none() && !deleting {
             set_controller(&api, &pod, Some(&owner), &uid).await?;
             pods.push(pod);
         }
@@ -282,10 +446,10 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
     let current = pods.len() + pending_creates - pending_deletes.min(pods.len() + pending_creates);
     // Being deleted (the garbage collector orphans or deletes its pods):
     // no replicas are made or removed any more, as in Kubernetes.
-    let managing = rc.metadata.deletion_timestamp.is_none();
+    let managing = !deleting;
 
     if managing && current < wanted {
-        let template = spec.template.clone().unwrap_or_default();
+        let template = rc.template();
         let count = (wanted - current).min(BATCH);
         let creates = (0..count).map(|_| {
             let pod = Pod {
@@ -326,7 +490,7 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
         for pod in made {
             ctx.events
                 .record(
-                    &reference(&rc),
+                    &reference(rc.as_ref()),
                     "Normal",
                     "SuccessfulCreate",
                     &format!("Created pod: {pod}"),
@@ -355,7 +519,12 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
                 Ok(_) => {
                     let message = format!("Deleted pod: {victim}");
                     ctx.events
-                        .record(&reference(&rc), "Normal", "SuccessfulDelete", &message)
+                        .record(
+                            &reference(rc.as_ref()),
+                            "Normal",
+                            "SuccessfulDelete",
+                            &message,
+                        )
                         .await;
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
@@ -364,24 +533,24 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
         }
     }
 
-    let status = ReplicationControllerStatus {
-        replicas: i32::try_from(pods.len()).unwrap_or(i32::MAX),
-        ready_replicas: Some(
-            i32::try_from(pods.iter().filter(|p| is_ready(p)).count()).unwrap_or(i32::MAX),
-        ),
-        available_replicas: Some(
-            i32::try_from(pods.iter().filter(|p| is_ready(p)).count()).unwrap_or(i32::MAX),
-        ),
-        fully_labeled_replicas: Some(i32::try_from(pods.len()).unwrap_or(i32::MAX)),
-        observed_generation: rc.metadata.generation,
-        conditions: None,
+    let now = jiff::Timestamp::now();
+    let min_ready = rc.min_ready_seconds();
+    let ready = pods.iter().filter(|p| is_ready(p)).count();
+    let available = pods
+        .iter()
+        .filter(|p| is_available(p, min_ready, now))
+        .count();
+    let counts = Counts {
+        replicas: count(pods.len()),
+        fully_labeled: count(pods.len()),
+        ready: count(ready),
+        available: count(available),
+        observed_generation: rc.meta().generation,
     };
-    if rc.status.as_ref() != Some(&status) {
-        let rcs: Api<ReplicationController> = Api::namespaced(ctx.client.clone(), &namespace);
-        let mut updated = (*rc).clone();
-        updated.status = Some(status);
-        match rcs
-            .replace_status(&name, &PostParams::default(), &updated)
+    if rc.counts() != Some(counts) {
+        let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+        match api
+            .replace_status(&name, &PostParams::default(), &rc.with_counts(counts))
             .await
         {
             Ok(_) => {}
@@ -389,6 +558,12 @@ async fn reconcile(rc: Arc<ReplicationController>, ctx: Arc<Context>) -> Result<
             Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
+    }
+    // Ready pods become available after minReadySeconds: look again then.
+    if ready > available && min_ready > 0 {
+        return Ok(Action::requeue(Duration::from_secs(
+            u64::try_from(min_ready).unwrap_or(0) + 1,
+        )));
     }
     Ok(Action::requeue(Duration::from_secs(60)))
 }

@@ -15,6 +15,7 @@ pub mod lease;
 pub mod namespace;
 pub mod node;
 pub mod pod;
+pub mod replica_set;
 pub mod replication_controller;
 pub mod service;
 

@@ -7,18 +7,152 @@ use super::{Field, Message, Type};
 
 pub(super) static MESSAGES: &[Message] = &[
     Message {
-        name: "io.k8s.api.coordination.v1.Lease",
+        name: "io.k8s.api.apps.v1.ReplicaSet",
         fields: &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
+                ty: Type::Message(2),
+                repeated: false,
+            },
+            Field {
+                tag: 3,
+                json: "status",
+                ty: Type::Message(3),
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.apps.v1.ReplicaSetCondition",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "type",
+                ty: Type::String,
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "status",
+                ty: Type::String,
+                repeated: false,
+            },
+            Field {
+                tag: 3,
+                json: "lastTransitionTime",
+                ty: Type::Message(184),
+                repeated: false,
+            },
+            Field {
+                tag: 4,
+                json: "reason",
+                ty: Type::String,
+                repeated: false,
+            },
+            Field {
+                tag: 5,
+                json: "message",
+                ty: Type::String,
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.apps.v1.ReplicaSetSpec",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "replicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "selector",
+                ty: Type::Message(178),
+                repeated: false,
+            },
+            Field {
+                tag: 3,
+                json: "template",
+                ty: Type::Message(117),
+                repeated: false,
+            },
+            Field {
+                tag: 4,
+                json: "minReadySeconds",
+                ty: Type::Int32,
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.apps.v1.ReplicaSetStatus",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "replicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "fullyLabeledReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 3,
+                json: "observedGeneration",
+                ty: Type::Int64,
+                repeated: false,
+            },
+            Field {
+                tag: 4,
+                json: "readyReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 5,
+                json: "availableReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 6,
+                json: "conditions",
                 ty: Type::Message(1),
+                repeated: true,
+            },
+            Field {
+                tag: 7,
+                json: "terminatingReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.coordination.v1.Lease",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "metadata",
+                ty: Type::Message(182),
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "spec",
+                ty: Type::Message(5),
                 repeated: false,
             },
         ],
@@ -41,13 +175,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "acquireTime",
-                ty: Type::Message(177),
+                ty: Type::Message(181),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "renewTime",
-                ty: Type::Message(177),
+                ty: Type::Message(181),
                 repeated: false,
             },
             Field {
@@ -76,19 +210,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "nodeAffinity",
-                ty: Type::Message(76),
+                ty: Type::Message(80),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "podAffinity",
-                ty: Type::Message(98),
+                ty: Type::Message(102),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "podAntiAffinity",
-                ty: Type::Message(100),
+                ty: Type::Message(104),
                 repeated: false,
             },
         ],
@@ -250,7 +384,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "nodePublishSecretRef",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
         ],
@@ -302,7 +436,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "secretRef",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -337,7 +471,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "secretRef",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
         ],
@@ -369,7 +503,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "labelSelector",
-                ty: Type::Message(174),
+                ty: Type::Message(178),
                 repeated: false,
             },
             Field {
@@ -392,7 +526,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -409,7 +543,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -467,13 +601,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "items",
-                ty: Type::Message(62),
+                ty: Type::Message(66),
                 repeated: true,
             },
             Field {
@@ -490,13 +624,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "items",
-                ty: Type::Message(62),
+                ty: Type::Message(66),
                 repeated: true,
             },
             Field {
@@ -549,43 +683,43 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "ports",
-                ty: Type::Message(21),
+                ty: Type::Message(25),
                 repeated: true,
             },
             Field {
                 tag: 7,
                 json: "env",
-                ty: Type::Message(39),
+                ty: Type::Message(43),
                 repeated: true,
             },
             Field {
                 tag: 8,
                 json: "resources",
-                ty: Type::Message(129),
+                ty: Type::Message(133),
                 repeated: false,
             },
             Field {
                 tag: 9,
                 json: "volumeMounts",
-                ty: Type::Message(156),
+                ty: Type::Message(160),
                 repeated: true,
             },
             Field {
                 tag: 10,
                 json: "livenessProbe",
-                ty: Type::Message(117),
+                ty: Type::Message(121),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "readinessProbe",
-                ty: Type::Message(117),
+                ty: Type::Message(121),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "lifecycle",
-                ty: Type::Message(63),
+                ty: Type::Message(67),
                 repeated: false,
             },
             Field {
@@ -603,7 +737,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 15,
                 json: "securityContext",
-                ty: Type::Message(138),
+                ty: Type::Message(142),
                 repeated: false,
             },
             Field {
@@ -627,7 +761,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 19,
                 json: "envFrom",
-                ty: Type::Message(38),
+                ty: Type::Message(42),
                 repeated: true,
             },
             Field {
@@ -639,19 +773,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 21,
                 json: "volumeDevices",
-                ty: Type::Message(155),
+                ty: Type::Message(159),
                 repeated: true,
             },
             Field {
                 tag: 22,
                 json: "startupProbe",
-                ty: Type::Message(117),
+                ty: Type::Message(121),
                 repeated: false,
             },
             Field {
                 tag: 23,
                 json: "resizePolicy",
-                ty: Type::Message(22),
+                ty: Type::Message(26),
                 repeated: true,
             },
             Field {
@@ -737,19 +871,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "waiting",
-                ty: Type::Message(26),
+                ty: Type::Message(30),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "running",
-                ty: Type::Message(24),
+                ty: Type::Message(28),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "terminated",
-                ty: Type::Message(25),
+                ty: Type::Message(29),
                 repeated: false,
             },
         ],
@@ -759,7 +893,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "startedAt",
-            ty: Type::Message(180),
+            ty: Type::Message(184),
             repeated: false,
         }],
     },
@@ -793,13 +927,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "startedAt",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
                 tag: 6,
                 json: "finishedAt",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -839,13 +973,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "state",
-                ty: Type::Message(23),
+                ty: Type::Message(27),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "lastState",
-                ty: Type::Message(23),
+                ty: Type::Message(27),
                 repeated: false,
             },
             Field {
@@ -887,31 +1021,31 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "allocatedResources",
-                ty: Type::MapOf(171),
+                ty: Type::MapOf(175),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "resources",
-                ty: Type::Message(129),
+                ty: Type::Message(133),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "volumeMounts",
-                ty: Type::Message(157),
+                ty: Type::Message(161),
                 repeated: true,
             },
             Field {
                 tag: 13,
                 json: "user",
-                ty: Type::Message(28),
+                ty: Type::Message(32),
                 repeated: false,
             },
             Field {
                 tag: 14,
                 json: "allocatedResourcesStatus",
-                ty: Type::Message(130),
+                ty: Type::Message(134),
                 repeated: true,
             },
             Field {
@@ -927,7 +1061,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "linux",
-            ty: Type::Message(65),
+            ty: Type::Message(69),
             repeated: false,
         }],
     },
@@ -945,7 +1079,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "items",
-            ty: Type::Message(31),
+            ty: Type::Message(35),
             repeated: true,
         }],
     },
@@ -961,13 +1095,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "fieldRef",
-                ty: Type::Message(91),
+                ty: Type::Message(95),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "resourceFieldRef",
-                ty: Type::Message(127),
+                ty: Type::Message(131),
                 repeated: false,
             },
             Field {
@@ -984,7 +1118,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "items",
-                ty: Type::Message(31),
+                ty: Type::Message(35),
                 repeated: true,
             },
             Field {
@@ -1007,7 +1141,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "sizeLimit",
-                ty: Type::Message(171),
+                ty: Type::Message(175),
                 repeated: false,
             },
         ],
@@ -1024,7 +1158,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "targetRef",
-                ty: Type::Message(92),
+                ty: Type::Message(96),
                 repeated: false,
             },
             Field {
@@ -1076,19 +1210,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "addresses",
-                ty: Type::Message(34),
+                ty: Type::Message(38),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "notReadyAddresses",
-                ty: Type::Message(34),
+                ty: Type::Message(38),
                 repeated: true,
             },
             Field {
                 tag: 3,
                 json: "ports",
-                ty: Type::Message(35),
+                ty: Type::Message(39),
                 repeated: true,
             },
         ],
@@ -1099,13 +1233,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "subsets",
-                ty: Type::Message(36),
+                ty: Type::Message(40),
                 repeated: true,
             },
         ],
@@ -1122,13 +1256,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "configMapRef",
-                ty: Type::Message(14),
+                ty: Type::Message(18),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "secretRef",
-                ty: Type::Message(134),
+                ty: Type::Message(138),
                 repeated: false,
             },
         ],
@@ -1151,7 +1285,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "valueFrom",
-                ty: Type::Message(40),
+                ty: Type::Message(44),
                 repeated: false,
             },
         ],
@@ -1162,25 +1296,25 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "fieldRef",
-                ty: Type::Message(91),
+                ty: Type::Message(95),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "resourceFieldRef",
-                ty: Type::Message(127),
+                ty: Type::Message(131),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "configMapKeyRef",
-                ty: Type::Message(15),
+                ty: Type::Message(19),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "secretKeyRef",
-                ty: Type::Message(135),
+                ty: Type::Message(139),
                 repeated: false,
             },
         ],
@@ -1191,7 +1325,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(42),
+                ty: Type::Message(46),
                 repeated: false,
             },
             Field {
@@ -1238,43 +1372,43 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "ports",
-                ty: Type::Message(21),
+                ty: Type::Message(25),
                 repeated: true,
             },
             Field {
                 tag: 7,
                 json: "env",
-                ty: Type::Message(39),
+                ty: Type::Message(43),
                 repeated: true,
             },
             Field {
                 tag: 8,
                 json: "resources",
-                ty: Type::Message(129),
+                ty: Type::Message(133),
                 repeated: false,
             },
             Field {
                 tag: 9,
                 json: "volumeMounts",
-                ty: Type::Message(156),
+                ty: Type::Message(160),
                 repeated: true,
             },
             Field {
                 tag: 10,
                 json: "livenessProbe",
-                ty: Type::Message(117),
+                ty: Type::Message(121),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "readinessProbe",
-                ty: Type::Message(117),
+                ty: Type::Message(121),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "lifecycle",
-                ty: Type::Message(63),
+                ty: Type::Message(67),
                 repeated: false,
             },
             Field {
@@ -1292,7 +1426,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 15,
                 json: "securityContext",
-                ty: Type::Message(138),
+                ty: Type::Message(142),
                 repeated: false,
             },
             Field {
@@ -1316,7 +1450,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 19,
                 json: "envFrom",
-                ty: Type::Message(38),
+                ty: Type::Message(42),
                 repeated: true,
             },
             Field {
@@ -1328,19 +1462,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 21,
                 json: "volumeDevices",
-                ty: Type::Message(155),
+                ty: Type::Message(159),
                 repeated: true,
             },
             Field {
                 tag: 22,
                 json: "startupProbe",
-                ty: Type::Message(117),
+                ty: Type::Message(121),
                 repeated: false,
             },
             Field {
                 tag: 23,
                 json: "resizePolicy",
-                ty: Type::Message(22),
+                ty: Type::Message(26),
                 repeated: true,
             },
             Field {
@@ -1356,7 +1490,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "volumeClaimTemplate",
-            ty: Type::Message(94),
+            ty: Type::Message(98),
             repeated: false,
         }],
     },
@@ -1366,13 +1500,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "involvedObject",
-                ty: Type::Message(92),
+                ty: Type::Message(96),
                 repeated: false,
             },
             Field {
@@ -1390,19 +1524,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "source",
-                ty: Type::Message(46),
+                ty: Type::Message(50),
                 repeated: false,
             },
             Field {
                 tag: 6,
                 json: "firstTimestamp",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
                 tag: 7,
                 json: "lastTimestamp",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -1420,13 +1554,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "eventTime",
-                ty: Type::Message(177),
+                ty: Type::Message(181),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "series",
-                ty: Type::Message(45),
+                ty: Type::Message(49),
                 repeated: false,
             },
             Field {
@@ -1438,7 +1572,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 13,
                 json: "related",
-                ty: Type::Message(92),
+                ty: Type::Message(96),
                 repeated: false,
             },
             Field {
@@ -1467,7 +1601,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "lastObservedTime",
-                ty: Type::Message(177),
+                ty: Type::Message(181),
                 repeated: false,
             },
         ],
@@ -1551,7 +1685,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "secretRef",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -1732,7 +1866,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "port",
-                ty: Type::Message(181),
+                ty: Type::Message(185),
                 repeated: false,
             },
             Field {
@@ -1750,7 +1884,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "httpHeaders",
-                ty: Type::Message(59),
+                ty: Type::Message(63),
                 repeated: true,
             },
         ],
@@ -1843,7 +1977,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "secretRef",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -1889,13 +2023,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "postStart",
-                ty: Type::Message(64),
+                ty: Type::Message(68),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "preStop",
-                ty: Type::Message(64),
+                ty: Type::Message(68),
                 repeated: false,
             },
             Field {
@@ -1912,25 +2046,25 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "exec",
-                ty: Type::Message(47),
+                ty: Type::Message(51),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "httpGet",
-                ty: Type::Message(58),
+                ty: Type::Message(62),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "tcpSocket",
-                ty: Type::Message(149),
+                ty: Type::Message(153),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "sleep",
-                ty: Type::Message(145),
+                ty: Type::Message(149),
                 repeated: false,
             },
         ],
@@ -1982,7 +2116,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "ports",
-                ty: Type::Message(114),
+                ty: Type::Message(118),
                 repeated: true,
             },
         ],
@@ -1992,7 +2126,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "ingress",
-            ty: Type::Message(66),
+            ty: Type::Message(70),
             repeated: true,
         }],
     },
@@ -2011,19 +2145,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(71),
+                ty: Type::Message(75),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(72),
+                ty: Type::Message(76),
                 repeated: false,
             },
         ],
@@ -2046,7 +2180,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -2084,7 +2218,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(70),
+                ty: Type::Message(74),
                 repeated: true,
             },
         ],
@@ -2118,19 +2252,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(87),
+                ty: Type::Message(91),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(88),
+                ty: Type::Message(92),
                 repeated: false,
             },
         ],
@@ -2158,13 +2292,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "requiredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(84),
+                ty: Type::Message(88),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "preferredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(116),
+                ty: Type::Message(120),
                 repeated: true,
             },
         ],
@@ -2187,13 +2321,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastHeartbeatTime",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -2215,7 +2349,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 2,
             json: "configMap",
-            ty: Type::Message(16),
+            ty: Type::Message(20),
             repeated: false,
         }],
     },
@@ -2225,19 +2359,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "assigned",
-                ty: Type::Message(78),
+                ty: Type::Message(82),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "active",
-                ty: Type::Message(78),
+                ty: Type::Message(82),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "lastKnownGood",
-                ty: Type::Message(78),
+                ty: Type::Message(82),
                 repeated: false,
             },
             Field {
@@ -2253,7 +2387,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "kubeletEndpoint",
-            ty: Type::Message(29),
+            ty: Type::Message(33),
             repeated: false,
         }],
     },
@@ -2278,7 +2412,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "features",
-                ty: Type::Message(83),
+                ty: Type::Message(87),
                 repeated: false,
             },
         ],
@@ -2305,7 +2439,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "nodeSelectorTerms",
-            ty: Type::Message(86),
+            ty: Type::Message(90),
             repeated: true,
         }],
     },
@@ -2338,13 +2472,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "matchExpressions",
-                ty: Type::Message(85),
+                ty: Type::Message(89),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "matchFields",
-                ty: Type::Message(85),
+                ty: Type::Message(89),
                 repeated: true,
             },
         ],
@@ -2379,13 +2513,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "taints",
-                ty: Type::Message(148),
+                ty: Type::Message(152),
                 repeated: true,
             },
             Field {
                 tag: 6,
                 json: "configSource",
-                ty: Type::Message(78),
+                ty: Type::Message(82),
                 repeated: false,
             },
             Field {
@@ -2402,13 +2536,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "capacity",
-                ty: Type::MapOf(171),
+                ty: Type::MapOf(175),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "allocatable",
-                ty: Type::MapOf(171),
+                ty: Type::MapOf(175),
                 repeated: false,
             },
             Field {
@@ -2420,31 +2554,31 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "conditions",
-                ty: Type::Message(77),
+                ty: Type::Message(81),
                 repeated: true,
             },
             Field {
                 tag: 5,
                 json: "addresses",
-                ty: Type::Message(75),
+                ty: Type::Message(79),
                 repeated: true,
             },
             Field {
                 tag: 6,
                 json: "daemonEndpoints",
-                ty: Type::Message(80),
+                ty: Type::Message(84),
                 repeated: false,
             },
             Field {
                 tag: 7,
                 json: "nodeInfo",
-                ty: Type::Message(90),
+                ty: Type::Message(94),
                 repeated: false,
             },
             Field {
                 tag: 8,
                 json: "images",
-                ty: Type::Message(20),
+                ty: Type::Message(24),
                 repeated: true,
             },
             Field {
@@ -2456,25 +2590,25 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "volumesAttached",
-                ty: Type::Message(4),
+                ty: Type::Message(8),
                 repeated: true,
             },
             Field {
                 tag: 11,
                 json: "config",
-                ty: Type::Message(79),
+                ty: Type::Message(83),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "runtimeHandlers",
-                ty: Type::Message(82),
+                ty: Type::Message(86),
                 repeated: true,
             },
             Field {
                 tag: 13,
                 json: "features",
-                ty: Type::Message(81),
+                ty: Type::Message(85),
                 repeated: false,
             },
         ],
@@ -2554,7 +2688,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 11,
                 json: "swap",
-                ty: Type::Message(89),
+                ty: Type::Message(93),
                 repeated: false,
             },
         ],
@@ -2635,7 +2769,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "resources",
-                ty: Type::Message(159),
+                ty: Type::Message(163),
                 repeated: false,
             },
             Field {
@@ -2647,7 +2781,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "selector",
-                ty: Type::Message(174),
+                ty: Type::Message(178),
                 repeated: false,
             },
             Field {
@@ -2665,13 +2799,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "dataSource",
-                ty: Type::Message(152),
+                ty: Type::Message(156),
                 repeated: false,
             },
             Field {
                 tag: 8,
                 json: "dataSourceRef",
-                ty: Type::Message(153),
+                ty: Type::Message(157),
                 repeated: false,
             },
             Field {
@@ -2688,13 +2822,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(93),
+                ty: Type::Message(97),
                 repeated: false,
             },
         ],
@@ -2739,19 +2873,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(111),
+                ty: Type::Message(115),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(112),
+                ty: Type::Message(116),
                 repeated: false,
             },
         ],
@@ -2762,13 +2896,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "requiredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(99),
+                ty: Type::Message(103),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "preferredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(162),
+                ty: Type::Message(166),
                 repeated: true,
             },
         ],
@@ -2779,7 +2913,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "labelSelector",
-                ty: Type::Message(174),
+                ty: Type::Message(178),
                 repeated: false,
             },
             Field {
@@ -2797,7 +2931,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "namespaceSelector",
-                ty: Type::Message(174),
+                ty: Type::Message(178),
                 repeated: false,
             },
             Field {
@@ -2820,13 +2954,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "requiredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(99),
+                ty: Type::Message(103),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "preferredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(162),
+                ty: Type::Message(166),
                 repeated: true,
             },
         ],
@@ -2849,13 +2983,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastProbeTime",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -2896,7 +3030,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "options",
-                ty: Type::Message(103),
+                ty: Type::Message(107),
                 repeated: true,
             },
         ],
@@ -3000,7 +3134,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "seLinuxOptions",
-                ty: Type::Message(132),
+                ty: Type::Message(136),
                 repeated: false,
             },
             Field {
@@ -3036,13 +3170,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "sysctls",
-                ty: Type::Message(147),
+                ty: Type::Message(151),
                 repeated: true,
             },
             Field {
                 tag: 8,
                 json: "windowsOptions",
-                ty: Type::Message(163),
+                ty: Type::Message(167),
                 repeated: false,
             },
             Field {
@@ -3054,13 +3188,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "seccompProfile",
-                ty: Type::Message(133),
+                ty: Type::Message(137),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "appArmorProfile",
-                ty: Type::Message(3),
+                ty: Type::Message(7),
                 repeated: false,
             },
             Field {
@@ -3083,13 +3217,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "volumes",
-                ty: Type::Message(154),
+                ty: Type::Message(158),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "containers",
-                ty: Type::Message(19),
+                ty: Type::Message(23),
                 repeated: true,
             },
             Field {
@@ -3161,13 +3295,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 14,
                 json: "securityContext",
-                ty: Type::Message(110),
+                ty: Type::Message(114),
                 repeated: false,
             },
             Field {
                 tag: 15,
                 json: "imagePullSecrets",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: true,
             },
             Field {
@@ -3185,7 +3319,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 18,
                 json: "affinity",
-                ty: Type::Message(2),
+                ty: Type::Message(6),
                 repeated: false,
             },
             Field {
@@ -3197,7 +3331,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 20,
                 json: "initContainers",
-                ty: Type::Message(19),
+                ty: Type::Message(23),
                 repeated: true,
             },
             Field {
@@ -3209,13 +3343,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 22,
                 json: "tolerations",
-                ty: Type::Message(150),
+                ty: Type::Message(154),
                 repeated: true,
             },
             Field {
                 tag: 23,
                 json: "hostAliases",
-                ty: Type::Message(55),
+                ty: Type::Message(59),
                 repeated: true,
             },
             Field {
@@ -3233,7 +3367,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 26,
                 json: "dnsConfig",
-                ty: Type::Message(102),
+                ty: Type::Message(106),
                 repeated: false,
             },
             Field {
@@ -3245,7 +3379,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 28,
                 json: "readinessGates",
-                ty: Type::Message(106),
+                ty: Type::Message(110),
                 repeated: true,
             },
             Field {
@@ -3269,19 +3403,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 32,
                 json: "overhead",
-                ty: Type::MapOf(171),
+                ty: Type::MapOf(175),
                 repeated: false,
             },
             Field {
                 tag: 33,
                 json: "topologySpreadConstraints",
-                ty: Type::Message(151),
+                ty: Type::Message(155),
                 repeated: true,
             },
             Field {
                 tag: 34,
                 json: "ephemeralContainers",
-                ty: Type::Message(41),
+                ty: Type::Message(45),
                 repeated: true,
             },
             Field {
@@ -3293,7 +3427,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 36,
                 json: "os",
-                ty: Type::Message(105),
+                ty: Type::Message(109),
                 repeated: false,
             },
             Field {
@@ -3305,19 +3439,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 38,
                 json: "schedulingGates",
-                ty: Type::Message(109),
+                ty: Type::Message(113),
                 repeated: true,
             },
             Field {
                 tag: 39,
                 json: "resourceClaims",
-                ty: Type::Message(107),
+                ty: Type::Message(111),
                 repeated: true,
             },
             Field {
                 tag: 40,
                 json: "resources",
-                ty: Type::Message(129),
+                ty: Type::Message(133),
                 repeated: false,
             },
         ],
@@ -3334,7 +3468,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(101),
+                ty: Type::Message(105),
                 repeated: true,
             },
             Field {
@@ -3364,13 +3498,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "startTime",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
                 tag: 8,
                 json: "containerStatuses",
-                ty: Type::Message(27),
+                ty: Type::Message(31),
                 repeated: true,
             },
             Field {
@@ -3382,7 +3516,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "initContainerStatuses",
-                ty: Type::Message(27),
+                ty: Type::Message(31),
                 repeated: true,
             },
             Field {
@@ -3394,13 +3528,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 12,
                 json: "podIPs",
-                ty: Type::Message(104),
+                ty: Type::Message(108),
                 repeated: true,
             },
             Field {
                 tag: 13,
                 json: "ephemeralContainerStatuses",
-                ty: Type::Message(27),
+                ty: Type::Message(31),
                 repeated: true,
             },
             Field {
@@ -3412,13 +3546,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 15,
                 json: "resourceClaimStatuses",
-                ty: Type::Message(108),
+                ty: Type::Message(112),
                 repeated: true,
             },
             Field {
                 tag: 16,
                 json: "hostIPs",
-                ty: Type::Message(56),
+                ty: Type::Message(60),
                 repeated: true,
             },
             Field {
@@ -3430,7 +3564,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 20,
                 json: "",
-                ty: Type::Message(129),
+                ty: Type::Message(133),
                 repeated: false,
             },
         ],
@@ -3441,13 +3575,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(111),
+                ty: Type::Message(115),
                 repeated: false,
             },
         ],
@@ -3510,7 +3644,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "preference",
-                ty: Type::Message(86),
+                ty: Type::Message(90),
                 repeated: false,
             },
         ],
@@ -3521,7 +3655,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(118),
+                ty: Type::Message(122),
                 repeated: false,
             },
             Field {
@@ -3568,25 +3702,25 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "exec",
-                ty: Type::Message(47),
+                ty: Type::Message(51),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "httpGet",
-                ty: Type::Message(58),
+                ty: Type::Message(62),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "tcpSocket",
-                ty: Type::Message(149),
+                ty: Type::Message(153),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "grpc",
-                ty: Type::Message(54),
+                ty: Type::Message(58),
                 repeated: false,
             },
         ],
@@ -3597,7 +3731,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "sources",
-                ty: Type::Message(158),
+                ty: Type::Message(162),
                 repeated: true,
             },
             Field {
@@ -3691,7 +3825,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "secretRef",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -3708,19 +3842,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(124),
+                ty: Type::Message(128),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(125),
+                ty: Type::Message(129),
                 repeated: false,
             },
         ],
@@ -3743,7 +3877,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -3778,7 +3912,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "template",
-                ty: Type::Message(113),
+                ty: Type::Message(117),
                 repeated: false,
             },
             Field {
@@ -3825,7 +3959,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "conditions",
-                ty: Type::Message(123),
+                ty: Type::Message(127),
                 repeated: true,
             },
         ],
@@ -3865,7 +3999,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "divisor",
-                ty: Type::Message(171),
+                ty: Type::Message(175),
                 repeated: false,
             },
         ],
@@ -3893,19 +4027,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "limits",
-                ty: Type::MapOf(171),
+                ty: Type::MapOf(175),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "requests",
-                ty: Type::MapOf(171),
+                ty: Type::MapOf(175),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "claims",
-                ty: Type::Message(126),
+                ty: Type::Message(130),
                 repeated: true,
             },
         ],
@@ -3922,7 +4056,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "resources",
-                ty: Type::Message(128),
+                ty: Type::Message(132),
                 repeated: true,
             },
         ],
@@ -3945,7 +4079,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "secretRef",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -4044,7 +4178,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -4061,7 +4195,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
@@ -4084,13 +4218,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "items",
-                ty: Type::Message(62),
+                ty: Type::Message(66),
                 repeated: true,
             },
             Field {
@@ -4113,7 +4247,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "items",
-                ty: Type::Message(62),
+                ty: Type::Message(66),
                 repeated: true,
             },
             Field {
@@ -4136,7 +4270,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "capabilities",
-                ty: Type::Message(9),
+                ty: Type::Message(13),
                 repeated: false,
             },
             Field {
@@ -4148,7 +4282,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "seLinuxOptions",
-                ty: Type::Message(132),
+                ty: Type::Message(136),
                 repeated: false,
             },
             Field {
@@ -4190,19 +4324,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "windowsOptions",
-                ty: Type::Message(163),
+                ty: Type::Message(167),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "seccompProfile",
-                ty: Type::Message(133),
+                ty: Type::Message(137),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "appArmorProfile",
-                ty: Type::Message(3),
+                ty: Type::Message(7),
                 repeated: false,
             },
         ],
@@ -4213,19 +4347,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(142),
+                ty: Type::Message(146),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(143),
+                ty: Type::Message(147),
                 repeated: false,
             },
         ],
@@ -4277,7 +4411,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "targetPort",
-                ty: Type::Message(181),
+                ty: Type::Message(185),
                 repeated: false,
             },
             Field {
@@ -4300,7 +4434,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "ports",
-                ty: Type::Message(141),
+                ty: Type::Message(145),
                 repeated: true,
             },
             Field {
@@ -4372,7 +4506,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 14,
                 json: "sessionAffinityConfig",
-                ty: Type::Message(144),
+                ty: Type::Message(148),
                 repeated: false,
             },
             Field {
@@ -4425,13 +4559,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "loadBalancer",
-                ty: Type::Message(67),
+                ty: Type::Message(71),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(172),
+                ty: Type::Message(176),
                 repeated: true,
             },
         ],
@@ -4441,7 +4575,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "clientIP",
-            ty: Type::Message(12),
+            ty: Type::Message(16),
             repeated: false,
         }],
     },
@@ -4484,7 +4618,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "secretRef",
-                ty: Type::Message(68),
+                ty: Type::Message(72),
                 repeated: false,
             },
         ],
@@ -4530,7 +4664,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "timeAdded",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
         ],
@@ -4541,7 +4675,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "port",
-                ty: Type::Message(181),
+                ty: Type::Message(185),
                 repeated: false,
             },
             Field {
@@ -4611,7 +4745,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "labelSelector",
-                ty: Type::Message(174),
+                ty: Type::Message(178),
                 repeated: false,
             },
             Field {
@@ -4704,7 +4838,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "",
-                ty: Type::Message(160),
+                ty: Type::Message(164),
                 repeated: false,
             },
         ],
@@ -4808,31 +4942,31 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "secret",
-                ty: Type::Message(136),
+                ty: Type::Message(140),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "downwardAPI",
-                ty: Type::Message(30),
+                ty: Type::Message(34),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "configMap",
-                ty: Type::Message(17),
+                ty: Type::Message(21),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "serviceAccountToken",
-                ty: Type::Message(140),
+                ty: Type::Message(144),
                 repeated: false,
             },
             Field {
                 tag: 5,
                 json: "clusterTrustBundle",
-                ty: Type::Message(13),
+                ty: Type::Message(17),
                 repeated: false,
             },
         ],
@@ -4843,13 +4977,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "limits",
-                ty: Type::MapOf(171),
+                ty: Type::MapOf(175),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "requests",
-                ty: Type::MapOf(171),
+                ty: Type::MapOf(175),
                 repeated: false,
             },
         ],
@@ -4860,181 +4994,181 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "hostPath",
-                ty: Type::Message(57),
+                ty: Type::Message(61),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "emptyDir",
-                ty: Type::Message(33),
+                ty: Type::Message(37),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "gcePersistentDisk",
-                ty: Type::Message(51),
+                ty: Type::Message(55),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "awsElasticBlockStore",
-                ty: Type::Message(5),
+                ty: Type::Message(9),
                 repeated: false,
             },
             Field {
                 tag: 5,
                 json: "gitRepo",
-                ty: Type::Message(52),
+                ty: Type::Message(56),
                 repeated: false,
             },
             Field {
                 tag: 6,
                 json: "secret",
-                ty: Type::Message(137),
+                ty: Type::Message(141),
                 repeated: false,
             },
             Field {
                 tag: 7,
                 json: "nfs",
-                ty: Type::Message(73),
+                ty: Type::Message(77),
                 repeated: false,
             },
             Field {
                 tag: 8,
                 json: "iscsi",
-                ty: Type::Message(61),
+                ty: Type::Message(65),
                 repeated: false,
             },
             Field {
                 tag: 9,
                 json: "glusterfs",
-                ty: Type::Message(53),
+                ty: Type::Message(57),
                 repeated: false,
             },
             Field {
                 tag: 10,
                 json: "persistentVolumeClaim",
-                ty: Type::Message(95),
+                ty: Type::Message(99),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "rbd",
-                ty: Type::Message(121),
+                ty: Type::Message(125),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "flexVolume",
-                ty: Type::Message(49),
+                ty: Type::Message(53),
                 repeated: false,
             },
             Field {
                 tag: 13,
                 json: "cinder",
-                ty: Type::Message(11),
+                ty: Type::Message(15),
                 repeated: false,
             },
             Field {
                 tag: 14,
                 json: "cephfs",
-                ty: Type::Message(10),
+                ty: Type::Message(14),
                 repeated: false,
             },
             Field {
                 tag: 15,
                 json: "flocker",
-                ty: Type::Message(50),
+                ty: Type::Message(54),
                 repeated: false,
             },
             Field {
                 tag: 16,
                 json: "downwardAPI",
-                ty: Type::Message(32),
+                ty: Type::Message(36),
                 repeated: false,
             },
             Field {
                 tag: 17,
                 json: "fc",
-                ty: Type::Message(48),
+                ty: Type::Message(52),
                 repeated: false,
             },
             Field {
                 tag: 18,
                 json: "azureFile",
-                ty: Type::Message(7),
+                ty: Type::Message(11),
                 repeated: false,
             },
             Field {
                 tag: 19,
                 json: "configMap",
-                ty: Type::Message(18),
+                ty: Type::Message(22),
                 repeated: false,
             },
             Field {
                 tag: 20,
                 json: "vsphereVolume",
-                ty: Type::Message(161),
+                ty: Type::Message(165),
                 repeated: false,
             },
             Field {
                 tag: 21,
                 json: "quobyte",
-                ty: Type::Message(120),
+                ty: Type::Message(124),
                 repeated: false,
             },
             Field {
                 tag: 22,
                 json: "azureDisk",
-                ty: Type::Message(6),
+                ty: Type::Message(10),
                 repeated: false,
             },
             Field {
                 tag: 23,
                 json: "photonPersistentDisk",
-                ty: Type::Message(96),
+                ty: Type::Message(100),
                 repeated: false,
             },
             Field {
                 tag: 24,
                 json: "portworxVolume",
-                ty: Type::Message(115),
+                ty: Type::Message(119),
                 repeated: false,
             },
             Field {
                 tag: 25,
                 json: "scaleIO",
-                ty: Type::Message(131),
+                ty: Type::Message(135),
                 repeated: false,
             },
             Field {
                 tag: 26,
                 json: "projected",
-                ty: Type::Message(119),
+                ty: Type::Message(123),
                 repeated: false,
             },
             Field {
                 tag: 27,
                 json: "storageos",
-                ty: Type::Message(146),
+                ty: Type::Message(150),
                 repeated: false,
             },
             Field {
                 tag: 28,
                 json: "csi",
-                ty: Type::Message(8),
+                ty: Type::Message(12),
                 repeated: false,
             },
             Field {
                 tag: 29,
                 json: "ephemeral",
-                ty: Type::Message(43),
+                ty: Type::Message(47),
                 repeated: false,
             },
             Field {
                 tag: 30,
                 json: "image",
-                ty: Type::Message(60),
+                ty: Type::Message(64),
                 repeated: false,
             },
         ],
@@ -5080,7 +5214,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "podAffinityTerm",
-                ty: Type::Message(99),
+                ty: Type::Message(103),
                 repeated: false,
             },
         ],
@@ -5126,7 +5260,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(165),
+                ty: Type::Message(169),
                 repeated: false,
             },
             Field {
@@ -5138,7 +5272,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "targetRef",
-                ty: Type::Message(92),
+                ty: Type::Message(96),
                 repeated: false,
             },
             Field {
@@ -5162,7 +5296,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 8,
                 json: "hints",
-                ty: Type::Message(166),
+                ty: Type::Message(170),
                 repeated: false,
             },
         ],
@@ -5196,13 +5330,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "forZones",
-                ty: Type::Message(170),
+                ty: Type::Message(174),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "forNodes",
-                ty: Type::Message(169),
+                ty: Type::Message(173),
                 repeated: true,
             },
         ],
@@ -5242,19 +5376,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(178),
+                ty: Type::Message(182),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "endpoints",
-                ty: Type::Message(164),
+                ty: Type::Message(168),
                 repeated: true,
             },
             Field {
                 tag: 3,
                 json: "ports",
-                ty: Type::Message(167),
+                ty: Type::Message(171),
                 repeated: true,
             },
             Field {
@@ -5311,7 +5445,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -5344,7 +5478,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "matchExpressions",
-                ty: Type::Message(175),
+                ty: Type::Message(179),
                 repeated: true,
             },
         ],
@@ -5396,7 +5530,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "time",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -5408,7 +5542,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "fieldsV1",
-                ty: Type::Message(173),
+                ty: Type::Message(177),
                 repeated: false,
             },
             Field {
@@ -5471,13 +5605,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 8,
                 json: "creationTimestamp",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
                 tag: 9,
                 json: "deletionTimestamp",
-                ty: Type::Message(180),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -5501,7 +5635,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 13,
                 json: "ownerReferences",
-                ty: Type::Message(179),
+                ty: Type::Message(183),
                 repeated: true,
             },
             Field {
@@ -5513,7 +5647,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 17,
                 json: "managedFields",
-                ty: Type::Message(176),
+                ty: Type::Message(180),
                 repeated: true,
             },
         ],
@@ -5582,13 +5716,14 @@ pub(super) static MESSAGES: &[Message] = &[
 
 /// The served kinds' messages (index into [`MESSAGES`]), by OpenAPI name.
 pub(super) static KINDS: &[(&str, usize)] = &[
-    ("io.k8s.api.core.v1.Namespace", 69),
-    ("io.k8s.api.core.v1.Pod", 97),
-    ("io.k8s.api.core.v1.Service", 139),
-    ("io.k8s.api.core.v1.Endpoints", 37),
-    ("io.k8s.api.core.v1.ReplicationController", 122),
-    ("io.k8s.api.core.v1.Node", 74),
-    ("io.k8s.api.core.v1.Event", 44),
-    ("io.k8s.api.discovery.v1.EndpointSlice", 168),
-    ("io.k8s.api.coordination.v1.Lease", 0),
+    ("io.k8s.api.core.v1.Namespace", 73),
+    ("io.k8s.api.core.v1.Pod", 101),
+    ("io.k8s.api.core.v1.Service", 143),
+    ("io.k8s.api.core.v1.Endpoints", 41),
+    ("io.k8s.api.core.v1.ReplicationController", 126),
+    ("io.k8s.api.core.v1.Node", 78),
+    ("io.k8s.api.core.v1.Event", 48),
+    ("io.k8s.api.discovery.v1.EndpointSlice", 172),
+    ("io.k8s.api.coordination.v1.Lease", 4),
+    ("io.k8s.api.apps.v1.ReplicaSet", 0),
 ];

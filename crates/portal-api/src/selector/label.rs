@@ -289,6 +289,105 @@ impl LabelSelector {
     }
 }
 
+/// A `metav1.LabelSelector` (`matchLabels`, `matchExpressions`), as the
+/// workloads' `spec.selector` holds it.
+impl LabelSelector {
+    /// The selector an API object gives; `field` names it in errors. An
+    /// absent or empty selector matches everything (callers that require
+    /// one say so themselves).
+    pub fn from_api(selector: &serde_json::Value, field: &str) -> Result<Self, String> {
+        let mut requirements = Vec::new();
+        if let Some(labels) = selector
+            .get("matchLabels")
+            .and_then(serde_json::Value::as_object)
+        {
+            for (key, value) in labels {
+                let value = value
+                    .as_str()
+                    .ok_or_else(|| format!("{field}.matchLabels: values must be strings"))?;
+                requirements.push(Requirement {
+                    key: key.clone(),
+                    operator: Operator::Equals,
+                    values: vec![value.to_owned()],
+                });
+            }
+        }
+        let expressions = selector
+            .get("matchExpressions")
+            .and_then(serde_json::Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for (i, expression) in expressions.iter().enumerate() {
+            let at = format!("{field}.matchExpressions[{i}]");
+            let key = expression["key"]
+                .as_str()
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| format!("{at}.key: Required value"))?;
+            let values: Vec<String> = expression["values"]
+                .as_array()
+                .map(|v| {
+                    v.iter()
+                        .filter_map(|x| x.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let operator = match expression["operator"].as_str() {
+                Some("In") => Operator::In,
+                Some("NotIn") => Operator::NotIn,
+                Some("Exists") => Operator::Exists,
+                Some("DoesNotExist") => Operator::DoesNotExist,
+                other => {
+                    return Err(format!(
+                        "{at}.operator: Unsupported value: {:?}: supported values: \"DoesNotExist\", \"Exists\", \"In\", \"NotIn\"",
+                        other.unwrap_or_default()
+                    ))
+                }
+            };
+            match operator {
+                Operator::In | Operator::NotIn if values.is_empty() => {
+                    return Err(format!(
+                        "{at}.values: Required value: must be specified when `operator` is 'In' or 'NotIn'"
+                    ))
+                }
+                Operator::Exists | Operator::DoesNotExist if !values.is_empty() => {
+                    return Err(format!(
+                        "{at}.values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+                    ))
+                }
+                _ => {}
+            }
+            requirements.push(Requirement {
+                key: key.to_owned(),
+                operator,
+                values,
+            });
+        }
+        Ok(LabelSelector { requirements })
+    }
+}
+
+impl std::fmt::Display for LabelSelector {
+    /// The string form (`app=web,tier in (a,b)`), as `status.selector` of a
+    /// Scale and `kubectl get -o wide` show it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .requirements
+            .iter()
+            .map(|r| match r.operator {
+                Operator::Exists => r.key.clone(),
+                Operator::DoesNotExist => format!("!{}", r.key),
+                Operator::Equals => format!("{}={}", r.key, r.values.join(",")),
+                Operator::NotEquals => format!("{}!={}", r.key, r.values.join(",")),
+                Operator::In => format!("{} in ({})", r.key, r.values.join(",")),
+                Operator::NotIn => format!("{} notin ({})", r.key, r.values.join(",")),
+                Operator::GreaterThan => format!("{}>{}", r.key, r.values.join(",")),
+                Operator::LessThan => format!("{}<{}", r.key, r.values.join(",")),
+            })
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,5 +444,25 @@ mod tests {
         ] {
             assert!(LabelSelector::parse(bad).is_err(), "{bad:?} should fail");
         }
+    }
+
+    #[test]
+    fn api_selectors_match_and_print_as_kubectl_shows_them() {
+        let api = serde_json::json!({
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}, {"key": "canary", "operator": "DoesNotExist"}],
+        });
+        let selector = LabelSelector::from_api(&api, "spec.selector").unwrap();
+        assert_eq!(selector.to_string(), "app=web,tier in (a,b),!canary");
+        let labels = [("app", "web"), ("tier", "b")];
+        let get = |k: &str| labels.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
+        assert!(selector.matches(get));
+        let bad = serde_json::json!({"matchExpressions": [{"key": "x", "operator": "In"}]});
+        assert!(LabelSelector::from_api(&bad, "spec.selector")
+            .unwrap_err()
+            .contains("values: Required value"));
+        assert!(LabelSelector::from_api(&serde_json::json!({}), "s")
+            .unwrap()
+            .is_empty());
     }
 }

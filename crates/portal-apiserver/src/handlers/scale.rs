@@ -1,9 +1,10 @@
-//! The `scale` subresource of ReplicationControllers: an `autoscaling/v1`
-//! `Scale` view of `spec.replicas` that `kubectl scale` reads and patches.
+//! The `scale` subresource of the kinds that declare one
+//! (ReplicationControllers, ReplicaSets): an `autoscaling/v1` `Scale` view
+//! of `spec.replicas` that `kubectl scale` reads and patches.
 
 use http::{Response, StatusCode};
 use portal_api::patch::PatchType;
-use portal_api::{kinds, meta, Cause, Status, Target};
+use portal_api::{meta, Cause, Status, Target};
 use serde_json::{json, Value};
 
 use crate::registry::lookup::{fresh, parse_revision};
@@ -17,10 +18,17 @@ const TARGET: Target<'static> = Target {
     kind: "Scale",
 };
 
-/// `a=b,c=d`: the selector as a label-selector string.
+/// `a=b,c=d`: the selector as a label-selector string, from a
+/// `metav1.LabelSelector` (`apps/v1`) or a plain map (`v1`).
 fn selector_string(rc: &Value) -> String {
-    rc.pointer("/spec/selector")
-        .and_then(Value::as_object)
+    let selector = &rc["spec"]["selector"];
+    if selector.get("matchLabels").is_some() || selector.get("matchExpressions").is_some() {
+        return portal_api::selector::LabelSelector::from_api(selector, "spec.selector")
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+    }
+    selector
+        .as_object()
         .map(|m| {
             m.iter()
                 .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
@@ -64,7 +72,11 @@ fn respond(rc: &Value) -> Response<Body> {
 }
 
 pub(crate) fn supports(scope: &Scope<'_>) -> bool {
-    scope.resource.kind() == kinds::replication_controller::KIND
+    scope
+        .resource
+        .subresources
+        .iter()
+        .any(|s| s.name == "scale")
 }
 
 pub(crate) async fn get(
@@ -143,13 +155,8 @@ pub(crate) async fn patch(
     query: &Query,
 ) -> Result<Response<Body>, Status> {
     let propose = |rc: &Value| {
-        let patched = portal_api::patch::apply(
-            &kinds::replication_controller::RESOURCE,
-            patch_type,
-            &scale_of(rc),
-            body,
-        )
-        .map_err(|e| patch_error(scope, name, e))?;
+        let patched = portal_api::patch::apply(scope.resource, patch_type, &scale_of(rc), body)
+            .map_err(|e| patch_error(scope, name, e))?;
         apply_scale(name, rc, &patched)
     };
     let (stored, _) = guaranteed_update(

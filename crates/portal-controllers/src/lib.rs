@@ -2,10 +2,9 @@
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController and ReplicaSet
-//! controller, node IPAM
-//! (pod ranges), node lifecycle (unreachable nodes, taint-based eviction),
-//! the scheduler, the load-balancer provider, the garbage collector and
-//! namespace termination.
+//! controller, node IPAM (pod ranges), node lifecycle (unreachable nodes,
+//! taint-based eviction), the scheduler, the load-balancer provider, the
+//! garbage collector and namespace termination.
 
 pub mod endpoints;
 pub mod events;

@@ -352,7 +352,8 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Ready for at least `min_ready` seconds by `now`.
+/// Ready for more than `min_ready` seconds by `now` (upstream's
+/// `IsPodAvailable`: the Ready transition plus `minReadySeconds` is before `now`).
 fn is_available(pod: &Pod, min_ready: i64, now: jiff::Timestamp) -> bool {
     let ready = pod
         .status
@@ -368,7 +369,7 @@ fn is_available(pod: &Pod, min_ready: i64, now: jiff::Timestamp) -> bool {
     ready
         .last_transition_time
         .as_ref()
-        .is_some_and(|since| now.duration_since(since.0).as_secs() >= min_ready)
+        .is_some_and(|since| now.duration_since(since.0).as_secs_f64() > min_ready as f64)
 }
 
 fn owned_by(pod: &Pod, uid: &str) -> bool {
@@ -566,4 +567,60 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
         )));
     }
     Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_since(at: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": at}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn available_once_ready_for_longer_than_min_ready_seconds() {
+        let now: jiff::Timestamp = "2026-11-27T10:00:10Z".parse().unwrap();
+        let pod = ready_since("2026-11-27T10:00:00Z");
+        assert!(is_available(&pod, 0, now));
+        assert!(is_available(&pod, 9, now));
+        assert!(
+            !is_available(&pod, 10, now),
+            "strictly before now, as upstream"
+        );
+        let not_ready: Pod =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}})).unwrap();
+        assert!(!is_available(&not_ready, 0, now));
+    }
+
+    #[test]
+    fn selectors_of_both_kinds() {
+        let rc: ReplicationController = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "rc"},
+            "spec": {"template": {"metadata": {"labels": {"app": "a"}}}},
+        }))
+        .unwrap();
+        let labels = BTreeMap::from([("app".to_owned(), "a".to_owned())]);
+        assert!(
+            selects(rc.selector().as_ref(), &labels),
+            "defaulted from the template"
+        );
+        let rs: ReplicaSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "rs"},
+            "spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a", "b"]}]}},
+        }))
+        .unwrap();
+        assert!(selects(rs.selector().as_ref(), &labels));
+        let empty: ReplicaSet = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "rs"}, "spec": {"selector": {}}}),
+        )
+        .unwrap();
+        assert!(
+            !selects(empty.selector().as_ref(), &labels),
+            "an empty selector selects nothing"
+        );
+    }
 }

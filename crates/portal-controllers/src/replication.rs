@@ -378,21 +378,111 @@ fn owned_by(pod: &Pod, uid: &str) -> bool {
         .any(|o| o.controller == Some(true) && o.uid == uid)
 }
 
-/// Which pods to delete first: unscheduled, then not running, then not
-/// ready, then the youngest (upstream's ranking, simplified).
-fn deletion_rank(pod: &Pod) -> (u8, u8, u8, std::cmp::Reverse<Option<jiff::Timestamp>>) {
-    let scheduled = pod
-        .spec
+/// The annotation that makes a pod cheaper (lower) or dearer to delete.
+const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+fn phase_order(pod: &Pod) -> u8 {
+    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Unknown") => 1,
+        Some("Running") => 2,
+        _ => 0,
+    }
+}
+
+/// The pod's deletion cost: an int32 written as Kubernetes accepts it
+/// (`-N`, `0` or a number without leading zeros); anything else is 0.
+fn deletion_cost(pod: &Pod) -> i32 {
+    let Some(text) = pod.annotations().get(DELETION_COST) else {
+        return 0;
+    };
+    let canonical = text.starts_with('-')
+        || text == "0"
+        || text.starts_with(|c: char| ('1'..='9').contains(&c));
+    if !canonical {
+        return 0;
+    }
+    text.parse().unwrap_or(0)
+}
+
+fn ready_since(pod: &Pod) -> Option<jiff::Timestamp> {
+    pod.status
         .as_ref()
-        .and_then(|s| s.node_name.as_ref())
-        .is_some();
-    let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-    (
-        u8::from(scheduled),
-        u8::from(running),
-        u8::from(is_ready(pod)),
-        std::cmp::Reverse(pod.metadata.creation_timestamp.as_ref().map(|t| t.0)),
-    )
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+}
+
+fn max_restarts(pod: &Pod) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|statuses| statuses.iter().map(|c| c.restart_count).max())
+        .unwrap_or(0)
+}
+
+/// Newer first, as upstream compares times for deletion: a missing time
+/// counts as newest; times are compared by the power of two of their age
+/// (pods of about the same age are equal), then by uid.
+fn newer_first(
+    a: (Option<jiff::Timestamp>, &str),
+    b: (Option<jiff::Timestamp>, &str),
+    now: jiff::Timestamp,
+) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    match (a.0, b.0) {
+        (x, y) if x == y => Ordering::Equal,
+        (None, _) => Ordering::Less,
+        (_, None) => Ordering::Greater,
+        (Some(x), Some(y)) => {
+            let bucket = |t: jiff::Timestamp| {
+                let age = now.duration_since(t).as_nanos().max(1);
+                // floor(log2(age)), as `int(math.Log2(float64(d)))`.
+                127 - age.unsigned_abs().leading_zeros()
+            };
+            bucket(x).cmp(&bucket(y)).then_with(|| a.1.cmp(b.1))
+        }
+    }
+}
+
+/// Which of two pods to delete first (`Less`): upstream's
+/// `ActivePodsWithRanks` order. Unscheduled before scheduled; Pending, then
+/// Unknown, then Running; not ready before ready; lower deletion cost;
+/// more pods of the owner on the same node; more recently ready; more
+/// container restarts; newer.
+fn delete_first(
+    a: &Pod,
+    b: &Pod,
+    co_located: &HashMap<String, usize>,
+    now: jiff::Timestamp,
+) -> std::cmp::Ordering {
+    let node = |p: &Pod| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default()
+    };
+    let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+    let rank = |p: &Pod| co_located.get(&node(p)).copied().unwrap_or(0);
+    let (uid_a, uid_b) = (uid(a), uid(b));
+    (!node(a).is_empty())
+        .cmp(&!node(b).is_empty())
+        .then_with(|| phase_order(a).cmp(&phase_order(b)))
+        .then_with(|| is_ready(a).cmp(&is_ready(b)))
+        .then_with(|| deletion_cost(a).cmp(&deletion_cost(b)))
+        .then_with(|| rank(b).cmp(&rank(a)))
+        .then_with(|| {
+            if is_ready(a) && is_ready(b) {
+                newer_first((ready_since(a), &uid_a), (ready_since(b), &uid_b), now)
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .then_with(|| max_restarts(b).cmp(&max_restarts(a)))
+        .then_with(|| {
+            let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            newer_first((created(a), &uid_a), (created(b), &uid_b), now)
+        })
 }
 
 async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -502,8 +592,14 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
             return Err(e.into());
         }
     } else if managing && current > wanted {
+        let mut co_located: HashMap<String, usize> = HashMap::new();
+        for pod in &pods {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            *co_located.entry(node.unwrap_or_default()).or_default() += 1;
+        }
+        let now = jiff::Timestamp::now();
         let mut victims: Vec<&Arc<Pod>> = pods.iter().collect();
-        victims.sort_by_key(|p| deletion_rank(p));
+        victims.sort_by(|a, b| delete_first(a, b, &co_located, now));
         let victims: Vec<String> = victims
             .iter()
             .take((current - wanted).min(BATCH))
@@ -594,6 +690,125 @@ mod tests {
         let not_ready: Pod =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}})).unwrap();
         assert!(!is_available(&not_ready, 0, now));
+    }
+
+    fn pod(name: &str, extra: serde_json::Value) -> Pod {
+        let mut object = serde_json::json!({"metadata": {"name": name, "uid": name}});
+        if let (Some(target), Some(more)) = (object.as_object_mut(), extra.as_object()) {
+            for (key, value) in more {
+                if key == "metadata" {
+                    if let Some(meta) = target["metadata"].as_object_mut() {
+                        meta.extend(value.as_object().cloned().unwrap_or_default());
+                    }
+                } else {
+                    target.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        serde_json::from_value(object).unwrap()
+    }
+
+    fn order(pods: &[Pod], now: &str) -> Vec<String> {
+        let now: jiff::Timestamp = now.parse().unwrap();
+        let mut co_located: HashMap<String, usize> = HashMap::new();
+        for p in pods {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            *co_located.entry(node.unwrap_or_default()).or_default() += 1;
+        }
+        let mut sorted: Vec<&Pod> = pods.iter().collect();
+        sorted.sort_by(|a, b| delete_first(a, b, &co_located, now));
+        sorted.iter().map(|p| p.name_any()).collect()
+    }
+
+    #[test]
+    fn pods_are_deleted_in_upstreams_order() {
+        let running_ready = |name: &str, node: &str, since: &str| {
+            pod(
+                name,
+                serde_json::json!({
+                    "spec": {"nodeName": node, "containers": []},
+                    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": since}]},
+                }),
+            )
+        };
+        let pods = [
+            running_ready("old-ready", "n1", "2026-11-27T08:00:00Z"),
+            pod("unscheduled", serde_json::json!({})),
+            pod(
+                "pending",
+                serde_json::json!({"spec": {"nodeName": "n2", "containers": []}, "status": {"phase": "Pending"}}),
+            ),
+            running_ready("fresh-ready", "n1", "2026-11-27T09:59:59Z"),
+            pod(
+                "running-not-ready",
+                serde_json::json!({"spec": {"nodeName": "n2", "containers": []}, "status": {"phase": "Running"}}),
+            ),
+        ];
+        assert_eq!(
+            order(&pods, "2026-11-27T10:00:00Z"),
+            [
+                "unscheduled",
+                "pending",
+                "running-not-ready",
+                "fresh-ready",
+                "old-ready"
+            ]
+        );
+        // The deletion cost outranks readiness time; co-location outranks it too.
+        let mut cheap = running_ready("cheap", "n3", "2026-11-27T08:00:00Z");
+        cheap.metadata.annotations = Some(BTreeMap::from([(
+            DELETION_COST.to_owned(),
+            "-5".to_owned(),
+        )]));
+        let pods = [running_ready("fresh", "n4", "2026-11-27T09:59:59Z"), cheap];
+        assert_eq!(order(&pods, "2026-11-27T10:00:00Z"), ["cheap", "fresh"]);
+        let pods = [
+            running_ready("alone", "n5", "2026-11-27T09:59:59Z"),
+            running_ready("crowded-a", "n6", "2026-11-27T08:00:00Z"),
+            running_ready("crowded-b", "n6", "2026-11-27T08:00:00Z"),
+        ];
+        assert_eq!(order(&pods, "2026-11-27T10:00:00Z")[2], "alone");
+    }
+
+    #[test]
+    fn deletion_costs_are_read_as_kubernetes_reads_them() {
+        let with = |cost: &str| {
+            let mut p = pod("p", serde_json::json!({}));
+            p.metadata.annotations = Some(BTreeMap::from([(
+                DELETION_COST.to_owned(),
+                cost.to_owned(),
+            )]));
+            deletion_cost(&p)
+        };
+        assert_eq!(with("-7"), -7);
+        assert_eq!(with("0"), 0);
+        assert_eq!(with("42"), 42);
+        assert_eq!(with("007"), 0, "leading zeros are not canonical");
+        assert_eq!(with("x"), 0);
+        assert_eq!(with("99999999999"), 0, "beyond int32");
+    }
+
+    #[test]
+    fn ages_within_a_power_of_two_tie_and_fall_back_to_the_uid() {
+        let now: jiff::Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let t = |s: &str| Some(s.parse::<jiff::Timestamp>().unwrap());
+        // 5 s and 6 s old: same power of two (2^32 ns < both < 2^33 ns).
+        let same = newer_first(
+            (t("2026-11-27T09:59:55Z"), "b"),
+            (t("2026-11-27T09:59:54Z"), "a"),
+            now,
+        );
+        assert_eq!(same, std::cmp::Ordering::Greater, "uid decides");
+        let apart = newer_first(
+            (t("2026-11-27T09:59:59Z"), "z"),
+            (t("2026-11-27T08:00:00Z"), "a"),
+            now,
+        );
+        assert_eq!(apart, std::cmp::Ordering::Less, "the newer goes first");
+        assert_eq!(
+            newer_first((None, "z"), (t("2026-11-27T08:00:00Z"), "a"), now),
+            std::cmp::Ordering::Less
+        );
     }
 
     #[test]

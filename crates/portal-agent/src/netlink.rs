@@ -280,13 +280,7 @@ impl Netlink {
             .attributes
             .iter()
             .find_map(|attribute| match attribute {
-                LinkAttribute::Address(bytes) if bytes.len() == 6 => Some(
-                    bytes
-                        .iter()
-                        .map(|b| format!("{b:02x}"))
-                        .collect::<Vec<_>>()
-                        .join(":"),
-                ),
+                LinkAttribute::Address(bytes) if bytes.len() == 6 => Some(format_mac(bytes)),
                 _ => None,
             }))
     }
@@ -572,13 +566,7 @@ impl Netlink {
                 for attribute in &entry.attributes {
                     match attribute {
                         NeighbourAttribute::LinkLayerAddress(bytes) if bytes.len() == 6 => {
-                            mac = Some(
-                                bytes
-                                    .iter()
-                                    .map(|b| format!("{b:02x}"))
-                                    .collect::<Vec<_>>()
-                                    .join(":"),
-                            );
+                            mac = Some(format_mac(bytes));
                         }
                         NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => {
                             destination = Some(*ip);
@@ -613,6 +601,15 @@ impl Netlink {
         }
         Ok(())
     }
+}
+
+/// A MAC address as `ip` prints it (`02:42:ac:11:00:02`).
+fn format_mac(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// A MAC address's six bytes from `02:42:ac:11:00:02`.

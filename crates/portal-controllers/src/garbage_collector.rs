@@ -647,25 +647,34 @@ async fn delete(
     }
 }
 
-/// Writes the object's owner references, keeping those `keep` accepts, as
-/// of the version the collector saw.
+/// Writes one list of the object's metadata (`null` when empty, which
+/// removes it), as of the version the collector saw.
+async fn write_metadata_list<T: serde::Serialize>(
+    api: &Api<DynamicObject>,
+    node: &Node,
+    field: &str,
+    kept: &[T],
+) -> Result<(), kube::Error> {
+    let list = if kept.is_empty() {
+        serde_json::Value::Null
+    } else {
+        json!(kept)
+    };
+    let patch = json!({"metadata": {"resourceVersion": node.resource_version, field: list}});
+    settled(
+        api.patch(&node.name, &params(), &Patch::Merge(&patch))
+            .await,
+    )
+}
+
+/// Writes the object's owner references, keeping those `keep` accepts.
 async fn keep_owners(
     api: &Api<DynamicObject>,
     node: &Node,
     keep: impl Fn(&OwnerReference) -> bool,
 ) -> Result<(), kube::Error> {
     let kept: Vec<&OwnerReference> = node.owners.iter().filter(|o| keep(o)).collect();
-    let owners = if kept.is_empty() {
-        serde_json::Value::Null
-    } else {
-        json!(kept)
-    };
-    let patch =
-        json!({"metadata": {"resourceVersion": node.resource_version, "ownerReferences": owners}});
-    settled(
-        api.patch(&node.name, &params(), &Patch::Merge(&patch))
-            .await,
-    )
+    write_metadata_list(api, node, "ownerReferences", &kept).await
 }
 
 /// Removes one of the collector's finalizers from an owner.
@@ -675,17 +684,7 @@ async fn release(
     finalizer: &str,
 ) -> Result<(), kube::Error> {
     let kept: Vec<&String> = node.finalizers.iter().filter(|f| *f != finalizer).collect();
-    let finalizers = if kept.is_empty() {
-        serde_json::Value::Null
-    } else {
-        json!(kept)
-    };
-    let patch =
-        json!({"metadata": {"resourceVersion": node.resource_version, "finalizers": finalizers}});
-    settled(
-        api.patch(&node.name, &params(), &Patch::Merge(&patch))
-            .await,
-    )
+    write_metadata_list(api, node, "finalizers", &kept).await
 }
 
 impl Task {

@@ -28,6 +28,57 @@ use crate::Cause;
 /// Verbs of the proxy subresources.
 const PROXY_VERBS: &[&str] = &["create", "delete", "get", "patch", "update"];
 
+/// The columns of the kinds that keep replicas of a pod template
+/// (ReplicationControllers, ReplicaSets), as kubectl shows them.
+fn replicas_columns() -> Vec<crate::table::Column> {
+    use crate::table::{col, Column, AGE, NAME};
+    vec![
+        NAME,
+        Column {
+            kind: "integer",
+            ..col("Desired", "Number of desired pods.", 0)
+        },
+        Column {
+            kind: "integer",
+            ..col("Current", "Number of actually running pods.", 0)
+        },
+        Column {
+            kind: "integer",
+            ..col("Ready", "Number of pods ready.", 0)
+        },
+        AGE,
+        col("Containers", "Names of each container in the template.", 1),
+        col(
+            "Images",
+            "Images referenced by each container in the template.",
+            1,
+        ),
+        col("Selector", "Label selector for pods.", 1),
+    ]
+}
+
+/// Their cells, with the selector as the kind prints it.
+fn replicas_cells(object: &Value, now: i64, selector: String) -> Vec<Value> {
+    use crate::table::cells::*;
+    use serde_json::json;
+    let containers = arr(object, &["spec", "template", "spec", "containers"]);
+    let names: Vec<&str> = containers.iter().filter_map(|c| s(c, &["name"])).collect();
+    let images: Vec<&str> = containers.iter().filter_map(|c| s(c, &["image"])).collect();
+    vec![
+        name(object),
+        json!(object
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(1)),
+        json!(int(object, &["status", "replicas"])),
+        json!(int(object, &["status", "readyReplicas"])),
+        age(object, now),
+        json!(names.join(",")),
+        json!(images.join(",")),
+        json!(or_none(selector)),
+    ]
+}
+
 /// For kinds with no validation beyond metadata.
 fn no_validation(_: &Value, _: Option<&Value>) -> Vec<Cause> {
     Vec::new()

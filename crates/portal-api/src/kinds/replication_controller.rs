@@ -8,7 +8,7 @@ use super::Subresource;
 use crate::defaults::default;
 use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
-use crate::table::{col, Column, AGE, NAME};
+use crate::table::Column;
 
 /// The kind this module defines.
 pub const KIND: Kind = Kind::new("", "ReplicationController");
@@ -104,46 +104,9 @@ fn defaults(object: &mut Value) {
 }
 
 fn columns() -> Vec<Column> {
-    vec![
-        NAME,
-        Column {
-            kind: "integer",
-            ..col("Desired", "Number of desired pods.", 0)
-        },
-        Column {
-            kind: "integer",
-            ..col("Current", "Number of actually running pods.", 0)
-        },
-        Column {
-            kind: "integer",
-            ..col("Ready", "Number of pods ready.", 0)
-        },
-        AGE,
-        col("Containers", "Names of each container in the template.", 1),
-        col(
-            "Images",
-            "Images referenced by each container in the template.",
-            1,
-        ),
-        col("Selector", "Label selector for pods.", 1),
-    ]
+    super::replicas_columns()
 }
 
 fn cells(object: &Value, now: i64) -> Vec<Value> {
-    let containers = arr(object, &["spec", "template", "spec", "containers"]);
-    let names: Vec<&str> = containers.iter().filter_map(|c| s(c, &["name"])).collect();
-    let images: Vec<&str> = containers.iter().filter_map(|c| s(c, &["image"])).collect();
-    vec![
-        name(object),
-        json!(object
-            .pointer("/spec/replicas")
-            .and_then(Value::as_i64)
-            .unwrap_or(1)),
-        json!(int(object, &["status", "replicas"])),
-        json!(int(object, &["status", "readyReplicas"])),
-        age(object, now),
-        json!(names.join(",")),
-        json!(images.join(",")),
-        json!(or_none(format_labels(object.pointer("/spec/selector")))),
-    ]
+    super::replicas_cells(object, now, format_labels(object.pointer("/spec/selector")))
 }

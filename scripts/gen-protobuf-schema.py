@@ -31,6 +31,7 @@ ROOTS = [
     "io.k8s.api.discovery.v1.EndpointSlice",
     "io.k8s.api.coordination.v1.Lease",
     "io.k8s.api.apps.v1.ReplicaSet",
+    "io.k8s.api.apps.v1.Deployment",
 ]
 # Messages with a JSON form of their own, decoded by hand in `protobuf/mod.rs`.
 SPECIAL = {

@@ -23,6 +23,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::endpoints::RESOURCE,
     &kinds::replication_controller::RESOURCE,
     &kinds::replica_set::RESOURCE,
+    &kinds::deployment::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,
@@ -170,9 +171,9 @@ mod tests {
     #[test]
     fn lookups_that_miss_are_errors() {
         let registry = Registry::built_in();
-        let missing = Kind::new("apps", "Deployment");
+        let missing = Kind::new("apps", "DaemonSet");
         assert_eq!(registry.of(missing), Err(RegistryError::NotServed(missing)));
-        assert!(registry.find("apps", "v1", "deployments").is_none());
+        assert!(registry.find("apps", "v1", "daemonsets").is_none());
         assert!(registry.find("", "v1", "endpointslices").is_none());
     }
 

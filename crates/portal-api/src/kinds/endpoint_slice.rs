@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{no_validation, nothing, replace_lists};
 use crate::defaults::{array_mut, default};
-use crate::schema::{openapi_schema, typed, Kind, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Generation, Kind, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
@@ -29,7 +29,7 @@ pub static RESOURCE: Resource = Resource {
     validate: no_validation,
     prepare_create: nothing,
     kept_on_update: &[],
-    tracks_generation: false,
+    generation: Generation::Untracked,
     create_on_update: false,
     selectable_fields: &[],
     field_paths: &[],

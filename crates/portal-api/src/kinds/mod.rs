@@ -8,6 +8,7 @@
 //! Adding a kind: a module here with its `KIND` and `RESOURCE`, and its
 //! line in [`crate::registry`]'s built-in list. Nothing else names it.
 
+pub mod deployment;
 pub mod endpoint_slice;
 pub mod endpoints;
 pub mod event;

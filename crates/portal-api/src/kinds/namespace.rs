@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{no_validation, nothing};
 use crate::meta;
-use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Generation, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
@@ -29,7 +29,7 @@ pub static RESOURCE: Resource = Resource {
     validate: no_validation,
     prepare_create,
     kept_on_update: &["spec"],
-    tracks_generation: false,
+    generation: Generation::Untracked,
     create_on_update: false,
     selectable_fields: &["status.phase"],
     field_paths: &[],

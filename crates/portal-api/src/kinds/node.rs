@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::nothing;
-use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Generation, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
@@ -28,7 +28,7 @@ pub static RESOURCE: Resource = Resource {
     validate,
     prepare_create: nothing,
     kept_on_update: &[],
-    tracks_generation: false,
+    generation: Generation::Untracked,
     create_on_update: false,
     selectable_fields: &["spec.unschedulable"],
     field_paths: &[],

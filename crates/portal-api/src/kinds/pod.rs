@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::{Subresource, PROXY_VERBS};
 use crate::defaults::{array_mut, default};
-use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Generation, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, human_duration, Column, AGE, NAME};
 
@@ -30,7 +30,7 @@ pub static RESOURCE: Resource = Resource {
     validate,
     prepare_create,
     kept_on_update: &[],
-    tracks_generation: true,
+    generation: Generation::Spec,
     create_on_update: false,
     selectable_fields: &[
         "spec.nodeName",

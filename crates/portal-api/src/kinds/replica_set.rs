@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::Subresource;
 use crate::defaults::default;
-use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Generation, Kind, ListStrategy, NameRule, Resource};
 use crate::selector::LabelSelector;
 use crate::table::Column;
 use crate::Cause;
@@ -31,7 +31,7 @@ pub static RESOURCE: Resource = Resource {
     validate,
     prepare_create,
     kept_on_update: &[],
-    tracks_generation: true,
+    generation: Generation::Spec,
     create_on_update: false,
     selectable_fields: &["status.replicas"],
     field_paths: &[],
@@ -53,11 +53,24 @@ pub fn selector(object: &Value) -> Result<LabelSelector, String> {
     LabelSelector::from_api(&object["spec"]["selector"], "spec.selector")
 }
 
-/// The selector, checked against the template (and, on update, against
-/// the stored one: `apps/v1` selectors are immutable), and the template's
-/// pod spec as a pod's (when it changes: a status write never fails on
-/// what was stored before).
 fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
+    let mut causes = validate_selector_and_template(object, old);
+    if object["spec"]["replicas"].as_i64().is_some_and(|n| n < 0) {
+        causes.push(Cause::invalid(
+            "spec.replicas",
+            object["spec"]["replicas"].clone(),
+            "must be greater than or equal to 0",
+        ));
+    }
+    causes
+}
+
+/// What every `apps/v1` workload checks: the selector, against the
+/// template (and, on update, against the stored one: `apps/v1` selectors
+/// are immutable), and the template's pod spec as a pod's (when it
+/// changes: a status write never fails on what was stored before), with
+/// `restartPolicy: Always` and no `activeDeadlineSeconds`.
+pub(crate) fn validate_selector_and_template(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     let mut causes = Vec::new();
     let given = &object["spec"]["selector"];
     match selector(object) {
@@ -67,9 +80,13 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
                 .unwrap_or(("spec.selector", &message));
             causes.push(Cause::invalid_rendered(field, "", detail));
         }
-        Ok(parsed) if parsed.is_empty() => {
-            causes.push(Cause::required("spec.selector", ""));
-        }
+        Ok(_) if given.is_null() => causes.push(Cause::required("spec.selector", "")),
+        Ok(parsed) if parsed.is_empty() => causes.push(Cause::invalid_rendered(
+            "spec.selector",
+            "v1.LabelSelector{MatchLabels:map[string]string(nil), \
+             MatchExpressions:[]v1.LabelSelectorRequirement(nil)}",
+            "empty selector is invalid for deployment",
+        )),
         Ok(parsed) => {
             let labels = &object["spec"]["template"]["metadata"]["labels"];
             let get = |key: &str| labels.get(key).and_then(Value::as_str);
@@ -95,13 +112,20 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     let unchanged = old.is_some_and(|old| old["spec"]["template"]["spec"] == *template);
     if !template.is_null() && !unchanged {
         causes.extend(crate::pod_spec::validate(template, "spec.template.spec"));
-    }
-    if object["spec"]["replicas"].as_i64().is_some_and(|n| n < 0) {
-        causes.push(Cause::invalid(
-            "spec.replicas",
-            object["spec"]["replicas"].clone(),
-            "must be greater than or equal to 0",
-        ));
+        let restart = template["restartPolicy"].as_str().unwrap_or("Always");
+        if restart != "Always" {
+            causes.push(crate::service::validate::unsupported(
+                "spec.template.spec.restartPolicy",
+                restart,
+                "\"Always\"",
+            ));
+        }
+        if !template["activeDeadlineSeconds"].is_null() {
+            causes.push(Cause::forbidden(
+                "spec.template.spec.activeDeadlineSeconds",
+                "activeDeadlineSeconds in ReplicaSet is not Supported",
+            ));
+        }
     }
     causes
 }
@@ -163,7 +187,11 @@ mod tests {
             "{:?}",
             validate(&good, None)
         );
-        let missing = rs(json!({}), json!({"app": "web"}));
+        let mut missing = rs(json!({}), json!({"app": "web"}));
+        assert!(validate(&missing, None)[0]
+            .display()
+            .ends_with("empty selector is invalid for deployment"));
+        missing["spec"].as_object_mut().unwrap().remove("selector");
         assert_eq!(
             validate(&missing, None)[0].display(),
             "spec.selector: Required value"

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::{Subresource, PROXY_VERBS};
 use crate::defaults::{array_mut, default};
-use crate::schema::{openapi_schema, typed, Kind, ListStrategy, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Generation, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 
@@ -31,7 +31,7 @@ pub static RESOURCE: Resource = Resource {
     validate: crate::service::validate,
     prepare_create,
     kept_on_update: &[],
-    tracks_generation: false,
+    generation: Generation::Untracked,
     create_on_update: false,
     selectable_fields: &["spec.clusterIP", "spec.type"],
     field_paths: &[],

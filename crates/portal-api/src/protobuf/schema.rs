@@ -7,12 +7,12 @@ use super::{Field, Message, Type};
 
 pub(super) static MESSAGES: &[Message] = &[
     Message {
-        name: "io.k8s.api.apps.v1.ReplicaSet",
+        name: "io.k8s.api.apps.v1.Deployment",
         fields: &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
@@ -25,6 +25,199 @@ pub(super) static MESSAGES: &[Message] = &[
                 tag: 3,
                 json: "status",
                 ty: Type::Message(3),
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.apps.v1.DeploymentCondition",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "type",
+                ty: Type::String,
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "status",
+                ty: Type::String,
+                repeated: false,
+            },
+            Field {
+                tag: 4,
+                json: "reason",
+                ty: Type::String,
+                repeated: false,
+            },
+            Field {
+                tag: 5,
+                json: "message",
+                ty: Type::String,
+                repeated: false,
+            },
+            Field {
+                tag: 6,
+                json: "lastUpdateTime",
+                ty: Type::Message(190),
+                repeated: false,
+            },
+            Field {
+                tag: 7,
+                json: "lastTransitionTime",
+                ty: Type::Message(190),
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.apps.v1.DeploymentSpec",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "replicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "selector",
+                ty: Type::Message(184),
+                repeated: false,
+            },
+            Field {
+                tag: 3,
+                json: "template",
+                ty: Type::Message(123),
+                repeated: false,
+            },
+            Field {
+                tag: 4,
+                json: "strategy",
+                ty: Type::Message(4),
+                repeated: false,
+            },
+            Field {
+                tag: 5,
+                json: "minReadySeconds",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 6,
+                json: "revisionHistoryLimit",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 7,
+                json: "paused",
+                ty: Type::Bool,
+                repeated: false,
+            },
+            Field {
+                tag: 9,
+                json: "progressDeadlineSeconds",
+                ty: Type::Int32,
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.apps.v1.DeploymentStatus",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "observedGeneration",
+                ty: Type::Int64,
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "replicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 3,
+                json: "updatedReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 4,
+                json: "availableReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 5,
+                json: "unavailableReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 6,
+                json: "conditions",
+                ty: Type::Message(1),
+                repeated: true,
+            },
+            Field {
+                tag: 7,
+                json: "readyReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 8,
+                json: "collisionCount",
+                ty: Type::Int32,
+                repeated: false,
+            },
+            Field {
+                tag: 9,
+                json: "terminatingReplicas",
+                ty: Type::Int32,
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.apps.v1.DeploymentStrategy",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "type",
+                ty: Type::String,
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "rollingUpdate",
+                ty: Type::Message(9),
+                repeated: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.apps.v1.ReplicaSet",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "metadata",
+                ty: Type::Message(188),
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "spec",
+                ty: Type::Message(7),
+                repeated: false,
+            },
+            Field {
+                tag: 3,
+                json: "status",
+                ty: Type::Message(8),
                 repeated: false,
             },
         ],
@@ -47,7 +240,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -76,13 +269,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "selector",
-                ty: Type::Message(178),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "template",
-                ty: Type::Message(117),
+                ty: Type::Message(123),
                 repeated: false,
             },
             Field {
@@ -129,7 +322,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "conditions",
-                ty: Type::Message(1),
+                ty: Type::Message(6),
                 repeated: true,
             },
             Field {
@@ -141,18 +334,35 @@ pub(super) static MESSAGES: &[Message] = &[
         ],
     },
     Message {
+        name: "io.k8s.api.apps.v1.RollingUpdateDeployment",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "maxUnavailable",
+                ty: Type::Message(191),
+                repeated: false,
+            },
+            Field {
+                tag: 2,
+                json: "maxSurge",
+                ty: Type::Message(191),
+                repeated: false,
+            },
+        ],
+    },
+    Message {
         name: "io.k8s.api.coordination.v1.Lease",
         fields: &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(5),
+                ty: Type::Message(11),
                 repeated: false,
             },
         ],
@@ -175,13 +385,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "acquireTime",
-                ty: Type::Message(181),
+                ty: Type::Message(187),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "renewTime",
-                ty: Type::Message(181),
+                ty: Type::Message(187),
                 repeated: false,
             },
             Field {
@@ -210,19 +420,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "nodeAffinity",
-                ty: Type::Message(80),
+                ty: Type::Message(86),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "podAffinity",
-                ty: Type::Message(102),
+                ty: Type::Message(108),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "podAntiAffinity",
-                ty: Type::Message(104),
+                ty: Type::Message(110),
                 repeated: false,
             },
         ],
@@ -384,7 +594,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "nodePublishSecretRef",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
         ],
@@ -436,7 +646,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "secretRef",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -471,7 +681,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "secretRef",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
         ],
@@ -503,7 +713,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "labelSelector",
-                ty: Type::Message(178),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -526,7 +736,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -543,7 +753,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -601,13 +811,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "items",
-                ty: Type::Message(66),
+                ty: Type::Message(72),
                 repeated: true,
             },
             Field {
@@ -624,13 +834,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "items",
-                ty: Type::Message(66),
+                ty: Type::Message(72),
                 repeated: true,
             },
             Field {
@@ -683,43 +893,43 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "ports",
-                ty: Type::Message(25),
+                ty: Type::Message(31),
                 repeated: true,
             },
             Field {
                 tag: 7,
                 json: "env",
-                ty: Type::Message(43),
+                ty: Type::Message(49),
                 repeated: true,
             },
             Field {
                 tag: 8,
                 json: "resources",
-                ty: Type::Message(133),
+                ty: Type::Message(139),
                 repeated: false,
             },
             Field {
                 tag: 9,
                 json: "volumeMounts",
-                ty: Type::Message(160),
+                ty: Type::Message(166),
                 repeated: true,
             },
             Field {
                 tag: 10,
                 json: "livenessProbe",
-                ty: Type::Message(121),
+                ty: Type::Message(127),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "readinessProbe",
-                ty: Type::Message(121),
+                ty: Type::Message(127),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "lifecycle",
-                ty: Type::Message(67),
+                ty: Type::Message(73),
                 repeated: false,
             },
             Field {
@@ -737,7 +947,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 15,
                 json: "securityContext",
-                ty: Type::Message(142),
+                ty: Type::Message(148),
                 repeated: false,
             },
             Field {
@@ -761,7 +971,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 19,
                 json: "envFrom",
-                ty: Type::Message(42),
+                ty: Type::Message(48),
                 repeated: true,
             },
             Field {
@@ -773,19 +983,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 21,
                 json: "volumeDevices",
-                ty: Type::Message(159),
+                ty: Type::Message(165),
                 repeated: true,
             },
             Field {
                 tag: 22,
                 json: "startupProbe",
-                ty: Type::Message(121),
+                ty: Type::Message(127),
                 repeated: false,
             },
             Field {
                 tag: 23,
                 json: "resizePolicy",
-                ty: Type::Message(26),
+                ty: Type::Message(32),
                 repeated: true,
             },
             Field {
@@ -871,19 +1081,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "waiting",
-                ty: Type::Message(30),
+                ty: Type::Message(36),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "running",
-                ty: Type::Message(28),
+                ty: Type::Message(34),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "terminated",
-                ty: Type::Message(29),
+                ty: Type::Message(35),
                 repeated: false,
             },
         ],
@@ -893,7 +1103,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "startedAt",
-            ty: Type::Message(184),
+            ty: Type::Message(190),
             repeated: false,
         }],
     },
@@ -927,13 +1137,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "startedAt",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
                 tag: 6,
                 json: "finishedAt",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -973,13 +1183,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "state",
-                ty: Type::Message(27),
+                ty: Type::Message(33),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "lastState",
-                ty: Type::Message(27),
+                ty: Type::Message(33),
                 repeated: false,
             },
             Field {
@@ -1021,31 +1231,31 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "allocatedResources",
-                ty: Type::MapOf(175),
+                ty: Type::MapOf(181),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "resources",
-                ty: Type::Message(133),
+                ty: Type::Message(139),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "volumeMounts",
-                ty: Type::Message(161),
+                ty: Type::Message(167),
                 repeated: true,
             },
             Field {
                 tag: 13,
                 json: "user",
-                ty: Type::Message(32),
+                ty: Type::Message(38),
                 repeated: false,
             },
             Field {
                 tag: 14,
                 json: "allocatedResourcesStatus",
-                ty: Type::Message(134),
+                ty: Type::Message(140),
                 repeated: true,
             },
             Field {
@@ -1061,7 +1271,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "linux",
-            ty: Type::Message(69),
+            ty: Type::Message(75),
             repeated: false,
         }],
     },
@@ -1079,7 +1289,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "items",
-            ty: Type::Message(35),
+            ty: Type::Message(41),
             repeated: true,
         }],
     },
@@ -1095,13 +1305,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "fieldRef",
-                ty: Type::Message(95),
+                ty: Type::Message(101),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "resourceFieldRef",
-                ty: Type::Message(131),
+                ty: Type::Message(137),
                 repeated: false,
             },
             Field {
@@ -1118,7 +1328,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "items",
-                ty: Type::Message(35),
+                ty: Type::Message(41),
                 repeated: true,
             },
             Field {
@@ -1141,7 +1351,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "sizeLimit",
-                ty: Type::Message(175),
+                ty: Type::Message(181),
                 repeated: false,
             },
         ],
@@ -1158,7 +1368,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "targetRef",
-                ty: Type::Message(96),
+                ty: Type::Message(102),
                 repeated: false,
             },
             Field {
@@ -1210,19 +1420,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "addresses",
-                ty: Type::Message(38),
+                ty: Type::Message(44),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "notReadyAddresses",
-                ty: Type::Message(38),
+                ty: Type::Message(44),
                 repeated: true,
             },
             Field {
                 tag: 3,
                 json: "ports",
-                ty: Type::Message(39),
+                ty: Type::Message(45),
                 repeated: true,
             },
         ],
@@ -1233,13 +1443,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "subsets",
-                ty: Type::Message(40),
+                ty: Type::Message(46),
                 repeated: true,
             },
         ],
@@ -1256,13 +1466,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "configMapRef",
-                ty: Type::Message(18),
+                ty: Type::Message(24),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "secretRef",
-                ty: Type::Message(138),
+                ty: Type::Message(144),
                 repeated: false,
             },
         ],
@@ -1285,7 +1495,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "valueFrom",
-                ty: Type::Message(44),
+                ty: Type::Message(50),
                 repeated: false,
             },
         ],
@@ -1296,25 +1506,25 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "fieldRef",
-                ty: Type::Message(95),
+                ty: Type::Message(101),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "resourceFieldRef",
-                ty: Type::Message(131),
+                ty: Type::Message(137),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "configMapKeyRef",
-                ty: Type::Message(19),
+                ty: Type::Message(25),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "secretKeyRef",
-                ty: Type::Message(139),
+                ty: Type::Message(145),
                 repeated: false,
             },
         ],
@@ -1325,7 +1535,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(46),
+                ty: Type::Message(52),
                 repeated: false,
             },
             Field {
@@ -1372,43 +1582,43 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "ports",
-                ty: Type::Message(25),
+                ty: Type::Message(31),
                 repeated: true,
             },
             Field {
                 tag: 7,
                 json: "env",
-                ty: Type::Message(43),
+                ty: Type::Message(49),
                 repeated: true,
             },
             Field {
                 tag: 8,
                 json: "resources",
-                ty: Type::Message(133),
+                ty: Type::Message(139),
                 repeated: false,
             },
             Field {
                 tag: 9,
                 json: "volumeMounts",
-                ty: Type::Message(160),
+                ty: Type::Message(166),
                 repeated: true,
             },
             Field {
                 tag: 10,
                 json: "livenessProbe",
-                ty: Type::Message(121),
+                ty: Type::Message(127),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "readinessProbe",
-                ty: Type::Message(121),
+                ty: Type::Message(127),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "lifecycle",
-                ty: Type::Message(67),
+                ty: Type::Message(73),
                 repeated: false,
             },
             Field {
@@ -1426,7 +1636,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 15,
                 json: "securityContext",
-                ty: Type::Message(142),
+                ty: Type::Message(148),
                 repeated: false,
             },
             Field {
@@ -1450,7 +1660,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 19,
                 json: "envFrom",
-                ty: Type::Message(42),
+                ty: Type::Message(48),
                 repeated: true,
             },
             Field {
@@ -1462,19 +1672,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 21,
                 json: "volumeDevices",
-                ty: Type::Message(159),
+                ty: Type::Message(165),
                 repeated: true,
             },
             Field {
                 tag: 22,
                 json: "startupProbe",
-                ty: Type::Message(121),
+                ty: Type::Message(127),
                 repeated: false,
             },
             Field {
                 tag: 23,
                 json: "resizePolicy",
-                ty: Type::Message(26),
+                ty: Type::Message(32),
                 repeated: true,
             },
             Field {
@@ -1490,7 +1700,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "volumeClaimTemplate",
-            ty: Type::Message(98),
+            ty: Type::Message(104),
             repeated: false,
         }],
     },
@@ -1500,13 +1710,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "involvedObject",
-                ty: Type::Message(96),
+                ty: Type::Message(102),
                 repeated: false,
             },
             Field {
@@ -1524,19 +1734,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "source",
-                ty: Type::Message(50),
+                ty: Type::Message(56),
                 repeated: false,
             },
             Field {
                 tag: 6,
                 json: "firstTimestamp",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
                 tag: 7,
                 json: "lastTimestamp",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -1554,13 +1764,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "eventTime",
-                ty: Type::Message(181),
+                ty: Type::Message(187),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "series",
-                ty: Type::Message(49),
+                ty: Type::Message(55),
                 repeated: false,
             },
             Field {
@@ -1572,7 +1782,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 13,
                 json: "related",
-                ty: Type::Message(96),
+                ty: Type::Message(102),
                 repeated: false,
             },
             Field {
@@ -1601,7 +1811,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "lastObservedTime",
-                ty: Type::Message(181),
+                ty: Type::Message(187),
                 repeated: false,
             },
         ],
@@ -1685,7 +1895,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "secretRef",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -1866,7 +2076,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "port",
-                ty: Type::Message(185),
+                ty: Type::Message(191),
                 repeated: false,
             },
             Field {
@@ -1884,7 +2094,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "httpHeaders",
-                ty: Type::Message(63),
+                ty: Type::Message(69),
                 repeated: true,
             },
         ],
@@ -1977,7 +2187,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "secretRef",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -2023,13 +2233,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "postStart",
-                ty: Type::Message(68),
+                ty: Type::Message(74),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "preStop",
-                ty: Type::Message(68),
+                ty: Type::Message(74),
                 repeated: false,
             },
             Field {
@@ -2046,25 +2256,25 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "exec",
-                ty: Type::Message(51),
+                ty: Type::Message(57),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "httpGet",
-                ty: Type::Message(62),
+                ty: Type::Message(68),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "tcpSocket",
-                ty: Type::Message(153),
+                ty: Type::Message(159),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "sleep",
-                ty: Type::Message(149),
+                ty: Type::Message(155),
                 repeated: false,
             },
         ],
@@ -2116,7 +2326,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "ports",
-                ty: Type::Message(118),
+                ty: Type::Message(124),
                 repeated: true,
             },
         ],
@@ -2126,7 +2336,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "ingress",
-            ty: Type::Message(70),
+            ty: Type::Message(76),
             repeated: true,
         }],
     },
@@ -2145,19 +2355,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(75),
+                ty: Type::Message(81),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(76),
+                ty: Type::Message(82),
                 repeated: false,
             },
         ],
@@ -2180,7 +2390,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -2218,7 +2428,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(74),
+                ty: Type::Message(80),
                 repeated: true,
             },
         ],
@@ -2252,19 +2462,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(91),
+                ty: Type::Message(97),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(92),
+                ty: Type::Message(98),
                 repeated: false,
             },
         ],
@@ -2292,13 +2502,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "requiredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(88),
+                ty: Type::Message(94),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "preferredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(120),
+                ty: Type::Message(126),
                 repeated: true,
             },
         ],
@@ -2321,13 +2531,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastHeartbeatTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -2349,7 +2559,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 2,
             json: "configMap",
-            ty: Type::Message(20),
+            ty: Type::Message(26),
             repeated: false,
         }],
     },
@@ -2359,19 +2569,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "assigned",
-                ty: Type::Message(82),
+                ty: Type::Message(88),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "active",
-                ty: Type::Message(82),
+                ty: Type::Message(88),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "lastKnownGood",
-                ty: Type::Message(82),
+                ty: Type::Message(88),
                 repeated: false,
             },
             Field {
@@ -2387,7 +2597,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "kubeletEndpoint",
-            ty: Type::Message(33),
+            ty: Type::Message(39),
             repeated: false,
         }],
     },
@@ -2412,7 +2622,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "features",
-                ty: Type::Message(87),
+                ty: Type::Message(93),
                 repeated: false,
             },
         ],
@@ -2439,7 +2649,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "nodeSelectorTerms",
-            ty: Type::Message(90),
+            ty: Type::Message(96),
             repeated: true,
         }],
     },
@@ -2472,13 +2682,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "matchExpressions",
-                ty: Type::Message(89),
+                ty: Type::Message(95),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "matchFields",
-                ty: Type::Message(89),
+                ty: Type::Message(95),
                 repeated: true,
             },
         ],
@@ -2513,13 +2723,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "taints",
-                ty: Type::Message(152),
+                ty: Type::Message(158),
                 repeated: true,
             },
             Field {
                 tag: 6,
                 json: "configSource",
-                ty: Type::Message(82),
+                ty: Type::Message(88),
                 repeated: false,
             },
             Field {
@@ -2536,13 +2746,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "capacity",
-                ty: Type::MapOf(175),
+                ty: Type::MapOf(181),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "allocatable",
-                ty: Type::MapOf(175),
+                ty: Type::MapOf(181),
                 repeated: false,
             },
             Field {
@@ -2554,31 +2764,31 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "conditions",
-                ty: Type::Message(81),
+                ty: Type::Message(87),
                 repeated: true,
             },
             Field {
                 tag: 5,
                 json: "addresses",
-                ty: Type::Message(79),
+                ty: Type::Message(85),
                 repeated: true,
             },
             Field {
                 tag: 6,
                 json: "daemonEndpoints",
-                ty: Type::Message(84),
+                ty: Type::Message(90),
                 repeated: false,
             },
             Field {
                 tag: 7,
                 json: "nodeInfo",
-                ty: Type::Message(94),
+                ty: Type::Message(100),
                 repeated: false,
             },
             Field {
                 tag: 8,
                 json: "images",
-                ty: Type::Message(24),
+                ty: Type::Message(30),
                 repeated: true,
             },
             Field {
@@ -2590,25 +2800,25 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "volumesAttached",
-                ty: Type::Message(8),
+                ty: Type::Message(14),
                 repeated: true,
             },
             Field {
                 tag: 11,
                 json: "config",
-                ty: Type::Message(83),
+                ty: Type::Message(89),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "runtimeHandlers",
-                ty: Type::Message(86),
+                ty: Type::Message(92),
                 repeated: true,
             },
             Field {
                 tag: 13,
                 json: "features",
-                ty: Type::Message(85),
+                ty: Type::Message(91),
                 repeated: false,
             },
         ],
@@ -2688,7 +2898,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 11,
                 json: "swap",
-                ty: Type::Message(93),
+                ty: Type::Message(99),
                 repeated: false,
             },
         ],
@@ -2769,7 +2979,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "resources",
-                ty: Type::Message(163),
+                ty: Type::Message(169),
                 repeated: false,
             },
             Field {
@@ -2781,7 +2991,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "selector",
-                ty: Type::Message(178),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -2799,13 +3009,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "dataSource",
-                ty: Type::Message(156),
+                ty: Type::Message(162),
                 repeated: false,
             },
             Field {
                 tag: 8,
                 json: "dataSourceRef",
-                ty: Type::Message(157),
+                ty: Type::Message(163),
                 repeated: false,
             },
             Field {
@@ -2822,13 +3032,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(97),
+                ty: Type::Message(103),
                 repeated: false,
             },
         ],
@@ -2873,19 +3083,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(115),
+                ty: Type::Message(121),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(116),
+                ty: Type::Message(122),
                 repeated: false,
             },
         ],
@@ -2896,13 +3106,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "requiredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(103),
+                ty: Type::Message(109),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "preferredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(166),
+                ty: Type::Message(172),
                 repeated: true,
             },
         ],
@@ -2913,7 +3123,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "labelSelector",
-                ty: Type::Message(178),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -2931,7 +3141,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "namespaceSelector",
-                ty: Type::Message(178),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -2954,13 +3164,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "requiredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(103),
+                ty: Type::Message(109),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "preferredDuringSchedulingIgnoredDuringExecution",
-                ty: Type::Message(166),
+                ty: Type::Message(172),
                 repeated: true,
             },
         ],
@@ -2983,13 +3193,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastProbeTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -3030,7 +3240,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "options",
-                ty: Type::Message(107),
+                ty: Type::Message(113),
                 repeated: true,
             },
         ],
@@ -3134,7 +3344,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "seLinuxOptions",
-                ty: Type::Message(136),
+                ty: Type::Message(142),
                 repeated: false,
             },
             Field {
@@ -3170,13 +3380,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "sysctls",
-                ty: Type::Message(151),
+                ty: Type::Message(157),
                 repeated: true,
             },
             Field {
                 tag: 8,
                 json: "windowsOptions",
-                ty: Type::Message(167),
+                ty: Type::Message(173),
                 repeated: false,
             },
             Field {
@@ -3188,13 +3398,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "seccompProfile",
-                ty: Type::Message(137),
+                ty: Type::Message(143),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "appArmorProfile",
-                ty: Type::Message(7),
+                ty: Type::Message(13),
                 repeated: false,
             },
             Field {
@@ -3217,13 +3427,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "volumes",
-                ty: Type::Message(158),
+                ty: Type::Message(164),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "containers",
-                ty: Type::Message(23),
+                ty: Type::Message(29),
                 repeated: true,
             },
             Field {
@@ -3295,13 +3505,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 14,
                 json: "securityContext",
-                ty: Type::Message(114),
+                ty: Type::Message(120),
                 repeated: false,
             },
             Field {
                 tag: 15,
                 json: "imagePullSecrets",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: true,
             },
             Field {
@@ -3319,7 +3529,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 18,
                 json: "affinity",
-                ty: Type::Message(6),
+                ty: Type::Message(12),
                 repeated: false,
             },
             Field {
@@ -3331,7 +3541,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 20,
                 json: "initContainers",
-                ty: Type::Message(23),
+                ty: Type::Message(29),
                 repeated: true,
             },
             Field {
@@ -3343,13 +3553,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 22,
                 json: "tolerations",
-                ty: Type::Message(154),
+                ty: Type::Message(160),
                 repeated: true,
             },
             Field {
                 tag: 23,
                 json: "hostAliases",
-                ty: Type::Message(59),
+                ty: Type::Message(65),
                 repeated: true,
             },
             Field {
@@ -3367,7 +3577,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 26,
                 json: "dnsConfig",
-                ty: Type::Message(106),
+                ty: Type::Message(112),
                 repeated: false,
             },
             Field {
@@ -3379,7 +3589,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 28,
                 json: "readinessGates",
-                ty: Type::Message(110),
+                ty: Type::Message(116),
                 repeated: true,
             },
             Field {
@@ -3403,19 +3613,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 32,
                 json: "overhead",
-                ty: Type::MapOf(175),
+                ty: Type::MapOf(181),
                 repeated: false,
             },
             Field {
                 tag: 33,
                 json: "topologySpreadConstraints",
-                ty: Type::Message(155),
+                ty: Type::Message(161),
                 repeated: true,
             },
             Field {
                 tag: 34,
                 json: "ephemeralContainers",
-                ty: Type::Message(45),
+                ty: Type::Message(51),
                 repeated: true,
             },
             Field {
@@ -3427,7 +3637,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 36,
                 json: "os",
-                ty: Type::Message(109),
+                ty: Type::Message(115),
                 repeated: false,
             },
             Field {
@@ -3439,19 +3649,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 38,
                 json: "schedulingGates",
-                ty: Type::Message(113),
+                ty: Type::Message(119),
                 repeated: true,
             },
             Field {
                 tag: 39,
                 json: "resourceClaims",
-                ty: Type::Message(111),
+                ty: Type::Message(117),
                 repeated: true,
             },
             Field {
                 tag: 40,
                 json: "resources",
-                ty: Type::Message(133),
+                ty: Type::Message(139),
                 repeated: false,
             },
         ],
@@ -3468,7 +3678,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(105),
+                ty: Type::Message(111),
                 repeated: true,
             },
             Field {
@@ -3498,13 +3708,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "startTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
                 tag: 8,
                 json: "containerStatuses",
-                ty: Type::Message(31),
+                ty: Type::Message(37),
                 repeated: true,
             },
             Field {
@@ -3516,7 +3726,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "initContainerStatuses",
-                ty: Type::Message(31),
+                ty: Type::Message(37),
                 repeated: true,
             },
             Field {
@@ -3528,13 +3738,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 12,
                 json: "podIPs",
-                ty: Type::Message(108),
+                ty: Type::Message(114),
                 repeated: true,
             },
             Field {
                 tag: 13,
                 json: "ephemeralContainerStatuses",
-                ty: Type::Message(31),
+                ty: Type::Message(37),
                 repeated: true,
             },
             Field {
@@ -3546,13 +3756,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 15,
                 json: "resourceClaimStatuses",
-                ty: Type::Message(112),
+                ty: Type::Message(118),
                 repeated: true,
             },
             Field {
                 tag: 16,
                 json: "hostIPs",
-                ty: Type::Message(60),
+                ty: Type::Message(66),
                 repeated: true,
             },
             Field {
@@ -3564,7 +3774,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 20,
                 json: "",
-                ty: Type::Message(133),
+                ty: Type::Message(139),
                 repeated: false,
             },
         ],
@@ -3575,13 +3785,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(115),
+                ty: Type::Message(121),
                 repeated: false,
             },
         ],
@@ -3644,7 +3854,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "preference",
-                ty: Type::Message(90),
+                ty: Type::Message(96),
                 repeated: false,
             },
         ],
@@ -3655,7 +3865,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(122),
+                ty: Type::Message(128),
                 repeated: false,
             },
             Field {
@@ -3702,25 +3912,25 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "exec",
-                ty: Type::Message(51),
+                ty: Type::Message(57),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "httpGet",
-                ty: Type::Message(62),
+                ty: Type::Message(68),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "tcpSocket",
-                ty: Type::Message(153),
+                ty: Type::Message(159),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "grpc",
-                ty: Type::Message(58),
+                ty: Type::Message(64),
                 repeated: false,
             },
         ],
@@ -3731,7 +3941,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "sources",
-                ty: Type::Message(162),
+                ty: Type::Message(168),
                 repeated: true,
             },
             Field {
@@ -3825,7 +4035,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "secretRef",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -3842,19 +4052,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(128),
+                ty: Type::Message(134),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(129),
+                ty: Type::Message(135),
                 repeated: false,
             },
         ],
@@ -3877,7 +4087,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -3912,7 +4122,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "template",
-                ty: Type::Message(117),
+                ty: Type::Message(123),
                 repeated: false,
             },
             Field {
@@ -3959,7 +4169,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "conditions",
-                ty: Type::Message(127),
+                ty: Type::Message(133),
                 repeated: true,
             },
         ],
@@ -3999,7 +4209,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "divisor",
-                ty: Type::Message(175),
+                ty: Type::Message(181),
                 repeated: false,
             },
         ],
@@ -4027,19 +4237,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "limits",
-                ty: Type::MapOf(175),
+                ty: Type::MapOf(181),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "requests",
-                ty: Type::MapOf(175),
+                ty: Type::MapOf(181),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "claims",
-                ty: Type::Message(130),
+                ty: Type::Message(136),
                 repeated: true,
             },
         ],
@@ -4056,7 +4266,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "resources",
-                ty: Type::Message(132),
+                ty: Type::Message(138),
                 repeated: true,
             },
         ],
@@ -4079,7 +4289,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "secretRef",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -4178,7 +4388,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -4195,7 +4405,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
@@ -4218,13 +4428,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "items",
-                ty: Type::Message(66),
+                ty: Type::Message(72),
                 repeated: true,
             },
             Field {
@@ -4247,7 +4457,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "items",
-                ty: Type::Message(66),
+                ty: Type::Message(72),
                 repeated: true,
             },
             Field {
@@ -4270,7 +4480,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "capabilities",
-                ty: Type::Message(13),
+                ty: Type::Message(19),
                 repeated: false,
             },
             Field {
@@ -4282,7 +4492,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "seLinuxOptions",
-                ty: Type::Message(136),
+                ty: Type::Message(142),
                 repeated: false,
             },
             Field {
@@ -4324,19 +4534,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "windowsOptions",
-                ty: Type::Message(167),
+                ty: Type::Message(173),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "seccompProfile",
-                ty: Type::Message(137),
+                ty: Type::Message(143),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "appArmorProfile",
-                ty: Type::Message(7),
+                ty: Type::Message(13),
                 repeated: false,
             },
         ],
@@ -4347,19 +4557,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(146),
+                ty: Type::Message(152),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(147),
+                ty: Type::Message(153),
                 repeated: false,
             },
         ],
@@ -4411,7 +4621,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "targetPort",
-                ty: Type::Message(185),
+                ty: Type::Message(191),
                 repeated: false,
             },
             Field {
@@ -4434,7 +4644,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "ports",
-                ty: Type::Message(145),
+                ty: Type::Message(151),
                 repeated: true,
             },
             Field {
@@ -4506,7 +4716,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 14,
                 json: "sessionAffinityConfig",
-                ty: Type::Message(148),
+                ty: Type::Message(154),
                 repeated: false,
             },
             Field {
@@ -4559,13 +4769,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "loadBalancer",
-                ty: Type::Message(71),
+                ty: Type::Message(77),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(176),
+                ty: Type::Message(182),
                 repeated: true,
             },
         ],
@@ -4575,7 +4785,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "clientIP",
-            ty: Type::Message(16),
+            ty: Type::Message(22),
             repeated: false,
         }],
     },
@@ -4618,7 +4828,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "secretRef",
-                ty: Type::Message(72),
+                ty: Type::Message(78),
                 repeated: false,
             },
         ],
@@ -4664,7 +4874,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "timeAdded",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
         ],
@@ -4675,7 +4885,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "port",
-                ty: Type::Message(185),
+                ty: Type::Message(191),
                 repeated: false,
             },
             Field {
@@ -4745,7 +4955,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "labelSelector",
-                ty: Type::Message(178),
+                ty: Type::Message(184),
                 repeated: false,
             },
             Field {
@@ -4838,7 +5048,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "",
-                ty: Type::Message(164),
+                ty: Type::Message(170),
                 repeated: false,
             },
         ],
@@ -4942,31 +5152,31 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "secret",
-                ty: Type::Message(140),
+                ty: Type::Message(146),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "downwardAPI",
-                ty: Type::Message(34),
+                ty: Type::Message(40),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "configMap",
-                ty: Type::Message(21),
+                ty: Type::Message(27),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "serviceAccountToken",
-                ty: Type::Message(144),
+                ty: Type::Message(150),
                 repeated: false,
             },
             Field {
                 tag: 5,
                 json: "clusterTrustBundle",
-                ty: Type::Message(17),
+                ty: Type::Message(23),
                 repeated: false,
             },
         ],
@@ -4977,13 +5187,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "limits",
-                ty: Type::MapOf(175),
+                ty: Type::MapOf(181),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "requests",
-                ty: Type::MapOf(175),
+                ty: Type::MapOf(181),
                 repeated: false,
             },
         ],
@@ -4994,181 +5204,181 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "hostPath",
-                ty: Type::Message(61),
+                ty: Type::Message(67),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "emptyDir",
-                ty: Type::Message(37),
+                ty: Type::Message(43),
                 repeated: false,
             },
             Field {
                 tag: 3,
                 json: "gcePersistentDisk",
-                ty: Type::Message(55),
+                ty: Type::Message(61),
                 repeated: false,
             },
             Field {
                 tag: 4,
                 json: "awsElasticBlockStore",
-                ty: Type::Message(9),
+                ty: Type::Message(15),
                 repeated: false,
             },
             Field {
                 tag: 5,
                 json: "gitRepo",
-                ty: Type::Message(56),
+                ty: Type::Message(62),
                 repeated: false,
             },
             Field {
                 tag: 6,
                 json: "secret",
-                ty: Type::Message(141),
+                ty: Type::Message(147),
                 repeated: false,
             },
             Field {
                 tag: 7,
                 json: "nfs",
-                ty: Type::Message(77),
+                ty: Type::Message(83),
                 repeated: false,
             },
             Field {
                 tag: 8,
                 json: "iscsi",
-                ty: Type::Message(65),
+                ty: Type::Message(71),
                 repeated: false,
             },
             Field {
                 tag: 9,
                 json: "glusterfs",
-                ty: Type::Message(57),
+                ty: Type::Message(63),
                 repeated: false,
             },
             Field {
                 tag: 10,
                 json: "persistentVolumeClaim",
-                ty: Type::Message(99),
+                ty: Type::Message(105),
                 repeated: false,
             },
             Field {
                 tag: 11,
                 json: "rbd",
-                ty: Type::Message(125),
+                ty: Type::Message(131),
                 repeated: false,
             },
             Field {
                 tag: 12,
                 json: "flexVolume",
-                ty: Type::Message(53),
+                ty: Type::Message(59),
                 repeated: false,
             },
             Field {
                 tag: 13,
                 json: "cinder",
-                ty: Type::Message(15),
+                ty: Type::Message(21),
                 repeated: false,
             },
             Field {
                 tag: 14,
                 json: "cephfs",
-                ty: Type::Message(14),
+                ty: Type::Message(20),
                 repeated: false,
             },
             Field {
                 tag: 15,
                 json: "flocker",
-                ty: Type::Message(54),
+                ty: Type::Message(60),
                 repeated: false,
             },
             Field {
                 tag: 16,
                 json: "downwardAPI",
-                ty: Type::Message(36),
+                ty: Type::Message(42),
                 repeated: false,
             },
             Field {
                 tag: 17,
                 json: "fc",
-                ty: Type::Message(52),
+                ty: Type::Message(58),
                 repeated: false,
             },
             Field {
                 tag: 18,
                 json: "azureFile",
-                ty: Type::Message(11),
+                ty: Type::Message(17),
                 repeated: false,
             },
             Field {
                 tag: 19,
                 json: "configMap",
-                ty: Type::Message(22),
+                ty: Type::Message(28),
                 repeated: false,
             },
             Field {
                 tag: 20,
                 json: "vsphereVolume",
-                ty: Type::Message(165),
+                ty: Type::Message(171),
                 repeated: false,
             },
             Field {
                 tag: 21,
                 json: "quobyte",
-                ty: Type::Message(124),
+                ty: Type::Message(130),
                 repeated: false,
             },
             Field {
                 tag: 22,
                 json: "azureDisk",
-                ty: Type::Message(10),
+                ty: Type::Message(16),
                 repeated: false,
             },
             Field {
                 tag: 23,
                 json: "photonPersistentDisk",
-                ty: Type::Message(100),
+                ty: Type::Message(106),
                 repeated: false,
             },
             Field {
                 tag: 24,
                 json: "portworxVolume",
-                ty: Type::Message(119),
+                ty: Type::Message(125),
                 repeated: false,
             },
             Field {
                 tag: 25,
                 json: "scaleIO",
-                ty: Type::Message(135),
+                ty: Type::Message(141),
                 repeated: false,
             },
             Field {
                 tag: 26,
                 json: "projected",
-                ty: Type::Message(123),
+                ty: Type::Message(129),
                 repeated: false,
             },
             Field {
                 tag: 27,
                 json: "storageos",
-                ty: Type::Message(150),
+                ty: Type::Message(156),
                 repeated: false,
             },
             Field {
                 tag: 28,
                 json: "csi",
-                ty: Type::Message(12),
+                ty: Type::Message(18),
                 repeated: false,
             },
             Field {
                 tag: 29,
                 json: "ephemeral",
-                ty: Type::Message(47),
+                ty: Type::Message(53),
                 repeated: false,
             },
             Field {
                 tag: 30,
                 json: "image",
-                ty: Type::Message(64),
+                ty: Type::Message(70),
                 repeated: false,
             },
         ],
@@ -5214,7 +5424,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "podAffinityTerm",
-                ty: Type::Message(103),
+                ty: Type::Message(109),
                 repeated: false,
             },
         ],
@@ -5260,7 +5470,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(169),
+                ty: Type::Message(175),
                 repeated: false,
             },
             Field {
@@ -5272,7 +5482,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "targetRef",
-                ty: Type::Message(96),
+                ty: Type::Message(102),
                 repeated: false,
             },
             Field {
@@ -5296,7 +5506,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 8,
                 json: "hints",
-                ty: Type::Message(170),
+                ty: Type::Message(176),
                 repeated: false,
             },
         ],
@@ -5330,13 +5540,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "forZones",
-                ty: Type::Message(174),
+                ty: Type::Message(180),
                 repeated: true,
             },
             Field {
                 tag: 2,
                 json: "forNodes",
-                ty: Type::Message(173),
+                ty: Type::Message(179),
                 repeated: true,
             },
         ],
@@ -5376,19 +5586,19 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(182),
+                ty: Type::Message(188),
                 repeated: false,
             },
             Field {
                 tag: 2,
                 json: "endpoints",
-                ty: Type::Message(168),
+                ty: Type::Message(174),
                 repeated: true,
             },
             Field {
                 tag: 3,
                 json: "ports",
-                ty: Type::Message(171),
+                ty: Type::Message(177),
                 repeated: true,
             },
             Field {
@@ -5445,7 +5655,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -5478,7 +5688,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "matchExpressions",
-                ty: Type::Message(179),
+                ty: Type::Message(185),
                 repeated: true,
             },
         ],
@@ -5530,7 +5740,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "time",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -5542,7 +5752,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "fieldsV1",
-                ty: Type::Message(177),
+                ty: Type::Message(183),
                 repeated: false,
             },
             Field {
@@ -5605,13 +5815,13 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 8,
                 json: "creationTimestamp",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
                 tag: 9,
                 json: "deletionTimestamp",
-                ty: Type::Message(184),
+                ty: Type::Message(190),
                 repeated: false,
             },
             Field {
@@ -5635,7 +5845,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 13,
                 json: "ownerReferences",
-                ty: Type::Message(183),
+                ty: Type::Message(189),
                 repeated: true,
             },
             Field {
@@ -5647,7 +5857,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 17,
                 json: "managedFields",
-                ty: Type::Message(180),
+                ty: Type::Message(186),
                 repeated: true,
             },
         ],
@@ -5716,14 +5926,15 @@ pub(super) static MESSAGES: &[Message] = &[
 
 /// The served kinds' messages (index into [`MESSAGES`]), by OpenAPI name.
 pub(super) static KINDS: &[(&str, usize)] = &[
-    ("io.k8s.api.core.v1.Namespace", 73),
-    ("io.k8s.api.core.v1.Pod", 101),
-    ("io.k8s.api.core.v1.Service", 143),
-    ("io.k8s.api.core.v1.Endpoints", 41),
-    ("io.k8s.api.core.v1.ReplicationController", 126),
-    ("io.k8s.api.core.v1.Node", 78),
-    ("io.k8s.api.core.v1.Event", 48),
-    ("io.k8s.api.discovery.v1.EndpointSlice", 172),
-    ("io.k8s.api.coordination.v1.Lease", 4),
-    ("io.k8s.api.apps.v1.ReplicaSet", 0),
+    ("io.k8s.api.core.v1.Namespace", 79),
+    ("io.k8s.api.core.v1.Pod", 107),
+    ("io.k8s.api.core.v1.Service", 149),
+    ("io.k8s.api.core.v1.Endpoints", 47),
+    ("io.k8s.api.core.v1.ReplicationController", 132),
+    ("io.k8s.api.core.v1.Node", 84),
+    ("io.k8s.api.core.v1.Event", 54),
+    ("io.k8s.api.discovery.v1.EndpointSlice", 178),
+    ("io.k8s.api.coordination.v1.Lease", 10),
+    ("io.k8s.api.apps.v1.ReplicaSet", 5),
+    ("io.k8s.api.apps.v1.Deployment", 0),
 ];

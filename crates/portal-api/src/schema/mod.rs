@@ -78,6 +78,22 @@ pub struct Subresource {
     pub group_version: Option<(&'static str, &'static str)>,
 }
 
+/// What `metadata.generation` of a kind's objects counts: changes of the
+/// desired state, which its controller reports having seen in
+/// `status.observedGeneration`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Generation {
+    /// No generation (kinds without a controller acting on a spec).
+    Untracked,
+    /// Changes of `spec`.
+    Spec,
+    /// Changes of `spec` or of `metadata.annotations`: the annotations are
+    /// part of the desired state, and the controller reports through the
+    /// `status` subresource with annotations of its own (Deployments: the
+    /// `deployment.kubernetes.io/revision` annotation).
+    SpecAndAnnotations,
+}
+
 /// The OpenAPI schema of a kind, its definitions added to the generator.
 pub type OpenApiSchema = fn(&mut schemars::SchemaGenerator) -> schemars::Schema;
 
@@ -116,8 +132,8 @@ pub struct Resource {
     pub prepare_create: fn(&mut Value),
     /// Top-level fields an ordinary update may not change (server-owned).
     pub kept_on_update: &'static [&'static str],
-    /// `metadata.generation` counts spec changes.
-    pub tracks_generation: bool,
+    /// What `metadata.generation` counts.
+    pub generation: Generation,
     /// A PUT of an object that does not exist creates it.
     pub create_on_update: bool,
     /// Field-selector fields beyond `metadata.name` and

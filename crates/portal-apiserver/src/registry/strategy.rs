@@ -1,6 +1,7 @@
 //! What the server itself sets on objects, per kind: system metadata on
 //! create, the spec/status split on update, generation tracking.
 
+use portal_api::schema::Generation;
 use portal_api::{meta, Resource};
 use serde_json::{json, Value};
 
@@ -33,7 +34,7 @@ pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace:
         }
         _ => metadata.remove("namespace"),
     };
-    if resource.tracks_generation {
+    if resource.generation != Generation::Untracked {
         metadata.insert("generation".into(), json!(1));
     } else {
         metadata.remove("generation");
@@ -83,10 +84,19 @@ pub(crate) fn prepare_update(resource: &Resource, new: &mut Value, old: &Value, 
     }
     if part == Part::Status {
         let status = new.get("status").cloned();
+        let annotations = meta::metadata(new).get("annotations").cloned();
         *new = old.clone();
         match status {
             Some(status) => new["status"] = status,
             None => drop(new.as_object_mut().map(|o| o.remove("status"))),
+        }
+        // The controller's own annotations travel with its report.
+        if resource.generation == Generation::SpecAndAnnotations {
+            let metadata = meta::metadata_mut(new);
+            match annotations {
+                Some(annotations) => metadata.insert("annotations".into(), annotations),
+                None => metadata.remove("annotations"),
+            };
         }
         return;
     }
@@ -113,7 +123,15 @@ pub(crate) fn prepare_update(resource: &Resource, new: &mut Value, old: &Value, 
         };
     }
     metadata.remove("resourceVersion");
-    if resource.tracks_generation && new.get("spec") != old.get("spec") {
+    let changed = match resource.generation {
+        Generation::Untracked => false,
+        Generation::Spec => new.get("spec") != old.get("spec"),
+        Generation::SpecAndAnnotations => {
+            new.get("spec") != old.get("spec")
+                || annotations_of(meta::metadata(new)) != annotations_of(&old_meta)
+        }
+    };
+    if changed {
         let generation = old_meta
             .get("generation")
             .and_then(Value::as_i64)
@@ -138,6 +156,13 @@ pub(crate) fn unchanged(new: &Value, old: &Value) -> bool {
         v
     };
     strip(new) == strip(old)
+}
+
+/// The annotations, none and `{}` alike (as Kubernetes' semantic equality).
+fn annotations_of(metadata: &serde_json::Map<String, Value>) -> Option<&Value> {
+    metadata
+        .get("annotations")
+        .filter(|a| a.as_object().is_some_and(|a| !a.is_empty()))
 }
 
 #[cfg(test)]

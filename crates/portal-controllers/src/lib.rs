@@ -2,10 +2,11 @@
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController and ReplicaSet
-//! controller, node IPAM (pod ranges), node lifecycle (unreachable nodes,
+//! controller, the Deployment controller, node IPAM (pod ranges), node lifecycle (unreachable nodes,
 //! taint-based eviction), the scheduler, the load-balancer provider, the
 //! garbage collector and namespace termination.
 
+pub mod deployment;
 pub mod endpoints;
 pub mod events;
 pub mod garbage_collector;
@@ -169,6 +170,7 @@ pub async fn run(client: Client, config: Config) {
         pods.store(),
         pods.subscribe(),
     );
+    let deployments = deployment::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
     tokio::join!(
         pods.run(),
@@ -176,6 +178,7 @@ pub async fn run(client: Client, config: Config) {
         mirroring::run(client.clone()),
         replication,
         replica_sets,
+        deployments,
         node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
         scheduler,

@@ -21,7 +21,11 @@ pub fn reflector(client: Client) -> SharedReflector<Pod> {
 pub fn project(pod: &mut Pod) {
     let metadata = &mut pod.metadata;
     metadata.managed_fields = None;
-    metadata.annotations = None;
+    // Only the deletion cost, which orders a ReplicaSet's scale-down.
+    metadata.annotations = metadata.annotations.take().and_then(|mut all| {
+        let cost = all.remove(crate::replication::DELETION_COST)?;
+        Some([(crate::replication::DELETION_COST.to_owned(), cost)].into())
+    });
     if let Some(spec) = pod.spec.take() {
         pod.spec = Some(PodSpec {
             node_name: spec.node_name,

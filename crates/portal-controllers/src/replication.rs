@@ -290,29 +290,33 @@ fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
         .find(|o| o.controller == Some(true))
 }
 
-/// Adopts an orphan (adds this RC as its controller) or releases a pod that
-/// no longer matches (removes this RC from its owners), as Kubernetes'
-/// controller reference manager does.
-async fn set_controller(
-    api: &Api<Pod>,
-    pod: &Pod,
+/// Adopts an orphan (adds the owner `uid` as its controller) or releases
+/// an object that no longer matches (removes `uid` from its owners), as
+/// Kubernetes' controller reference manager does: pods of ReplicaSets,
+/// ReplicaSets of Deployments.
+pub(crate) async fn set_controller<K>(
+    api: &Api<K>,
+    object: &K,
     owner: Option<&OwnerReference>,
     uid: &str,
-) -> Result<(), Error> {
-    let mut owners: Vec<OwnerReference> = pod
+) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let mut owners: Vec<OwnerReference> = object
         .owner_references()
         .iter()
         .filter(|o| o.uid != uid)
         .cloned()
         .collect();
     owners.extend(owner.cloned());
-    // The pod's uid makes the patch fail if the pod was replaced meanwhile.
+    // The object's uid makes the patch fail if it was replaced meanwhile.
     let patch = serde_json::json!({
-        "metadata": {"ownerReferences": owners, "uid": pod.metadata.uid}
+        "metadata": {"ownerReferences": owners, "uid": object.meta().uid}
     });
     match api
         .patch(
-            &pod.name_any(),
+            &object.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
         )
@@ -379,7 +383,7 @@ fn owned_by(pod: &Pod, uid: &str) -> bool {
 }
 
 /// The annotation that makes a pod cheaper (lower) or dearer to delete.
-const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+pub(crate) const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 fn phase_order(pod: &Pod) -> u8 {
     match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {

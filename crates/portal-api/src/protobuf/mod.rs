@@ -283,7 +283,12 @@ fn special(name: &str, bytes: &[u8]) -> Result<Option<Value>, String> {
         "io.k8s.apimachinery.pkg.apis.meta.v1.Time"
         | "io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime" => {
             let (mut seconds, mut nanos) = (0i64, 0i32);
-            for (tag, wire) in fields()? {
+            let fields = fields()?;
+            // Go writes a zero time as an empty message; its JSON is null.
+            if fields.is_empty() {
+                return Ok(Some(Value::Null));
+            }
+            for (tag, wire) in fields {
                 match (tag, wire) {
                     (1, Wire::Varint(v)) => seconds = v as i64,
                     (2, Wire::Varint(v)) => nanos = v as i64 as i32,

@@ -1,0 +1,332 @@
+"""Deployments (`apps/v1`, issue 27) on a real node: the reference Services
+tutorial as written (its `my-nginx` Deployment, `expose`, `scale 0 → 2`),
+rolling updates under load that lose no request, `kubectl rollout
+status|history|undo|pause|resume|restart`, `set image`, a progress deadline
+that a bad image runs into, Recreate, and cascading deletion — each
+leaving nothing behind on the node."""
+
+import threading
+import time
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from support import agent_bed, registry
+from support.agent_bed import NS, AgentNode, web_image
+from support.kubectl import Kubectl
+from support.waiting import wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
+
+
+def nginx_image(node):
+    """`nginx` as the tutorial names it (Docker Hub's `library/nginx`,
+    served by the test registry as the node's mirror): a busybox httpd on
+    port 80 serving its name and environment."""
+    script = (
+        b"#!/bin/sh\n"
+        b"mkdir -p /var/www\n"
+        b"hostname > /var/www/index.html\n"
+        b"exec httpd -f -p 80 -h /var/www\n"
+    )
+    registry.push_busybox(node.registry, "library/nginx", "latest", cmd=["/bin/serve"], files={"bin/serve": script})
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with AgentNode(tmp_path_factory.mktemp("deployments")) as node:
+        nginx_image(node)
+        registry.push_busybox(node.registry, "library/busybox", "1.36")
+        node.v1 = web_image(node, "web", "1")
+        node.v2 = web_image(node, "web", "2")
+        node.apps = client.AppsV1Api(node.portal.api_client())
+        yield node
+
+
+@pytest.fixture
+def kubectl(node, tmp_path):
+    return Kubectl("kubectl", node.portal, tmp_path)
+
+
+def pods_of(node, selector):
+    return [p for p in node.core.list_namespaced_pod(NS, label_selector=selector).items if p.metadata.deletion_timestamp is None]
+
+
+def ready(pod):
+    statuses = pod.status.container_statuses or []
+    return pod.status.phase == "Running" and statuses and all(s.ready for s in statuses)
+
+
+def all_gone(node, selector):
+    """No pod of the selector exists any more and the node keeps nothing of
+    them (processes, mounts, namespaces, cgroups, links)."""
+    return not node.core.list_namespaced_pod(NS, label_selector=selector).items and not any(node.leftovers().values())
+
+
+TUTORIAL = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: my-nginx
+spec:
+  selector:
+    matchLabels:
+      run: my-nginx
+  replicas: 2
+  template:
+    metadata:
+      labels:
+        run: my-nginx
+    spec:
+      containers:
+      - name: my-nginx
+        image: nginx
+        ports:
+        - containerPort: 80
+"""
+
+
+def test_the_services_tutorial(node, kubectl):
+    """`services-tutorial.txt` from its first command: the Deployment, its
+    pods (`<deployment>-<hash>-<5>`), `expose`, the Service's variables in
+    pods made after it (`scale 0 → 2`), reached by name."""
+    assert "deployment.apps/my-nginx created" in kubectl.apply(TUTORIAL)
+    pods = wait_for(lambda: (p := pods_of(node, "run=my-nginx")) and len(p) == 2 and all(ready(x) for x in p) and p, "2 my-nginx pods running", 90)
+    rs = node.apps.list_namespaced_replica_set(NS, label_selector="run=my-nginx").items
+    assert len(rs) == 1
+    hash_ = rs[0].metadata.labels["pod-template-hash"]
+    assert rs[0].metadata.name == f"my-nginx-{hash_}"
+    for pod in pods:
+        prefix, suffix = pod.metadata.name.rsplit("-", 1)
+        assert prefix == f"my-nginx-{hash_}" and len(suffix) == 5, pod.metadata.name
+        assert pod.metadata.labels["pod-template-hash"] == hash_
+    out = kubectl.out("get", "pods", "-l", "run=my-nginx", "-o", "wide")
+    assert all(p.metadata.name in out for p in pods)
+    line = wait_for(lambda: (l := kubectl.out("get", "deployment", "my-nginx").splitlines()[1]) and l.split()[1:4] == ["2/2", "2", "2"] and l, "READY 2/2")
+    assert line.split()[0] == "my-nginx"
+
+    assert "service/my-nginx exposed" in kubectl.out("expose", "deployment/my-nginx")
+    service = node.core.read_namespaced_service("my-nginx", NS)
+    assert service.spec.selector == {"run": "my-nginx"} and service.spec.ports[0].port == 80
+    ips = sorted(p.status.pod_ip for p in pods)
+    wait_for(lambda: f"{ips[0]}:80" in kubectl.out("describe", "svc", "my-nginx"), "the endpoints in describe")
+
+    # Pods made before the Service do not have its variables; after a
+    # scale to zero and back, the new ones do (`env`: the test busybox
+    # has no `printenv` applet).
+    env = kubectl.out("exec", pods[0].metadata.name, "--", "env")
+    assert "MY_NGINX_SERVICE_HOST" not in env
+    kubectl.out("scale", "deployment", "my-nginx", "--replicas=0")
+    wait_for(lambda: not pods_of(node, "run=my-nginx"), "the pods to go")
+    kubectl.out("scale", "deployment", "my-nginx", "--replicas=2")
+    pods = wait_for(lambda: (p := pods_of(node, "run=my-nginx")) and len(p) == 2 and all(ready(x) for x in p) and p, "2 new pods running", 90)
+    env = kubectl.out("exec", pods[0].metadata.name, "--", "env")
+    assert f"MY_NGINX_SERVICE_HOST={service.spec.cluster_ip}" in env
+    assert "MY_NGINX_SERVICE_PORT=80" in env
+    assert len(node.apps.list_namespaced_replica_set(NS, label_selector="run=my-nginx").items) == 1, "a scale is not a rollout"
+
+    # Reached through the Service, by name, from a pod.
+    agent_bed.wait_programmed(service.spec.cluster_ip)
+    names = {p.metadata.name for p in pods}
+    out = kubectl.out("run", "curl", "--image=busybox:1.36", "--restart=Never", "-i", "--rm", "--quiet", "--",
+                      "sh", "-c", "timeout 5 wget -qO- http://my-nginx/; nslookup my-nginx | grep -c Address")
+    assert out.split()[0] in names, out
+
+    kubectl.out("delete", "service", "my-nginx")
+    kubectl.out("delete", "deployment", "my-nginx")
+    wait_for(lambda: all_gone(node, "run=my-nginx"), "the pods and everything on the node to go", 60)
+    wait_for(lambda: not node.apps.list_namespaced_replica_set(NS, label_selector="run=my-nginx").items, "the ReplicaSet collected")
+
+
+def web_deployment(name, image, replicas, **spec):
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{
+                        "name": "web",
+                        "image": image,
+                        "ports": [{"containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/name.txt", "port": 8080}, "periodSeconds": 1},
+                        # Serve until the endpoints have dropped the pod, as users do.
+                        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "2"]}}},
+                    }],
+                },
+            },
+            **spec,
+        },
+    }
+
+
+class Load:
+    """Requests to a URL, one after another on a thread, until stopped
+    (bounded: at most `limit` requests)."""
+
+    def __init__(self, url, limit=20000):
+        self.url, self.limit = url, limit
+        self.ok = 0
+        self.failed = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        for _ in range(self.limit):
+            if self.stop.is_set():
+                return
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as response:
+                    response.read()
+                self.ok += 1
+            except Exception as error:  # noqa: BLE001 - every failure counts
+                self.failed.append(repr(error))
+            time.sleep(0.005)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+def test_rolling_update_under_load_loses_no_request(node, kubectl):
+    """4 replicas behind a Service, maxUnavailable 0: `set image` rolls
+    them all while a client keeps asking, and none of its requests fail;
+    history, undo, pause/resume and restart as kubectl shows them."""
+    body = web_deployment("roll", node.v1, 4, strategy={"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    node.apps.create_namespaced_deployment(NS, body)
+    node.core.create_namespaced_service(NS, {"metadata": {"name": "roll"}, "spec": {"selector": {"app": "roll"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    assert 'deployment "roll" successfully rolled out' in kubectl.out("rollout", "status", "deployment/roll", "--timeout=90s")
+    ip = node.core.read_namespaced_service("roll", NS).spec.cluster_ip
+    agent_bed.wait_programmed(ip)
+    first = {p.metadata.name for p in pods_of(node, "app=roll")}
+
+    with Load(f"http://{ip}/name.txt") as load:
+        wait_for(lambda: load.ok > 10, "the load to run")
+        assert "image updated" in kubectl.out("set", "image", "deployment/roll", f"web={node.v2}")
+        out = kubectl.out("rollout", "status", "deployment/roll", "--timeout=120s")
+        assert 'deployment "roll" successfully rolled out' in out
+        done = load.ok
+        wait_for(lambda: load.ok > done + 10, "more requests after the rollout")
+    assert not load.failed, f"{len(load.failed)} of {load.ok + len(load.failed)} requests failed: {load.failed[:5]}"
+    pods = pods_of(node, "app=roll")
+    assert len(pods) == 4 and not first & {p.metadata.name for p in pods}
+    assert {p.spec.containers[0].image for p in pods} == {node.v2}
+
+    deployment = node.apps.read_namespaced_deployment("roll", NS)
+    assert deployment.metadata.annotations["deployment.kubernetes.io/revision"] == "2"
+    conditions = {c.type: (c.status, c.reason) for c in deployment.status.conditions}
+    assert conditions == {"Available": ("True", "MinimumReplicasAvailable"), "Progressing": ("True", "NewReplicaSetAvailable")}
+    sets = node.apps.list_namespaced_replica_set(NS, label_selector="app=roll").items
+    sizes = sorted((s.metadata.annotations["deployment.kubernetes.io/revision"], s.spec.replicas) for s in sets)
+    assert sizes == [("1", 0), ("2", 4)]
+    events = [e.message for e in node.core.list_namespaced_event(NS, field_selector="involvedObject.name=roll").items]
+    assert any(m.startswith("Scaled down replica set roll-") for m in events), events
+
+    history = kubectl.out("rollout", "history", "deployment/roll")
+    assert history.split("\n")[0].startswith("deployment.apps/roll")
+    assert [l.split()[0] for l in history.splitlines()[2:] if l.strip()] == ["1", "2"], history
+
+    # Back to the first template: its ReplicaSet again, as revision 3.
+    assert "rolled back" in kubectl.out("rollout", "undo", "deployment/roll")
+    kubectl.out("rollout", "status", "deployment/roll", "--timeout=120s")
+    assert {p.spec.containers[0].image for p in pods_of(node, "app=roll")} == {node.v1}
+    sets = node.apps.list_namespaced_replica_set(NS, label_selector="app=roll").items
+    assert len(sets) == 2
+    first_rs = next(s for s in sets if s.spec.template.spec.containers[0].image == node.v1)
+    assert first_rs.metadata.annotations["deployment.kubernetes.io/revision"] == "3"
+    assert first_rs.metadata.annotations["deployment.kubernetes.io/revision-history"] == "1"
+
+    # Paused: template changes wait; resumed: they roll out.
+    assert "paused" in kubectl.out("rollout", "pause", "deployment/roll")
+    kubectl.out("set", "image", "deployment/roll", f"web={node.v2}")
+    wait_for(lambda: (d := node.apps.read_namespaced_deployment("roll", NS)).status.observed_generation == d.metadata.generation
+             and any(c.reason == "DeploymentPaused" for c in d.status.conditions), "the pause observed")
+    assert len(node.apps.list_namespaced_replica_set(NS, label_selector="app=roll").items) == 2, "no rollout while paused"
+    assert "resumed" in kubectl.out("rollout", "resume", "deployment/roll")
+    kubectl.out("rollout", "status", "deployment/roll", "--timeout=120s")
+    assert {p.spec.containers[0].image for p in pods_of(node, "app=roll")} == {node.v2}
+
+    before = {p.metadata.name for p in pods_of(node, "app=roll")}
+    assert "restarted" in kubectl.out("rollout", "restart", "deployment/roll")
+    kubectl.out("rollout", "status", "deployment/roll", "--timeout=120s")
+    wait_for(lambda: len(p := pods_of(node, "app=roll")) == 4 and not before & {x.metadata.name for x in p}, "all pods replaced")
+
+    node.core.delete_namespaced_service("roll", NS)
+    kubectl.out("delete", "deployment", "roll")
+    wait_for(lambda: all_gone(node, "app=roll"), "nothing left of roll", 60)
+
+
+def test_a_bad_image_runs_into_the_progress_deadline(node, kubectl):
+    """A rollout to an image that does not exist stalls: the old pods keep
+    serving, and `rollout status` reports the deadline."""
+    node.apps.create_namespaced_deployment(NS, web_deployment("stall", node.v1, 2, progressDeadlineSeconds=8))
+    kubectl.out("rollout", "status", "deployment/stall", "--timeout=90s")
+    kubectl.out("set", "image", "deployment/stall", f"web={node.registry.host}/web:missing")
+    result = kubectl("rollout", "status", "deployment/stall", "--timeout=90s", check=False)
+    assert result.returncode != 0
+    assert 'deployment "stall" exceeded its progress deadline' in result.stderr, result.stderr
+    deployment = node.apps.read_namespaced_deployment("stall", NS)
+    progressing = next(c for c in deployment.status.conditions if c.type == "Progressing")
+    assert (progressing.status, progressing.reason) == ("False", "ProgressDeadlineExceeded")
+    assert progressing.message.endswith("has timed out progressing.")
+    ready_old = [p for p in pods_of(node, "app=stall") if p.spec.containers[0].image == node.v1 and ready(p)]
+    assert len(ready_old) == 2, "maxUnavailable 25% of 2 rounds down to 0: both old pods stay"
+    kubectl.out("delete", "deployment", "stall")
+    wait_for(lambda: all_gone(node, "app=stall"), "nothing left of stall", 60)
+
+
+def test_recreate_stops_old_pods_before_starting_new_ones(node, kubectl):
+    node.apps.create_namespaced_deployment(NS, web_deployment("recreate", node.v1, 2, strategy={"type": "Recreate"}))
+    kubectl.out("rollout", "status", "deployment/recreate", "--timeout=90s")
+    old = {p.metadata.uid for p in pods_of(node, "app=recreate")}
+    seen_together = []
+
+    def watch():
+        for _ in range(4000):
+            pods = node.core.list_namespaced_pod(NS, label_selector="app=recreate").items
+            images = {p.spec.containers[0].image for p in pods}
+            if len(images) > 1:
+                seen_together.append([p.metadata.name for p in pods])
+            if pods and all(p.metadata.uid not in old and ready(p) for p in pods) and len(pods) == 2:
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    kubectl.out("set", "image", "deployment/recreate", f"web={node.v2}")
+    kubectl.out("rollout", "status", "deployment/recreate", "--timeout=120s")
+    watcher.join(timeout=60)
+    assert not seen_together, f"old and new pods at once: {seen_together[:3]}"
+    assert {p.spec.containers[0].image for p in pods_of(node, "app=recreate")} == {node.v2}
+    kubectl.out("delete", "deployment", "recreate")
+    wait_for(lambda: all_gone(node, "app=recreate"), "nothing left of recreate", 60)
+
+
+def test_cascading_deletion_foreground_and_orphan(node, kubectl):
+    """Foreground: pods, then the ReplicaSet, then the Deployment. Orphan:
+    the ReplicaSet and its pods stay."""
+    node.apps.create_namespaced_deployment(NS, web_deployment("fg", node.v1, 2))
+    kubectl.out("rollout", "status", "deployment/fg", "--timeout=90s")
+    kubectl.out("delete", "deployment", "fg", "--cascade=foreground", "--wait=true", "--timeout=90s")
+    assert not node.apps.list_namespaced_replica_set(NS, label_selector="app=fg").items
+    assert not pods_of(node, "app=fg")
+    wait_for(lambda: all_gone(node, "app=fg"), "nothing left of fg", 60)
+
+    node.apps.create_namespaced_deployment(NS, web_deployment("orphan", node.v1, 2))
+    kubectl.out("rollout", "status", "deployment/orphan", "--timeout=90s")
+    kubectl.out("delete", "deployment", "orphan", "--cascade=orphan")
+    wait_for(lambda: not node.apps.list_namespaced_deployment(NS, field_selector="metadata.name=orphan").items, "the Deployment gone")
+    sets = node.apps.list_namespaced_replica_set(NS, label_selector="app=orphan").items
+    assert len(sets) == 1 and not sets[0].metadata.owner_references
+    assert len([p for p in pods_of(node, "app=orphan") if ready(p)]) == 2
+    node.apps.delete_namespaced_replica_set(sets[0].metadata.name, NS)
+    wait_for(lambda: all_gone(node, "app=orphan"), "nothing left of orphan", 60)

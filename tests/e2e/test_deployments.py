@@ -14,7 +14,7 @@ from kubernetes import client
 
 from support import agent_bed, registry
 from support.agent_bed import NS, AgentNode, web_image
-from support.kubectl import Kubectl
+from support.kubectl import KUBECTLS, Kubectl, client_minor
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.netns]
@@ -28,7 +28,10 @@ def nginx_image(node):
         b"#!/bin/sh\n"
         b"mkdir -p /var/www\n"
         b"hostname > /var/www/index.html\n"
-        b"exec httpd -f -p 80 -h /var/www\n"
+        # Stops on SIGTERM as nginx does (a shell as PID 1 would ignore it).
+        b"httpd -f -p 80 -h /var/www &\n"
+        b"trap 'kill $!; exit 0' TERM\n"
+        b"wait\n"
     )
     registry.push_busybox(node.registry, "library/nginx", "latest", cmd=["/bin/serve"], files={"bin/serve": script})
 
@@ -42,6 +45,23 @@ def node(tmp_path_factory):
         node.v2 = web_image(node, "web", "2")
         node.apps = client.AppsV1Api(node.portal.api_client())
         yield node
+
+
+@pytest.fixture(autouse=True)
+def clean_namespace(node):
+    """After each test, whatever it left (also on failure) is removed, so
+    one failure does not become the next test's leftovers."""
+    yield
+    for d in node.apps.list_namespaced_deployment(NS).items:
+        node.apps.delete_namespaced_deployment(d.metadata.name, NS)
+    for rs in node.apps.list_namespaced_replica_set(NS).items:
+        node.apps.delete_namespaced_replica_set(rs.metadata.name, NS)
+    for s in node.core.list_namespaced_service(NS).items:
+        if s.metadata.name != "kubernetes":
+            node.core.delete_namespaced_service(s.metadata.name, NS)
+    node.core.delete_collection_namespaced_pod(NS)
+    wait_for(lambda: not node.core.list_namespaced_pod(NS).items and not node.apps.list_namespaced_replica_set(NS).items,
+             "the namespace empty", 90)
 
 
 @pytest.fixture
@@ -117,6 +137,7 @@ def test_the_services_tutorial(node, kubectl):
     # has no `printenv` applet).
     env = kubectl.out("exec", pods[0].metadata.name, "--", "env")
     assert "MY_NGINX_SERVICE_HOST" not in env
+    old_ips = {p.status.pod_ip for p in pods}
     kubectl.out("scale", "deployment", "my-nginx", "--replicas=0")
     wait_for(lambda: not pods_of(node, "run=my-nginx"), "the pods to go")
     kubectl.out("scale", "deployment", "my-nginx", "--replicas=2")
@@ -126,8 +147,11 @@ def test_the_services_tutorial(node, kubectl):
     assert "MY_NGINX_SERVICE_PORT=80" in env
     assert len(node.apps.list_namespaced_replica_set(NS, label_selector="run=my-nginx").items) == 1, "a scale is not a rollout"
 
-    # Reached through the Service, by name, from a pod.
-    agent_bed.wait_programmed(service.spec.cluster_ip)
+    # Reached through the Service, by name, from a pod, once the proxy
+    # sends to the new pods only.
+    new_ips = {p.status.pod_ip for p in pods}
+    wait_for(lambda: new_ips <= (targets := agent_bed.dnat_targets()) and not (old_ips - new_ips) & targets,
+             "the proxy to program the new pods only")
     names = {p.metadata.name for p in pods}
     out = kubectl.out("run", "curl", "--image=busybox:1.36", "--restart=Never", "-i", "--rm", "--quiet", "--",
                       "sh", "-c", "timeout 5 wget -qO- http://my-nginx/; nslookup my-nginx | grep -c Address")
@@ -330,3 +354,26 @@ def test_cascading_deletion_foreground_and_orphan(node, kubectl):
     assert len([p for p in pods_of(node, "app=orphan") if ready(p)]) == 2
     node.apps.delete_namespaced_replica_set(sets[0].metadata.name, NS)
     wait_for(lambda: all_gone(node, "app=orphan"), "nothing left of orphan", 60)
+
+
+@pytest.mark.parametrize("binary", KUBECTLS)
+def test_create_set_image_and_undo_with_each_kubectl(node, tmp_path, binary):
+    """`create deployment` (protobuf from kubectl 1.32), `set image`, and
+    `rollout undo` back to the first template re-use its ReplicaSet with
+    every kubectl (1.20 sends the template back as JSON it decoded)."""
+    kubectl = Kubectl(binary, node.portal, tmp_path)
+    name = f"undo-{client_minor(binary)}"
+    kubectl.out("create", "deployment", name, f"--image={node.v1}", "--replicas=1", "--port=8080")
+    template = node.apps.read_namespaced_deployment(name, NS).spec.template
+    assert template.metadata.creation_timestamp is None
+    assert not template.spec.containers[0].stdin and "stdin" not in kubectl.out("get", "deployment", name, "-o", "yaml")
+    kubectl.out("rollout", "status", f"deployment/{name}", "--timeout=90s")
+    kubectl.out("set", "image", f"deployment/{name}", f"*={node.v2}")
+    kubectl.out("rollout", "status", f"deployment/{name}", "--timeout=90s")
+    kubectl.out("rollout", "undo", f"deployment/{name}")
+    kubectl.out("rollout", "status", f"deployment/{name}", "--timeout=90s")
+    sets = node.apps.list_namespaced_replica_set(NS, label_selector=f"app={name}").items
+    revisions = sorted((s.metadata.annotations["deployment.kubernetes.io/revision"], s.spec.template.spec.containers[0].image) for s in sets)
+    assert revisions == [("2", node.v2), ("3", node.v1)], revisions
+    kubectl.out("delete", "deployment", name)
+    wait_for(lambda: all_gone(node, f"app={name}"), f"nothing left of {name}", 60)

@@ -88,7 +88,7 @@ def test_replica_set_validation(portal):
             return json.loads(e.body)["message"]
         raise AssertionError("accepted")
 
-    assert "spec.selector: Required value" in refused(rs_body("nosel", 1, selector={}))
+    assert "spec.selector: Invalid value: v1.LabelSelector{MatchLabels:map[string]string(nil), MatchExpressions:[]v1.LabelSelectorRequirement(nil)}: empty selector is invalid for deployment" in refused(rs_body("nosel", 1, selector={}))
     assert "`selector` does not match template `labels`" in refused(rs_body("mismatch", 1, selector={"matchLabels": {"app": "x"}}))
     apps.create_namespaced_replica_set(NS, rs_body("fixed", 0))
     try:

@@ -50,13 +50,66 @@ struct Expectations {
 }
 
 /// What one status reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub replicas: i32,
     pub fully_labeled: i32,
     pub ready: i32,
     pub available: i32,
     pub observed_generation: Option<i64>,
+    /// The `ReplicaFailure` condition: why pods could not be made or removed.
+    pub failure: Option<Failure>,
+}
+
+/// A failed create (`FailedCreate`) or delete (`FailedDelete`) of pods.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Failure {
+    pub reason: String,
+    pub message: String,
+}
+
+const REPLICA_FAILURE: &str = "ReplicaFailure";
+
+/// The `ReplicaFailure` condition among an RC's or RS's conditions (two
+/// types with the same fields).
+fn failure_of<C: serde::Serialize>(conditions: Option<&Vec<C>>) -> Option<Failure> {
+    let conditions = serde_json::to_value(conditions?).ok()?;
+    let failure = conditions
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == REPLICA_FAILURE && c["status"] == "True")?;
+    Some(Failure {
+        reason: failure["reason"].as_str().unwrap_or("").into(),
+        message: failure["message"].as_str().unwrap_or("").into(),
+    })
+}
+
+/// The conditions with `ReplicaFailure` set to `failure` or removed; an
+/// unchanged reason keeps the condition as it was (as upstream's).
+fn with_failure<C>(conditions: Option<Vec<C>>, failure: Option<&Failure>) -> Option<Vec<C>>
+where
+    C: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let list = serde_json::to_value(conditions.unwrap_or_default()).unwrap_or_default();
+    let mut list: Vec<serde_json::Value> = serde_json::from_value(list).unwrap_or_default();
+    let kept = list
+        .iter()
+        .find(|c| c["type"] == REPLICA_FAILURE)
+        .filter(|c| failure.is_some_and(|f| c["reason"] == f.reason.as_str()))
+        .cloned();
+    list.retain(|c| c["type"] != REPLICA_FAILURE);
+    if let Some(failure) = failure {
+        list.push(kept.unwrap_or_else(|| {
+            let now = jiff::Timestamp::now();
+            serde_json::json!({
+                "type": REPLICA_FAILURE, "status": "True",
+                "reason": failure.reason, "message": failure.message,
+                "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            })
+        }));
+    }
+    let typed: Vec<C> = serde_json::from_value(serde_json::Value::Array(list)).ok()?;
+    (!typed.is_empty()).then_some(typed)
 }
 
 /// A kind whose objects keep replicas of a pod template.
@@ -134,12 +187,14 @@ impl Replicated for ReplicationController {
             ready: status.ready_replicas.unwrap_or(0),
             available: status.available_replicas.unwrap_or(0),
             observed_generation: status.observed_generation,
+            failure: failure_of(status.conditions.as_ref()),
         })
     }
 
     fn with_counts(&self, counts: Counts) -> Self {
         let mut updated = self.clone();
         let conditions = self.status.as_ref().and_then(|s| s.conditions.clone());
+        let conditions = with_failure(conditions, counts.failure.as_ref());
         updated.status = Some(ReplicationControllerStatus {
             replicas: counts.replicas,
             fully_labeled_replicas: Some(counts.fully_labeled),
@@ -191,12 +246,14 @@ impl Replicated for ReplicaSet {
             ready: status.ready_replicas.unwrap_or(0),
             available: status.available_replicas.unwrap_or(0),
             observed_generation: status.observed_generation,
+            failure: failure_of(status.conditions.as_ref()),
         })
     }
 
     fn with_counts(&self, counts: Counts) -> Self {
         let mut updated = self.clone();
         let conditions = self.status.as_ref().and_then(|s| s.conditions.clone());
+        let conditions = with_failure(conditions, counts.failure.as_ref());
         updated.status = Some(ReplicaSetStatus {
             replicas: counts.replicas,
             fully_labeled_replicas: Some(counts.fully_labeled),
@@ -542,6 +599,8 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
     // Being deleted (the garbage collector orphans or deletes its pods):
     // no replicas are made or removed any more, as in Kubernetes.
     let managing = !deleting;
+    // Why the last create or delete failed: reported, then retried.
+    let mut manage_error: Option<kube::Error> = None;
 
     if managing && current < wanted {
         let template = rc.template();
@@ -592,9 +651,7 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
                 )
                 .await;
         }
-        if let Some(e) = first_error {
-            return Err(e.into());
-        }
+        manage_error = first_error;
     } else if managing && current > wanted {
         let mut co_located: HashMap<String, usize> = HashMap::new();
         for pod in &pods {
@@ -629,7 +686,10 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
                         .await;
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    manage_error = Some(e);
+                    break;
+                }
             }
         }
     }
@@ -647,8 +707,27 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
         ready: count(ready),
         available: count(available),
         observed_generation: rc.meta().generation,
+        failure: manage_error.as_ref().map(|error| {
+            let reason = if current < wanted {
+                "FailedCreate"
+            } else {
+                "FailedDelete"
+            };
+            let message = match error {
+                kube::Error::Api(status) => status.message.clone(),
+                other => other.to_string(),
+            };
+            // The same reason keeps the condition (and its message) as it was.
+            rc.counts()
+                .and_then(|c| c.failure)
+                .filter(|f| f.reason == reason)
+                .unwrap_or(Failure {
+                    reason: reason.into(),
+                    message,
+                })
+        }),
     };
-    if rc.counts() != Some(counts) {
+    if rc.counts().as_ref() != Some(&counts) {
         let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
         match api
             .replace_status(&name, &PostParams::default(), &rc.with_counts(counts))
@@ -659,6 +738,9 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
             Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
+    }
+    if let Some(error) = manage_error {
+        return Err(error.into());
     }
     // Ready pods become available after minReadySeconds: look again then.
     if ready > available && min_ready > 0 {
@@ -679,6 +761,24 @@ mod tests {
             "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": at}]},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn replica_failure_is_set_kept_and_cleared() {
+        use k8s_openapi::api::apps::v1::ReplicaSetCondition;
+        let failure = Failure {
+            reason: "FailedCreate".into(),
+            message: "exceeded quota".into(),
+        };
+        let set = with_failure::<ReplicaSetCondition>(None, Some(&failure)).unwrap();
+        assert_eq!(set[0].type_, "ReplicaFailure");
+        assert_eq!(failure_of(Some(&set)), Some(failure.clone()));
+        let again = Failure {
+            message: "another message".into(),
+            ..failure
+        };
+        assert_eq!(with_failure(Some(set.clone()), Some(&again)).unwrap(), set);
+        assert!(with_failure(Some(set), None).is_none());
     }
 
     #[test]

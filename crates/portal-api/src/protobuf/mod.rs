@@ -35,6 +35,9 @@ pub(crate) struct Field {
     json: &'static str,
     ty: Type,
     repeated: bool,
+    /// A Go non-pointer scalar tagged `omitempty`: Go's protobuf writes its
+    /// zero value, Go's JSON leaves it out, and so does the decoder.
+    omit_zero: bool,
 }
 
 /// What a field holds (the indices are into `schema::MESSAGES`).
@@ -176,11 +179,10 @@ fn message(bytes: &[u8], index: usize, depth: usize) -> Result<Value, String> {
         let value = field_value(field, wire, depth)?;
         match (field.json, value) {
             ("", Value::Object(embedded)) => out.extend(embedded),
-            // Go writes every non-pointer string, empty ones too; JSON
-            // leaves those out. A pointer string set to "" means something
-            // where kubectl reads it (an EndpointSlice port's name).
-            (_, Value::String(s))
-                if s.is_empty() && !field.repeated && !keeps_empty(message, field) => {}
+            // Go writes every non-pointer scalar, zero ones too; its JSON
+            // leaves those tagged `omitempty` out. Pointers set to zero
+            // (`replicas: 0`, an EndpointSlice port's `name: ""`) stay.
+            (_, value) if field.omit_zero && !field.repeated && is_zero(&value) => {}
             (name, Value::Object(entry))
                 if matches!(field.ty, Type::MapOf(_) | Type::MapOfStrings) =>
             {
@@ -252,12 +254,14 @@ fn field_value(field: &Field, wire: Wire<'_>, depth: usize) -> Result<Value, Str
     })
 }
 
-/// Pointer strings whose empty value is kept (Go `*string`).
-fn keeps_empty(message: &Message, field: &Field) -> bool {
-    matches!(
-        (message.name, field.json),
-        ("io.k8s.api.discovery.v1.EndpointPort", "name")
-    )
+/// A scalar's zero value: `""`, `false`, `0`.
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.is_empty(),
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        _ => false,
+    }
 }
 
 /// Messages with a JSON form of their own.
@@ -570,6 +574,70 @@ mod tests {
                 "metadata": {"name": "foo", "labels": {"app": "foo"}},
                 "spec": {"ports": [{"name": "5678-8080", "protocol": "TCP", "port": 5678, "targetPort": 8080}],
                          "selector": {"app": "foo"}, "type": "ClusterIP"}})
+        );
+    }
+
+    /// A Deployment as `kubectl create deployment --replicas=0` sends it:
+    /// Go writes every non-pointer field, zero ones too; the JSON is what
+    /// Kubernetes' would be (zero `omitempty` scalars out, a zero time
+    /// null, a pointer's zero kept).
+    #[test]
+    fn deployment_as_kubectl_create_sends_it() {
+        use k8s_pb::api::apps::v1 as apps;
+        let labels: std::collections::BTreeMap<String, String> =
+            [("app".to_owned(), "web".to_owned())].into();
+        let deployment = apps::Deployment {
+            metadata: Some(ObjectMeta {
+                name: Some("web".into()),
+                generation: Some(0),
+                namespace: Some(String::new()),
+                labels: labels.clone(),
+                ..ObjectMeta::default()
+            }),
+            spec: Some(apps::DeploymentSpec {
+                replicas: Some(0),
+                paused: Some(false),
+                min_ready_seconds: Some(0),
+                selector: Some(k8s_pb::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                    match_labels: labels.clone(),
+                    ..Default::default()
+                }),
+                template: Some(pb::PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        creation_timestamp: Some(Time::default()),
+                        labels,
+                        ..ObjectMeta::default()
+                    }),
+                    spec: Some(pb::PodSpec {
+                        containers: vec![pb::Container {
+                            name: Some("nginx".into()),
+                            image: Some("nginx".into()),
+                            stdin: Some(false),
+                            tty: Some(false),
+                            working_dir: Some(String::new()),
+                            resources: Some(pb::ResourceRequirements::default()),
+                            ..pb::Container::default()
+                        }],
+                        host_network: Some(false),
+                        enable_service_links: Some(false),
+                        ..pb::PodSpec::default()
+                    }),
+                }),
+                ..apps::DeploymentSpec::default()
+            }),
+            status: Some(apps::DeploymentStatus::default()),
+        };
+        let body = envelope("Deployment", deployment.encode_to_vec());
+        let object = decode(&crate::kinds::deployment::RESOURCE, &body).unwrap();
+        assert_eq!(
+            object,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "labels": {"app": "web"}},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"creationTimestamp": null, "labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "nginx", "image": "nginx", "resources": {}}],
+                            "enableServiceLinks": false}}},
+                "status": {}})
         );
     }
 

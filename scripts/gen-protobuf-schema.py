@@ -32,6 +32,8 @@ ROOTS = [
     "io.k8s.api.coordination.v1.Lease",
     "io.k8s.api.apps.v1.ReplicaSet",
     "io.k8s.api.apps.v1.Deployment",
+    "io.k8s.api.apps.v1.DaemonSet",
+    "io.k8s.api.apps.v1.ControllerRevision",
 ]
 # Messages with a JSON form of their own, decoded by hand in `protobuf/mod.rs`.
 SPECIAL = {
@@ -40,6 +42,7 @@ SPECIAL = {
     "io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime",
     "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1",
     "io.k8s.apimachinery.pkg.util.intstr.IntOrString",
+    "io.k8s.apimachinery.pkg.runtime.RawExtension",
 }
 SCALARS = {"string", "bool", "int32", "int64", "uint32", "uint64", "double", "float", "bytes"}
 

@@ -12,6 +12,7 @@ The tests share one cluster and run in order."""
 import json
 import re
 import subprocess
+import threading
 import time
 
 import kubernetes
@@ -501,6 +502,92 @@ def test_drain_moves_pods_and_uncordon_takes_them_again(bed):
     wait_for(lambda: core.read_namespaced_pod("back", NS).status.phase == "Running", "a pod on node-3 again", timeout=60)
     core.delete_namespaced_replication_controller("web", NS)
     core.delete_namespaced_service("web", NS)
+
+
+def daemon_pods(bed):
+    """The DaemonSet's live pods by the node they are for."""
+    pods = {}
+    for pod in bed.pods("app=node-agent"):
+        terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+        pods.setdefault(terms[0].match_fields[0].values[0], []).append(pod)
+    return pods
+
+
+def test_a_daemon_set_runs_one_pod_per_node_and_rolls_node_by_node(bed):
+    """A DaemonSet: a pod on each of the three nodes, pinned by node
+    affinity and bound by the scheduler; a node that registers gets one
+    and loses it when it goes; a rolling update replaces them one at a
+    time (maxUnavailable 1); history, undo; drain --ignore-daemonsets
+    leaves it."""
+    apps = kubernetes.client.AppsV1Api(bed.portal.api_client())
+    template = {"metadata": {"labels": {"app": "node-agent"}}, "spec": {
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "agent", "image": bed.image, "env": [{"name": "VERSION", "value": "1"}],
+                        "readinessProbe": {"httpGet": {"path": "/name.txt", "port": 8080}, "periodSeconds": 1}}]}}
+    apps.create_namespaced_daemon_set(NS, {"metadata": {"name": "node-agent"}, "spec": {
+        "selector": {"matchLabels": {"app": "node-agent"}}, "template": template}})
+    out = bed.kubectl("rollout", "status", "daemonset/node-agent", "--timeout=120s").stdout
+    assert 'daemon set "node-agent" successfully rolled out' in out
+    pods = daemon_pods(bed)
+    assert sorted(pods) == ["node-1", "node-2", "node-3"]
+    assert all(len(p) == 1 and p[0].spec.node_name == node for node, p in pods.items())
+    status = apps.read_namespaced_daemon_set("node-agent", NS).status
+    assert (status.desired_number_scheduled, status.current_number_scheduled, status.number_ready,
+            status.updated_number_scheduled, status.number_available) == (3, 3, 3, 3, 3)
+    line = bed.kubectl("get", "ds", "node-agent").stdout.splitlines()[1].split()
+    assert line[:7] == ["node-agent", "3", "3", "3", "3", "3", "<none>"], line
+    tolerations = {(t.key, t.effect) for t in pods["node-1"][0].spec.tolerations}
+    assert ("node.kubernetes.io/unreachable", "NoExecute") in tolerations
+    assert ("node.kubernetes.io/unschedulable", "NoSchedule") in tolerations
+
+    # A node that registers gets a pod (it stays Pending: no agent runs
+    # it); one that goes loses it.
+    bed.core.create_node({"metadata": {"name": "node-4", "labels": {"kubernetes.io/hostname": "node-4"}}})
+    wait_for(lambda: "node-4" in daemon_pods(bed) and apps.read_namespaced_daemon_set("node-agent", NS).status.desired_number_scheduled == 4,
+             "a pod for node-4")
+    bed.core.delete_node("node-4")
+    wait_for(lambda: "node-4" not in daemon_pods(bed) and apps.read_namespaced_daemon_set("node-agent", NS).status.desired_number_scheduled == 3,
+             "node-4's pod gone")
+
+    # A rolling update: one node at a time, never two of three unavailable.
+    first = {p.metadata.name for ps in daemon_pods(bed).values() for p in ps}
+    fewest = [3]
+    stop = threading.Event()
+
+    def watch_readiness():
+        while not stop.is_set():
+            ready = [p for p in bed.pods("app=node-agent")
+                     if p.status.phase == "Running" and all(s.ready for s in p.status.container_statuses or [])]
+            fewest[0] = min(fewest[0], len(ready))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_readiness, daemon=True)
+    watcher.start()
+    bed.kubectl("set", "env", "daemonset/node-agent", "VERSION=2")
+    bed.kubectl("rollout", "status", "daemonset/node-agent", "--timeout=180s")
+    stop.set()
+    watcher.join(timeout=10)
+    assert fewest[0] >= 2, f"{3 - fewest[0]} nodes were without a ready pod at once"
+    pods = daemon_pods(bed)
+    assert sorted(pods) == ["node-1", "node-2", "node-3"] and not first & {p.metadata.name for ps in pods.values() for p in ps}
+    history = bed.kubectl("rollout", "history", "daemonset/node-agent").stdout
+    assert [l.split()[0] for l in history.splitlines()[2:] if l.strip()] == ["1", "2"], history
+    assert "rolled back" in bed.kubectl("rollout", "undo", "daemonset/node-agent").stdout
+    bed.kubectl("rollout", "status", "daemonset/node-agent", "--timeout=180s")
+    envs = {p.spec.containers[0].env[0].value for ps in daemon_pods(bed).values() for p in ps}
+    assert envs == {"1"}, envs
+    revisions = apps.list_namespaced_controller_revision(NS, label_selector="app=node-agent").items
+    assert sorted(r.revision for r in revisions) == [2, 3]
+
+    # Drain leaves DaemonSet pods where they are.
+    on_two = daemon_pods(bed)["node-2"][0].metadata.name
+    bed.kubectl("drain", "node-2", "--ignore-daemonsets", "--timeout=90s")
+    assert daemon_pods(bed)["node-2"][0].metadata.name == on_two
+    bed.kubectl("uncordon", "node-2")
+
+    apps.delete_namespaced_daemon_set("node-agent", NS)
+    wait_for(lambda: not bed.core.list_namespaced_pod(NS, label_selector="app=node-agent").items, "the DaemonSet's pods gone", timeout=60)
+    wait_for(lambda: not apps.list_namespaced_controller_revision(NS, label_selector="app=node-agent").items, "its revisions collected")
 
 
 def test_vxlan_overlay_across_subnets(tmp_path):

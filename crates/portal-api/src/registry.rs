@@ -24,6 +24,8 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::replication_controller::RESOURCE,
     &kinds::replica_set::RESOURCE,
     &kinds::deployment::RESOURCE,
+    &kinds::daemon_set::RESOURCE,
+    &kinds::controller_revision::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,
@@ -171,9 +173,9 @@ mod tests {
     #[test]
     fn lookups_that_miss_are_errors() {
         let registry = Registry::built_in();
-        let missing = Kind::new("apps", "DaemonSet");
+        let missing = Kind::new("apps", "StatefulSet");
         assert_eq!(registry.of(missing), Err(RegistryError::NotServed(missing)));
-        assert!(registry.find("apps", "v1", "daemonsets").is_none());
+        assert!(registry.find("apps", "v1", "statefulsets").is_none());
         assert!(registry.find("", "v1", "endpointslices").is_none());
     }
 

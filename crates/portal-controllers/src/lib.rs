@@ -2,10 +2,12 @@
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController and ReplicaSet
-//! controller, the Deployment controller, node IPAM (pod ranges), node lifecycle (unreachable nodes,
-//! taint-based eviction), the scheduler, the load-balancer provider, the
-//! garbage collector and namespace termination.
+//! controller, the Deployment and DaemonSet controllers, node IPAM (pod
+//! ranges), node lifecycle (unreachable nodes, taint-based eviction), the
+//! scheduler, the load-balancer provider, the garbage collector and
+//! namespace termination.
 
+pub mod daemon_set;
 pub mod deployment;
 pub mod endpoints;
 pub mod events;
@@ -15,6 +17,7 @@ pub mod mirroring;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod placement;
 pub mod pods;
 pub mod replication;
 pub mod requests;
@@ -65,6 +68,19 @@ impl Listed {
             self.set();
         }
     }
+}
+
+/// Passes a shared reflector's changes on, marking `listed` once it has
+/// re-listed (the store then holds everything).
+pub(crate) fn note_listed<K: Send + Sync + 'static>(
+    changes: impl futures_util::Stream<Item = portal_client::Settled<K>> + Send + 'static,
+    listed: std::sync::Arc<Listed>,
+) -> impl futures_util::Stream<Item = portal_client::Settled<K>> + Send + 'static {
+    futures_util::StreamExt::inspect(changes, move |change| {
+        if matches!(change, portal_client::Settled::Relisted(_)) {
+            listed.set();
+        }
+    })
 }
 
 /// How long a reconcile waits before looking again at reflectors that have
@@ -171,6 +187,7 @@ pub async fn run(client: Client, config: Config) {
         pods.subscribe(),
     );
     let deployments = deployment::run(client.clone(), pods.store(), pods.subscribe());
+    let daemon_sets = daemon_set::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
     tokio::join!(
         pods.run(),
@@ -179,6 +196,7 @@ pub async fn run(client: Client, config: Config) {
         replication,
         replica_sets,
         deployments,
+        daemon_sets,
         node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
         scheduler,

@@ -15,9 +15,9 @@ pub fn reflector(client: Client) -> SharedReflector<Pod> {
 }
 
 /// Keeps what the controllers read: identity, labels, owners, deletion and
-/// creation times; the node, scheduler, hostname and subdomain; container
-/// names, ports (named target ports) and resources (scheduling); phase,
-/// conditions and addresses.
+/// creation times; the node, scheduler, hostname, subdomain, tolerations,
+/// node selector and affinity; container names, ports (named target ports)
+/// and resources (scheduling); phase, conditions and addresses.
 pub fn project(pod: &mut Pod) {
     let metadata = &mut pod.metadata;
     metadata.managed_fields = None;
@@ -36,6 +36,7 @@ pub fn project(pod: &mut Pod) {
             // long it stays on an unreachable node.
             tolerations: spec.tolerations,
             node_selector: spec.node_selector,
+            affinity: spec.affinity,
             containers: spec
                 .containers
                 .into_iter()

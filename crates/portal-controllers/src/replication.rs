@@ -401,12 +401,12 @@ fn reference<K: Replicated>(rc: &K) -> ObjectReference {
     }
 }
 
-fn is_active(pod: &Pod) -> bool {
+pub(crate) fn is_active(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-fn is_ready(pod: &Pod) -> bool {
+pub(crate) fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -415,7 +415,7 @@ fn is_ready(pod: &Pod) -> bool {
 
 /// Ready for more than `min_ready` seconds by `now` (upstream's
 /// `IsPodAvailable`: the Ready transition plus `minReadySeconds` is before `now`).
-fn is_available(pod: &Pod, min_ready: i64, now: jiff::Timestamp) -> bool {
+pub(crate) fn is_available(pod: &Pod, min_ready: i64, now: jiff::Timestamp) -> bool {
     let ready = pod
         .status
         .as_ref()

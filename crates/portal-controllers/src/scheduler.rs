@@ -1,5 +1,7 @@
 //! The scheduler (SPEC W3): binds pods without `spec.nodeName` to a Ready,
-//! schedulable Node through the `binding` subresource, spreading the pods of
+//! schedulable Node that their node selector, required node affinity and
+//! tolerations allow ([`crate::placement`]) through the `binding`
+//! subresource, spreading the pods of
 //! one owner (a ReplicationController) across nodes. With no node that
 //! fits, the pod stays Pending with a `FailedScheduling` Event.
 
@@ -8,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::Stream;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodSpec};
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -18,6 +20,7 @@ use parking_lot::Mutex;
 use portal_client::Settled;
 
 use crate::events;
+use crate::placement;
 use crate::requests::Resources;
 
 const COMPONENT: &str = "default-scheduler";
@@ -86,41 +89,32 @@ fn misfits(node: &Node, pod: &Pod, used: Resources) -> Vec<String> {
     }
 }
 
-/// The checks before resources: readiness, cordon, selector, taints.
+/// The checks before resources: readiness, cordon (unless tolerated, as
+/// DaemonSet pods do), node selector and required node affinity, taints.
 fn misfit(node: &Node, pod: &Pod) -> Option<String> {
     let ready = node
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    let spec = node.spec.as_ref();
     if !ready {
         return Some("node(s) were not ready".into());
     }
-    if spec.and_then(|s| s.unschedulable).unwrap_or(false) {
+    let empty = PodSpec::default();
+    let pod_spec = pod.spec.as_ref().unwrap_or(&empty);
+    let cordoned = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    if cordoned && !placement::tolerates_unschedulable(pod_spec) {
         return Some("node(s) were unschedulable".into());
     }
-    let pod_spec = pod.spec.as_ref();
-    let selector = pod_spec.and_then(|s| s.node_selector.as_ref());
-    let labels = node.metadata.labels.as_ref();
-    if selector.is_some_and(|wanted| {
-        wanted
-            .iter()
-            .any(|(k, v)| labels.and_then(|l| l.get(k)) != Some(v))
-    }) {
+    if !placement::selects_node(pod_spec, node) {
         return Some("node(s) didn't match Pod's node affinity/selector".into());
     }
-    let tolerations = pod_spec
-        .and_then(|s| s.tolerations.clone())
-        .unwrap_or_default();
-    let taints = spec.and_then(|s| s.taints.as_ref());
-    let untolerated = taints.into_iter().flatten().find(|taint| {
-        matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute")
-            && !tolerations
-                .iter()
-                .any(|t| crate::node_lifecycle::tolerates(t, taint))
-    });
-    untolerated.map(|taint| {
+    let tolerations = pod_spec.tolerations.as_deref().unwrap_or_default();
+    placement::untolerated(tolerations, node, &["NoSchedule", "NoExecute"]).map(|taint| {
         format!(
             "node(s) had untolerated taint {{{}: {}}}",
             taint.key,

@@ -117,7 +117,8 @@ fn is_zero(value: &Value) -> bool {
 }
 
 fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
-    let mut causes = super::replica_set::validate_selector_and_template(object, old);
+    // Upstream validates a Deployment's template as a ReplicaSet's.
+    let mut causes = super::replica_set::validate_selector_and_template(object, old, "ReplicaSet");
     let spec = &object["spec"];
     for field in [
         "replicas",
@@ -152,7 +153,10 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
                 ));
             }
         }
-        "RollingUpdate" => causes.extend(validate_rolling(&strategy["rollingUpdate"])),
+        "RollingUpdate" => causes.extend(validate_rolling(
+            &strategy["rollingUpdate"],
+            "spec.strategy.rollingUpdate",
+        )),
         other => causes.push(unsupported(
             "spec.strategy.type",
             other,
@@ -172,8 +176,9 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     causes
 }
 
-fn validate_rolling(rolling: &Value) -> Vec<Cause> {
-    let at = "spec.strategy.rollingUpdate";
+/// `maxUnavailable` and `maxSurge` of a rolling update at `at`: each an
+/// integer ≥ 0 or a percentage, unavailability at most 100 %, not both 0.
+pub(crate) fn validate_rolling(rolling: &Value, at: &str) -> Vec<Cause> {
     if rolling.is_null() {
         return vec![Cause::required(
             at,

@@ -8,6 +8,8 @@
 //! Adding a kind: a module here with its `KIND` and `RESOURCE`, and its
 //! line in [`crate::registry`]'s built-in list. Nothing else names it.
 
+pub mod controller_revision;
+pub mod daemon_set;
 pub mod deployment;
 pub mod endpoint_slice;
 pub mod endpoints;

@@ -54,7 +54,7 @@ pub fn selector(object: &Value) -> Result<LabelSelector, String> {
 }
 
 fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
-    let mut causes = validate_selector_and_template(object, old);
+    let mut causes = validate_selector_and_template(object, old, "ReplicaSet");
     if object["spec"]["replicas"].as_i64().is_some_and(|n| n < 0) {
         causes.push(Cause::invalid(
             "spec.replicas",
@@ -69,8 +69,13 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
 /// template (and, on update, against the stored one: `apps/v1` selectors
 /// are immutable), and the template's pod spec as a pod's (when it
 /// changes: a status write never fails on what was stored before), with
-/// `restartPolicy: Always` and no `activeDeadlineSeconds`.
-pub(crate) fn validate_selector_and_template(object: &Value, old: Option<&Value>) -> Vec<Cause> {
+/// `restartPolicy: Always` and no `activeDeadlineSeconds` (`kind` names the
+/// workload in that message, as upstream's).
+pub(crate) fn validate_selector_and_template(
+    object: &Value,
+    old: Option<&Value>,
+    kind: &str,
+) -> Vec<Cause> {
     let mut causes = Vec::new();
     let given = &object["spec"]["selector"];
     match selector(object) {
@@ -123,7 +128,7 @@ pub(crate) fn validate_selector_and_template(object: &Value, old: Option<&Value>
         if !template["activeDeadlineSeconds"].is_null() {
             causes.push(Cause::forbidden(
                 "spec.template.spec.activeDeadlineSeconds",
-                "activeDeadlineSeconds in ReplicaSet is not Supported",
+                &format!("activeDeadlineSeconds in {kind} is not Supported"),
             ));
         }
     }

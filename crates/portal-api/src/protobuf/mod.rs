@@ -332,6 +332,16 @@ fn special(name: &str, bytes: &[u8]) -> Result<Option<Value>, String> {
             }
             raw
         }
+        // An embedded object (a ControllerRevision's data): its JSON bytes.
+        "io.k8s.apimachinery.pkg.runtime.RawExtension" => {
+            let mut raw = Value::Null;
+            for (tag, wire) in fields()? {
+                if let (1, Wire::Bytes(b)) = (tag, wire) {
+                    raw = serde_json::from_slice(b).map_err(|e| format!("raw extension: {e}"))?;
+                }
+            }
+            raw
+        }
         _ => return Ok(None),
     }))
 }
@@ -496,6 +506,9 @@ fn encode_special(name: &str, value: &Value, out: &mut Vec<u8>) -> Result<bool, 
         ("io.k8s.apimachinery.pkg.util.intstr.IntOrString", Value::String(text)) => {
             put_int(out, 1, 1);
             put_bytes(out, 3, text.as_bytes());
+        }
+        ("io.k8s.apimachinery.pkg.runtime.RawExtension", raw) => {
+            put_bytes(out, 1, &serde_json::to_vec(raw).map_err(|e| e.to_string())?);
         }
         ("io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1", fields) => {
             put_bytes(

@@ -63,21 +63,6 @@ fn replica_set_reflector(client: Client) -> SharedReflector<ReplicaSet> {
     })
 }
 
-/// Marks `listed` once the settled stream has re-listed.
-fn note_listed<K>(
-    changes: impl Stream<Item = Settled<K>> + Send + 'static,
-    listed: Arc<crate::Listed>,
-) -> impl Stream<Item = Settled<K>> + Send + 'static
-where
-    K: Send + Sync + 'static,
-{
-    futures_util::StreamExt::inspect(changes, move |change| {
-        if matches!(change, Settled::Relisted(_)) {
-            listed.set();
-        }
-    })
-}
-
 /// The controller (by kind and uid) of an object.
 fn controller_of(owners: &[OwnerReference]) -> Option<&OwnerReference> {
     owners.iter().find(|o| o.controller == Some(true))
@@ -109,8 +94,8 @@ pub async fn run(
         pods,
         pods_listed: Arc::new(crate::Listed::default()),
     });
-    let set_changes = note_listed(sets.subscribe(), context.replica_sets_listed.clone());
-    let pod_changes = note_listed(pod_changes, context.pods_listed.clone());
+    let set_changes = crate::note_listed(sets.subscribe(), context.replica_sets_listed.clone());
+    let pod_changes = crate::note_listed(pod_changes, context.pods_listed.clone());
     let controller = Controller::new(Api::<Deployment>::all(client), watcher::Config::default())
         .with_config(crate::config());
     let deployments = controller.store();

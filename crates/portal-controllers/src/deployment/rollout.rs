@@ -77,7 +77,7 @@ fn strategy(deployment: &Deployment) -> (&str, Option<&IntOrString>, Option<&Int
 }
 
 /// An `int-or-percent` of `total`: percentages rounded up or down.
-fn scaled(value: Option<&IntOrString>, total: i32, round_up: bool) -> i32 {
+pub fn scaled(value: Option<&IntOrString>, total: i32, round_up: bool) -> i32 {
     match value {
         None => 0,
         Some(IntOrString::Int(n)) => *n,

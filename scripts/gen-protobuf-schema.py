@@ -34,6 +34,8 @@ ROOTS = [
     "io.k8s.api.apps.v1.Deployment",
     "io.k8s.api.apps.v1.DaemonSet",
     "io.k8s.api.apps.v1.ControllerRevision",
+    "io.k8s.api.batch.v1.Job",
+    "io.k8s.api.batch.v1.CronJob",
 ]
 # Messages with a JSON form of their own, decoded by hand in `protobuf/mod.rs`.
 SPECIAL = {

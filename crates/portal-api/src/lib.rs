@@ -16,6 +16,7 @@
 //! 6. codecs: `decode` and `protobuf`, from bodies to objects of a kind.
 
 pub mod cidr;
+pub mod cron;
 pub mod decode;
 pub mod defaults;
 pub mod join;

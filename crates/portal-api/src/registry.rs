@@ -26,6 +26,8 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::deployment::RESOURCE,
     &kinds::daemon_set::RESOURCE,
     &kinds::controller_revision::RESOURCE,
+    &kinds::job::RESOURCE,
+    &kinds::cron_job::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,

@@ -2,7 +2,7 @@
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController and ReplicaSet
-//! controller, the Deployment and DaemonSet controllers, node IPAM (pod
+//! controller, the Deployment, DaemonSet and Job controllers, node IPAM (pod
 //! ranges), node lifecycle (unreachable nodes, taint-based eviction), the
 //! scheduler, the load-balancer provider, the garbage collector and
 //! namespace termination.
@@ -12,6 +12,7 @@ pub mod deployment;
 pub mod endpoints;
 pub mod events;
 pub mod garbage_collector;
+pub mod job;
 pub mod load_balancer;
 pub mod mirroring;
 pub mod namespace;
@@ -188,6 +189,7 @@ pub async fn run(client: Client, config: Config) {
     );
     let deployments = deployment::run(client.clone(), pods.store(), pods.subscribe());
     let daemon_sets = daemon_set::run(client.clone(), pods.store(), pods.subscribe());
+    let jobs = job::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
     tokio::join!(
         pods.run(),
@@ -197,6 +199,7 @@ pub async fn run(client: Client, config: Config) {
         replica_sets,
         deployments,
         daemon_sets,
+        jobs,
         node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
         scheduler,

@@ -4,7 +4,9 @@
 //! (images, commands, environment, volumes, container statuses) are most
 //! of the controllers' memory and none of their input.
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodSpec, PodStatus,
+};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use portal_client::SharedReflector;
@@ -17,7 +19,8 @@ pub fn reflector(client: Client) -> SharedReflector<Pod> {
 /// Keeps what the controllers read: identity, labels, owners, deletion and
 /// creation times; the node, scheduler, hostname, subdomain, tolerations,
 /// node selector and affinity; container names, ports (named target ports)
-/// and resources (scheduling); phase, conditions and addresses.
+/// and resources (scheduling); phase, conditions, addresses, and per
+/// container its readiness, restarts and exit code.
 pub fn project(pod: &mut Pod) {
     let metadata = &mut pod.metadata;
     metadata.managed_fields = None;
@@ -68,6 +71,27 @@ pub fn project(pod: &mut Pod) {
             conditions: status.conditions,
             pod_ip: status.pod_ip,
             pod_ips: status.pod_ips,
+            // Restarts (deletion order, Jobs' backoff) and exit codes
+            // (Jobs' pod failure policy).
+            container_statuses: status.container_statuses.map(|statuses| {
+                statuses
+                    .into_iter()
+                    .map(|c| ContainerStatus {
+                        name: c.name,
+                        ready: c.ready,
+                        restart_count: c.restart_count,
+                        state: c.state.and_then(|s| s.terminated).map(|t| ContainerState {
+                            terminated: Some(ContainerStateTerminated {
+                                exit_code: t.exit_code,
+                                reason: t.reason,
+                                ..ContainerStateTerminated::default()
+                            }),
+                            ..ContainerState::default()
+                        }),
+                        ..ContainerStatus::default()
+                    })
+                    .collect()
+            }),
             ..PodStatus::default()
         });
     }
@@ -108,6 +132,7 @@ mod tests {
         let spec = projected.spec.as_ref().unwrap();
         assert!(spec.volumes.is_none() && spec.containers[0].env.is_none());
         assert!(projected.metadata.annotations.is_none());
-        assert!(projected.status.unwrap().container_statuses.is_none());
+        let statuses = projected.status.unwrap().container_statuses.unwrap();
+        assert_eq!((statuses[0].name.as_str(), statuses[0].image.as_str()), ("c", ""));
     }
 }

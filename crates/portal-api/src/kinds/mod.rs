@@ -9,11 +9,13 @@
 //! line in [`crate::registry`]'s built-in list. Nothing else names it.
 
 pub mod controller_revision;
+pub mod cron_job;
 pub mod daemon_set;
 pub mod deployment;
 pub mod endpoint_slice;
 pub mod endpoints;
 pub mod event;
+pub mod job;
 pub mod lease;
 pub mod namespace;
 pub mod node;

@@ -138,3 +138,39 @@ def test_a_finished_job_goes_after_its_ttl(node):
     node.batch.create_namespaced_job(NS, job("brief", node.busybox, ["true"], ttlSecondsAfterFinished=1))
     wait_for(lambda: not node.batch.list_namespaced_job(NS, field_selector="metadata.name=brief").items, "the Job deleted after its TTL", 90)
     wait_for(lambda: not node.core.list_namespaced_pod(NS, label_selector="batch.kubernetes.io/job-name=brief").items, "its pods gone", 60)
+
+
+def test_a_cron_job_runs_every_minute_and_keeps_its_history(node, kubectl):
+    """Every minute a Job, named by its scheduled minute; one finished Job
+    kept (successfulJobsHistoryLimit 1); `kubectl create job --from` runs
+    one now. (Waits for two scheduled minutes: up to two minutes.)"""
+    body = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "tick"}, "spec": {
+        "schedule": "* * * * *", "successfulJobsHistoryLimit": 1,
+        "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 1,
+                                                        "containers": [{"name": "tick", "image": node.busybox, "command": ["date"]}]}}}}}}
+    node.batch.create_namespaced_cron_job(NS, body)
+    line = kubectl.out("get", "cronjob", "tick").splitlines()[1].split()
+    assert line[:4] == ["tick", "*", "*", "*"] and line[6:9] == ["<none>", "False", "0"], line
+    assert "job.batch/by-hand created" in kubectl.out("create", "job", "by-hand", "--from=cronjob/tick")
+    by_hand = node.batch.read_namespaced_job("by-hand", NS)
+    assert by_hand.metadata.annotations["cronjob.kubernetes.io/instantiate"] == "manual"
+
+    def created():
+        events = node.core.list_namespaced_event(NS, field_selector="involvedObject.name=tick").items
+        return sorted(e.message for e in events if e.reason == "SuccessfulCreate")
+    first = wait_for(lambda: created(), "the first scheduled Job", 75)[0]
+    minutes = int(first.rsplit("-", 1)[1])
+    assert abs(minutes * 60 - time.time()) < 180, "named by its scheduled minute"
+    wait_for(lambda: len(created()) >= 2, "the second scheduled Job", 75)
+    # The older finished Job goes; one is kept.
+    def scheduled_jobs():
+        return [j for j in node.batch.list_namespaced_job(NS).items
+                if any(o.kind == "CronJob" and o.controller for o in j.metadata.owner_references or [])
+                and j.metadata.name != "by-hand"]
+    wait_for(lambda: len([j for j in scheduled_jobs() if j.status.succeeded]) == 1 and
+             f"tick-{minutes}" not in {j.metadata.name for j in scheduled_jobs()},
+             "the history limit kept", 75)
+    cron_job = node.batch.read_namespaced_cron_job("tick", NS)
+    assert cron_job.status.last_schedule_time is not None and cron_job.status.last_successful_time is not None
+    node.batch.delete_namespaced_cron_job("tick", NS)
+    wait_for(lambda: not scheduled_jobs(), "its Jobs collected", 60)

@@ -2,11 +2,12 @@
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController and ReplicaSet
-//! controller, the Deployment, DaemonSet and Job controllers, node IPAM (pod
-//! ranges), node lifecycle (unreachable nodes, taint-based eviction), the
-//! scheduler, the load-balancer provider, the garbage collector and
-//! namespace termination.
+//! controller, the Deployment, DaemonSet, Job and CronJob controllers, node
+//! IPAM (pod ranges), node lifecycle (unreachable nodes, taint-based
+//! eviction), the scheduler, the load-balancer provider, the garbage
+//! collector and namespace termination.
 
+pub mod cron_job;
 pub mod daemon_set;
 pub mod deployment;
 pub mod endpoints;
@@ -200,6 +201,7 @@ pub async fn run(client: Client, config: Config) {
         deployments,
         daemon_sets,
         jobs,
+        cron_job::run(client.clone()),
         node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
         scheduler,

@@ -133,6 +133,9 @@ mod tests {
         assert!(spec.volumes.is_none() && spec.containers[0].env.is_none());
         assert!(projected.metadata.annotations.is_none());
         let statuses = projected.status.unwrap().container_statuses.unwrap();
-        assert_eq!((statuses[0].name.as_str(), statuses[0].image.as_str()), ("c", ""));
+        assert_eq!(
+            (statuses[0].name.as_str(), statuses[0].image.as_str()),
+            ("c", "")
+        );
     }
 }

@@ -134,7 +134,9 @@ fn rule_matches(rule: &PodFailurePolicyRule, pod: &Pod) -> Option<String> {
     for pattern in rule.on_pod_conditions.iter().flatten() {
         let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
         // The API defaults an omitted status to True.
-        let status = Some(pattern.status.as_str()).filter(|s| !s.is_empty()).unwrap_or("True");
+        let status = Some(pattern.status.as_str())
+            .filter(|s| !s.is_empty())
+            .unwrap_or("True");
         if conditions
             .into_iter()
             .flatten()

@@ -36,6 +36,7 @@ ROOTS = [
     "io.k8s.api.apps.v1.ControllerRevision",
     "io.k8s.api.batch.v1.Job",
     "io.k8s.api.batch.v1.CronJob",
+    "io.k8s.api.policy.v1.PodDisruptionBudget",
 ]
 # Messages with a JSON form of their own, decoded by hand in `protobuf/mod.rs`.
 SPECIAL = {

@@ -590,6 +590,63 @@ def test_a_daemon_set_runs_one_pod_per_node_and_rolls_node_by_node(bed):
     wait_for(lambda: not apps.list_namespaced_controller_revision(NS, label_selector="app=node-agent").items, "its revisions collected")
 
 
+def test_drain_waits_for_a_disruption_budget(bed):
+    """A 2-replica Deployment with a PodDisruptionBudget minAvailable 2:
+    `kubectl drain` of a node with one of its pods is refused (429) and
+    waits; once a third replica is Ready elsewhere it proceeds."""
+    apps = kubernetes.client.AppsV1Api(bed.portal.api_client())
+    policy = kubernetes.client.PolicyV1Api(bed.portal.api_client())
+    apps.create_namespaced_deployment(NS, {"metadata": {"name": "guarded"}, "spec": {
+        "replicas": 2, "selector": {"matchLabels": {"app": "guarded"}},
+        "template": {"metadata": {"labels": {"app": "guarded"}}, "spec": {
+            "terminationGracePeriodSeconds": 1, "containers": [{"name": "web", "image": bed.image,
+                "readinessProbe": {"httpGet": {"path": "/name.txt", "port": 8080}, "periodSeconds": 1}}]}}}})
+    policy.create_namespaced_pod_disruption_budget(NS, {"metadata": {"name": "guarded"}, "spec": {
+        "minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}})
+    pods = wait_for(lambda: bed.running("app=guarded", 2), "2 guarded pods", timeout=90)
+    wait_for(lambda: (s := policy.read_namespaced_pod_disruption_budget("guarded", NS).status)
+             and s.current_healthy == 2 and s.desired_healthy == 2 and s.disruptions_allowed == 0, "the budget's status")
+    line = bed.kubectl("get", "pdb", "guarded").stdout.splitlines()[1].split()
+    assert line[:4] == ["guarded", "2", "N/A", "0"], line
+    node = pods[0].spec.node_name
+    victim = pods[0].metadata.name
+
+    # The eviction API refuses, with the budget's numbers.
+    try:
+        bed.core.create_namespaced_pod_eviction(victim, NS, {"metadata": {"name": victim, "namespace": NS}})
+        raise AssertionError("evicted")
+    except kubernetes.client.rest.ApiException as error:
+        assert error.status == 429, error
+        assert "The disruption budget guarded needs 2 healthy pods and has 2 currently" in error.body
+
+    drain = subprocess.Popen(["kubectl", "--kubeconfig", str(bed.portal.kubeconfig), "drain", node,
+                              "--ignore-daemonsets", "--timeout=150s"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    reader = threading.Thread(target=lambda: said.extend(drain.stdout), daemon=True)
+    reader.start()
+    try:
+        # kubectl says it was refused and retries.
+        wait_for(lambda: any("would violate the pod's disruption budget" in line for line in said), "the drain refused", timeout=60)
+        assert drain.poll() is None, "drain finished while the budget forbade it"
+        assert any(p.metadata.name == victim for p in bed.pods("app=guarded")), "the pod stayed"
+        apps.patch_namespaced_deployment_scale("guarded", NS, {"spec": {"replicas": 3}})
+        drain.wait(timeout=150)
+        reader.join(timeout=10)
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+    out = "".join(said)
+    assert drain.returncode == 0, out
+    assert f"node/{node} drained" in out, out
+    pods = wait_for(lambda: bed.running("app=guarded", 2) or bed.running("app=guarded", 3), "the guarded pods after the drain", timeout=90)
+    assert victim not in {p.metadata.name for p in pods}
+    assert all(p.spec.node_name != node for p in pods)
+    bed.kubectl("uncordon", node)
+    policy.delete_namespaced_pod_disruption_budget("guarded", NS)
+    apps.delete_namespaced_deployment("guarded", NS)
+    wait_for(lambda: not bed.core.list_namespaced_pod(NS, label_selector="app=guarded").items, "the guarded pods gone", timeout=60)
+
+
 def test_vxlan_overlay_across_subnets(tmp_path):
     """Nodes on three subnets (no shared link, host-gw cannot route): with
     `--pod-network vxlan` the same client-to-Service test passes, through

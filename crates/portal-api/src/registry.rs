@@ -28,6 +28,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::controller_revision::RESOURCE,
     &kinds::job::RESOURCE,
     &kinds::cron_job::RESOURCE,
+    &kinds::pod_disruption_budget::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,

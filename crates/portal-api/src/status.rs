@@ -193,6 +193,19 @@ impl Status {
         Status::new(410, "Expired", message)
     }
 
+    /// 429: try again later, with why (an eviction a disruption budget
+    /// refuses: `reason` `DisruptionBudget`).
+    pub fn too_many_requests(message: impl Into<String>, causes: Vec<Cause>) -> Self {
+        let mut status = Status::new(429, "TooManyRequests", message);
+        if !causes.is_empty() {
+            status.details = Some(Box::new(Details {
+                causes,
+                ..Details::default()
+            }));
+        }
+        status
+    }
+
     pub fn too_large(message: impl Into<String>) -> Self {
         Status::new(413, "RequestEntityTooLarge", message)
     }

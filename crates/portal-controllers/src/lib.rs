@@ -2,14 +2,16 @@
 //! server` or alone (`portal controllers --kubeconfig F`) against any API
 //! server: the endpoints controller (Endpoints and EndpointSlices),
 //! EndpointSlice mirroring, the ReplicationController and ReplicaSet
-//! controller, the Deployment, DaemonSet, Job and CronJob controllers, node
-//! IPAM (pod ranges), node lifecycle (unreachable nodes, taint-based
-//! eviction), the scheduler, the load-balancer provider, the garbage
-//! collector and namespace termination.
+//! controller, the Deployment, DaemonSet, Job and CronJob controllers, the
+//! disruption controller (PodDisruptionBudgets), node IPAM (pod ranges),
+//! node lifecycle (unreachable nodes, taint-based eviction), the
+//! scheduler, the load-balancer provider, the garbage collector and
+//! namespace termination.
 
 pub mod cron_job;
 pub mod daemon_set;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod events;
 pub mod garbage_collector;
@@ -191,6 +193,7 @@ pub async fn run(client: Client, config: Config) {
     let deployments = deployment::run(client.clone(), pods.store(), pods.subscribe());
     let daemon_sets = daemon_set::run(client.clone(), pods.store(), pods.subscribe());
     let jobs = job::run(client.clone(), pods.store(), pods.subscribe());
+    let budgets = disruption::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
     tokio::join!(
         pods.run(),
@@ -202,6 +205,7 @@ pub async fn run(client: Client, config: Config) {
         daemon_sets,
         jobs,
         cron_job::run(client.clone()),
+        budgets,
         node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
         scheduler,

@@ -20,6 +20,7 @@ pub mod lease;
 pub mod namespace;
 pub mod node;
 pub mod pod;
+pub mod pod_disruption_budget;
 pub mod replica_set;
 pub mod replication_controller;
 pub mod service;

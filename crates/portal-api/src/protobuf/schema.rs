@@ -14,14 +14,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "data",
-                ty: Type::Message(213),
+                ty: Type::Message(216),
                 repeated: false,
                 omit_zero: false,
             },
@@ -40,7 +40,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -80,7 +80,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -106,7 +106,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "selector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -240,7 +240,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -294,14 +294,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "lastUpdateTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 7,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -320,7 +320,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "selector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -461,7 +461,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -501,7 +501,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -534,7 +534,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "selector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -614,14 +614,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "maxUnavailable",
-                ty: Type::Message(214),
+                ty: Type::Message(217),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "maxSurge",
-                ty: Type::Message(214),
+                ty: Type::Message(217),
                 repeated: false,
                 omit_zero: false,
             },
@@ -633,14 +633,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "maxUnavailable",
-                ty: Type::Message(214),
+                ty: Type::Message(217),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "maxSurge",
-                ty: Type::Message(214),
+                ty: Type::Message(217),
                 repeated: false,
                 omit_zero: false,
             },
@@ -652,7 +652,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -746,14 +746,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastScheduleTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 5,
                 json: "lastSuccessfulTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -765,7 +765,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -805,14 +805,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastProbeTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -859,7 +859,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "selector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -962,14 +962,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "startTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 3,
                 json: "completionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1037,7 +1037,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1185,7 +1185,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1218,14 +1218,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "acquireTime",
-                ty: Type::Message(209),
+                ty: Type::Message(212),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "renewTime",
-                ty: Type::Message(209),
+                ty: Type::Message(212),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1591,7 +1591,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "labelSelector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2037,7 +2037,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "startedAt",
-            ty: Type::Message(212),
+            ty: Type::Message(215),
             repeated: false,
             omit_zero: false,
         }],
@@ -2076,14 +2076,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "startedAt",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 6,
                 json: "finishedAt",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2184,7 +2184,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "allocatedResources",
-                ty: Type::MapOf(203),
+                ty: Type::MapOf(206),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2320,7 +2320,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "sizeLimit",
-                ty: Type::Message(203),
+                ty: Type::Message(206),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2424,7 +2424,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2730,7 +2730,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2765,14 +2765,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "firstTimestamp",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 7,
                 json: "lastTimestamp",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2793,7 +2793,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "eventTime",
-                ty: Type::Message(209),
+                ty: Type::Message(212),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2847,7 +2847,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "lastObservedTime",
-                ty: Type::Message(209),
+                ty: Type::Message(212),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3146,7 +3146,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "port",
-                ty: Type::Message(214),
+                ty: Type::Message(217),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3463,7 +3463,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3503,7 +3503,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3584,7 +3584,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3662,14 +3662,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastHeartbeatTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3905,14 +3905,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "capacity",
-                ty: Type::MapOf(203),
+                ty: Type::MapOf(206),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "allocatable",
-                ty: Type::MapOf(203),
+                ty: Type::MapOf(206),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4187,7 +4187,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "selector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4234,7 +4234,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4291,7 +4291,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4336,7 +4336,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "labelSelector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4357,7 +4357,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "namespaceSelector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4416,14 +4416,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastProbeTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4899,7 +4899,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 32,
                 json: "overhead",
-                ty: Type::MapOf(203),
+                ty: Type::MapOf(206),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5009,7 +5009,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "startTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5098,7 +5098,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5402,7 +5402,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5442,7 +5442,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5581,7 +5581,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "divisor",
-                ty: Type::Message(203),
+                ty: Type::Message(206),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5612,14 +5612,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "limits",
-                ty: Type::MapOf(203),
+                ty: Type::MapOf(206),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "requests",
-                ty: Type::MapOf(203),
+                ty: Type::MapOf(206),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5977,7 +5977,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6050,7 +6050,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "targetPort",
-                ty: Type::Message(214),
+                ty: Type::Message(217),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6228,7 +6228,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(204),
+                ty: Type::Message(207),
                 repeated: true,
                 omit_zero: false,
             },
@@ -6340,7 +6340,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "timeAdded",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6352,7 +6352,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "port",
-                ty: Type::Message(214),
+                ty: Type::Message(217),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6432,7 +6432,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "labelSelector",
-                ty: Type::Message(206),
+                ty: Type::Message(209),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6696,14 +6696,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "limits",
-                ty: Type::MapOf(203),
+                ty: Type::MapOf(206),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "requests",
-                ty: Type::MapOf(203),
+                ty: Type::MapOf(206),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7154,7 +7154,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(210),
+                ty: Type::Message(213),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7202,6 +7202,119 @@ pub(super) static MESSAGES: &[Message] = &[
         }],
     },
     Message {
+        name: "io.k8s.api.policy.v1.PodDisruptionBudget",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "metadata",
+                ty: Type::Message(213),
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 2,
+                json: "spec",
+                ty: Type::Message(204),
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 3,
+                json: "status",
+                ty: Type::Message(205),
+                repeated: false,
+                omit_zero: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.policy.v1.PodDisruptionBudgetSpec",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "minAvailable",
+                ty: Type::Message(217),
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 2,
+                json: "selector",
+                ty: Type::Message(209),
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 3,
+                json: "maxUnavailable",
+                ty: Type::Message(217),
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 4,
+                json: "unhealthyPodEvictionPolicy",
+                ty: Type::String,
+                repeated: false,
+                omit_zero: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.api.policy.v1.PodDisruptionBudgetStatus",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "observedGeneration",
+                ty: Type::Int64,
+                repeated: false,
+                omit_zero: true,
+            },
+            Field {
+                tag: 2,
+                json: "disruptedPods",
+                ty: Type::MapOf(215),
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 3,
+                json: "disruptionsAllowed",
+                ty: Type::Int32,
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 4,
+                json: "currentHealthy",
+                ty: Type::Int32,
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 5,
+                json: "desiredHealthy",
+                ty: Type::Int32,
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 6,
+                json: "expectedPods",
+                ty: Type::Int32,
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 7,
+                json: "conditions",
+                ty: Type::Message(207),
+                repeated: true,
+                omit_zero: false,
+            },
+        ],
+    },
+    Message {
         name: "io.k8s.apimachinery.pkg.api.resource.Quantity",
         fields: &[],
     },
@@ -7232,7 +7345,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7269,7 +7382,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "matchExpressions",
-                ty: Type::Message(207),
+                ty: Type::Message(210),
                 repeated: true,
                 omit_zero: false,
             },
@@ -7328,7 +7441,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "time",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7342,7 +7455,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "fieldsV1",
-                ty: Type::Message(205),
+                ty: Type::Message(208),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7414,14 +7527,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 8,
                 json: "creationTimestamp",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 9,
                 json: "deletionTimestamp",
-                ty: Type::Message(212),
+                ty: Type::Message(215),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7449,7 +7562,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 13,
                 json: "ownerReferences",
-                ty: Type::Message(211),
+                ty: Type::Message(214),
                 repeated: true,
                 omit_zero: false,
             },
@@ -7463,7 +7576,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 17,
                 json: "managedFields",
-                ty: Type::Message(208),
+                ty: Type::Message(211),
                 repeated: true,
                 omit_zero: false,
             },
@@ -7558,4 +7671,5 @@ pub(super) static KINDS: &[(&str, usize)] = &[
     ("io.k8s.api.apps.v1.ControllerRevision", 0),
     ("io.k8s.api.batch.v1.Job", 20),
     ("io.k8s.api.batch.v1.CronJob", 17),
+    ("io.k8s.api.policy.v1.PodDisruptionBudget", 203),
 ];

@@ -131,7 +131,7 @@ mod tests {
         assert!(resource_list("discovery.k8s.io", "v1").is_some());
         assert!(resource_list("apps", "v1").is_some());
         assert!(
-            resource_list("policy", "v1").is_none(),
+            resource_list("rbac.authorization.k8s.io", "v1").is_none(),
             "a group not served"
         );
         assert_eq!(group_list()["groups"][0]["name"], "apps");

@@ -37,6 +37,7 @@ ROOTS = [
     "io.k8s.api.batch.v1.Job",
     "io.k8s.api.batch.v1.CronJob",
     "io.k8s.api.policy.v1.PodDisruptionBudget",
+    "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler",
 ]
 # Messages with a JSON form of their own, decoded by hand in `protobuf/mod.rs`.
 SPECIAL = {

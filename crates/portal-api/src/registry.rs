@@ -29,6 +29,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::job::RESOURCE,
     &kinds::cron_job::RESOURCE,
     &kinds::pod_disruption_budget::RESOURCE,
+    &kinds::horizontal_pod_autoscaler::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,

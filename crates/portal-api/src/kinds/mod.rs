@@ -15,6 +15,7 @@ pub mod deployment;
 pub mod endpoint_slice;
 pub mod endpoints;
 pub mod event;
+pub mod horizontal_pod_autoscaler;
 pub mod job;
 pub mod lease;
 pub mod namespace;

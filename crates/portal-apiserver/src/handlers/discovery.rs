@@ -24,25 +24,44 @@ pub(crate) fn core_versions(server_address: &str) -> Value {
     })
 }
 
-fn groups() -> Vec<&'static str> {
-    let mut groups: Vec<&str> = resources()
-        .map(|r| r.group)
-        .filter(|g| !g.is_empty())
-        .collect();
-    groups.dedup();
+/// The named groups, each with its versions (the first preferred), in
+/// the order their first kind was registered.
+fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut groups: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+    for r in resources().filter(|r| !r.group.is_empty()) {
+        match groups.iter_mut().find(|(g, _)| *g == r.group) {
+            Some((_, versions)) if !versions.contains(&r.version) => versions.push(r.version),
+            Some(_) => {}
+            None => groups.push((r.group, vec![r.version])),
+        }
+    }
     groups
+}
+
+fn api_group(group: &str, versions: &[&str]) -> Value {
+    let listed: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
+        .collect();
+    json!({"name": group, "versions": listed, "preferredVersion": listed[0]})
 }
 
 /// `/apis`: every named group.
 pub(crate) fn group_list() -> Value {
     let groups: Vec<Value> = groups()
-        .into_iter()
-        .map(|group| {
-            let version = json!({"groupVersion": format!("{group}/v1"), "version": "v1"});
-            json!({"name": group, "versions": [version.clone()], "preferredVersion": version})
-        })
+        .iter()
+        .map(|(group, versions)| api_group(group, versions))
         .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `/apis/<group>`: one group and its versions; `None` for an unknown one.
+pub(crate) fn group(name: &str) -> Option<Value> {
+    let (group, versions) = groups().into_iter().find(|(g, _)| *g == name)?;
+    let mut value = api_group(group, &versions);
+    value["kind"] = json!("APIGroup");
+    value["apiVersion"] = json!("v1");
+    Some(value)
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`; `None` for an unknown one.
@@ -135,5 +154,11 @@ mod tests {
             "a group not served"
         );
         assert_eq!(group_list()["groups"][0]["name"], "apps");
+        let autoscaling = group("autoscaling").unwrap();
+        assert_eq!(
+            autoscaling["preferredVersion"]["groupVersion"],
+            "autoscaling/v2"
+        );
+        assert!(group("rbac.authorization.k8s.io").is_none());
     }
 }

@@ -154,6 +154,11 @@ async fn route(
                 )))
             }
             ["apis"] => return Ok(json_value(&discovery::group_list())),
+            ["apis", group] => {
+                return discovery::group(group)
+                    .map(|v| json_value(&v))
+                    .ok_or_else(Status::no_route)
+            }
             ["openapi", "v3"] => return Ok(json_value(&openapi::index())),
             ["openapi", "v2"] => {
                 let mut response = json_response(StatusCode::OK, openapi::v2_document());

@@ -87,6 +87,21 @@ pub(crate) fn note_listed<K: Send + Sync + 'static>(
     })
 }
 
+/// The owner that controls an object (`controller: true`), if any.
+pub(crate) fn controller_of(
+    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    owners.iter().find(|o| o.controller == Some(true))
+}
+
+/// Whether a selector selects the labels (none selects nothing).
+pub(crate) fn selects(
+    selector: Option<&portal_api::selector::LabelSelector>,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    selector.is_some_and(|s| s.matches(|key| labels.get(key).map(String::as_str)))
+}
+
 /// How long a reconcile waits before looking again at reflectors that have
 /// not listed yet.
 pub(crate) const NOT_LISTED_YET: std::time::Duration = std::time::Duration::from_millis(200);

@@ -11,7 +11,7 @@
 //! its pod reflector has not seen yet still count, so a reconcile that runs
 //! before the watch catches up never creates or deletes twice.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -322,7 +322,7 @@ pub async fn run<K: Replicated>(
             .state()
             .iter()
             .filter(|rc| rc.namespace().as_deref() == Some(namespace.as_str()))
-            .filter(|rc| selects(rc.selector().as_ref(), pod.labels()))
+            .filter(|rc| crate::selects(rc.selector().as_ref(), pod.labels()))
             .map(|rc| ObjectRef::from_obj(&**rc))
             .collect()
     };
@@ -334,17 +334,6 @@ pub async fn run<K: Replicated>(
         &context.retries,
     )
     .await;
-}
-
-/// Whether a selector selects the labels (none selects nothing).
-fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
-    selector.is_some_and(|s| s.matches(|key| labels.get(key).map(String::as_str)))
-}
-
-fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))
 }
 
 /// Adopts an orphan (adds the owner `uid` as its controller) or releases
@@ -571,14 +560,14 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
         if pod.namespace().as_deref() != Some(namespace.as_str()) || !is_active(&pod) {
             continue;
         }
-        let matches = selects(selector.as_ref(), pod.labels());
+        let matches = crate::selects(selector.as_ref(), pod.labels());
         if owned_by(&pod, &uid) {
             if matches {
                 pods.push(pod);
             } else {
                 set_controller(&api, &pod, None, &uid).await?;
             }
-        } else if matches && controller_of(&pod).is_none() && !deleting {
+        } else if matches && crate::controller_of(pod.owner_references()).is_none() && !deleting {
             set_controller(&api, &pod, Some(&owner), &uid).await?;
             pods.push(pod);
         }
@@ -754,6 +743,7 @@ async fn reconcile<K: Replicated>(rc: Arc<K>, ctx: Arc<Context>) -> Result<Actio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn ready_since(at: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -924,7 +914,7 @@ mod tests {
         .unwrap();
         let labels = BTreeMap::from([("app".to_owned(), "a".to_owned())]);
         assert!(
-            selects(rc.selector().as_ref(), &labels),
+            crate::selects(rc.selector().as_ref(), &labels),
             "defaulted from the template"
         );
         let rs: ReplicaSet = serde_json::from_value(serde_json::json!({
@@ -932,13 +922,13 @@ mod tests {
             "spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a", "b"]}]}},
         }))
         .unwrap();
-        assert!(selects(rs.selector().as_ref(), &labels));
+        assert!(crate::selects(rs.selector().as_ref(), &labels));
         let empty: ReplicaSet = serde_json::from_value(
             serde_json::json!({"metadata": {"name": "rs"}, "spec": {"selector": {}}}),
         )
         .unwrap();
         assert!(
-            !selects(empty.selector().as_ref(), &labels),
+            !crate::selects(empty.selector().as_ref(), &labels),
             "an empty selector selects nothing"
         );
     }

@@ -206,19 +206,8 @@ fn columns() -> Vec<Column> {
 
 fn cells(object: &Value, now: i64) -> Vec<Value> {
     use crate::table::cells::*;
-    let containers = arr(
-        object,
-        &[
-            "spec",
-            "jobTemplate",
-            "spec",
-            "template",
-            "spec",
-            "containers",
-        ],
-    );
-    let names: Vec<&str> = containers.iter().filter_map(|c| s(c, &["name"])).collect();
-    let images: Vec<&str> = containers.iter().filter_map(|c| s(c, &["image"])).collect();
+    let [names, images] =
+        super::template_containers(&object["spec"]["jobTemplate"]["spec"]["template"]);
     let last = object["status"]["lastScheduleTime"]
         .as_str()
         .and_then(|t| t.parse::<jiff::Timestamp>().ok())
@@ -236,8 +225,8 @@ fn cells(object: &Value, now: i64) -> Vec<Value> {
         json!(arr(object, &["status", "active"]).len()),
         json!(last),
         age(object, now),
-        json!(names.join(",")),
-        json!(images.join(",")),
+        names,
+        images,
         json!("<none>"),
     ]
 }

@@ -165,9 +165,7 @@ fn columns() -> Vec<Column> {
 
 fn cells(object: &Value, now: i64) -> Vec<Value> {
     use crate::table::cells::*;
-    let containers = arr(object, &["spec", "template", "spec", "containers"]);
-    let names: Vec<&str> = containers.iter().filter_map(|c| s(c, &["name"])).collect();
-    let images: Vec<&str> = containers.iter().filter_map(|c| s(c, &["image"])).collect();
+    let [names, images] = super::template_containers(&object["spec"]["template"]);
     let node_selector = object
         .pointer("/spec/template/spec/nodeSelector")
         .and_then(Value::as_object)
@@ -191,8 +189,8 @@ fn cells(object: &Value, now: i64) -> Vec<Value> {
         status("numberAvailable"),
         json!(or_none(node_selector)),
         age(object, now),
-        json!(names.join(",")),
-        json!(images.join(",")),
+        names,
+        images,
         json!(or_none(selector)),
     ]
 }

@@ -250,9 +250,7 @@ fn columns() -> Vec<Column> {
 
 fn cells(object: &Value, now: i64) -> Vec<Value> {
     use crate::table::cells::*;
-    let containers = arr(object, &["spec", "template", "spec", "containers"]);
-    let names: Vec<&str> = containers.iter().filter_map(|c| s(c, &["name"])).collect();
-    let images: Vec<&str> = containers.iter().filter_map(|c| s(c, &["image"])).collect();
+    let [names, images] = super::template_containers(&object["spec"]["template"]);
     let desired = object
         .pointer("/spec/replicas")
         .and_then(Value::as_i64)
@@ -269,8 +267,8 @@ fn cells(object: &Value, now: i64) -> Vec<Value> {
         json!(int(object, &["status", "updatedReplicas"])),
         json!(int(object, &["status", "availableReplicas"])),
         age(object, now),
-        json!(names.join(",")),
-        json!(images.join(",")),
+        names,
+        images,
         json!(or_none(selector)),
     ]
 }

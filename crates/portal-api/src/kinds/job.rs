@@ -285,9 +285,7 @@ fn status_word(object: &Value) -> &'static str {
 
 fn cells(object: &Value, now: i64) -> Vec<Value> {
     use crate::table::cells::*;
-    let containers = arr(object, &["spec", "template", "spec", "containers"]);
-    let names: Vec<&str> = containers.iter().filter_map(|c| s(c, &["name"])).collect();
-    let images: Vec<&str> = containers.iter().filter_map(|c| s(c, &["image"])).collect();
+    let [names, images] = super::template_containers(&object["spec"]["template"]);
     let succeeded = int(object, &["status", "succeeded"]);
     let completions = match object["spec"]["completions"].as_i64() {
         Some(n) => format!("{succeeded}/{n}"),
@@ -316,8 +314,8 @@ fn cells(object: &Value, now: i64) -> Vec<Value> {
         json!(completions),
         json!(duration),
         age(object, now),
-        json!(names.join(",")),
-        json!(images.join(",")),
+        names,
+        images,
         json!(or_none(selector)),
     ]
 }

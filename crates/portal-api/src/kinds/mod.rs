@@ -68,9 +68,7 @@ fn replicas_columns() -> Vec<crate::table::Column> {
 fn replicas_cells(object: &Value, now: i64, selector: String) -> Vec<Value> {
     use crate::table::cells::*;
     use serde_json::json;
-    let containers = arr(object, &["spec", "template", "spec", "containers"]);
-    let names: Vec<&str> = containers.iter().filter_map(|c| s(c, &["name"])).collect();
-    let images: Vec<&str> = containers.iter().filter_map(|c| s(c, &["image"])).collect();
+    let [names, images] = template_containers(&object["spec"]["template"]);
     vec![
         name(object),
         json!(object
@@ -80,10 +78,22 @@ fn replicas_cells(object: &Value, now: i64, selector: String) -> Vec<Value> {
         json!(int(object, &["status", "replicas"])),
         json!(int(object, &["status", "readyReplicas"])),
         age(object, now),
-        json!(names.join(",")),
-        json!(images.join(",")),
+        names,
+        images,
         json!(or_none(selector)),
     ]
+}
+
+/// The wide columns of a pod template: its containers' names and images,
+/// comma-separated.
+fn template_containers(template: &Value) -> [Value; 2] {
+    use crate::table::cells::*;
+    let containers = arr(template, &["spec", "containers"]);
+    let joined = |field: &str| {
+        let values: Vec<&str> = containers.iter().filter_map(|c| s(c, &[field])).collect();
+        serde_json::json!(values.join(","))
+    };
+    [joined("name"), joined("image")]
 }
 
 /// For kinds with no validation beyond metadata.

@@ -75,19 +75,11 @@ struct Context {
     failed: Mutex<HashMap<(String, String), (Instant, Duration)>>,
 }
 
-fn controller_of(owners: &[OwnerReference]) -> Option<&OwnerReference> {
-    owners.iter().find(|o| o.controller == Some(true))
-}
-
 fn selector_of(ds: &DaemonSet) -> Option<LabelSelector> {
     let selector = serde_json::to_value(&ds.spec.as_ref()?.selector).ok()?;
     LabelSelector::from_api(&selector, "spec.selector")
         .ok()
         .filter(|s| !s.is_empty())
-}
-
-fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
-    selector.is_some_and(|s| s.matches(|k| labels.get(k).map(String::as_str)))
 }
 
 /// Runs the controller until the process ends, reading pods from the
@@ -130,7 +122,7 @@ pub async fn run(
     // selector matches it.
     let pod_mapper = move |pod: Arc<Pod>| -> Vec<ObjectRef<DaemonSet>> {
         let namespace = pod.namespace().unwrap_or_default();
-        if let Some(owner) = controller_of(pod.owner_references()) {
+        if let Some(owner) = crate::controller_of(pod.owner_references()) {
             return (owner.kind == "DaemonSet")
                 .then(|| ObjectRef::new(&owner.name).within(&namespace))
                 .into_iter()
@@ -140,7 +132,7 @@ pub async fn run(
             .state()
             .iter()
             .filter(|d| d.namespace().as_deref() == Some(namespace.as_str()))
-            .filter(|d| selects(selector_of(d).as_ref(), pod.labels()))
+            .filter(|d| crate::selects(selector_of(d).as_ref(), pod.labels()))
             .map(|d| ObjectRef::from_obj(&**d))
             .collect()
     };
@@ -154,7 +146,7 @@ pub async fn run(
     };
     let revision_mapper = |revision: Arc<ControllerRevision>| -> Vec<ObjectRef<DaemonSet>> {
         let namespace = revision.namespace().unwrap_or_default();
-        controller_of(revision.owner_references())
+        crate::controller_of(revision.owner_references())
             .filter(|o| o.kind == "DaemonSet")
             .map(|o| ObjectRef::new(&o.name).within(&namespace))
             .into_iter()
@@ -342,8 +334,8 @@ impl Step<'_> {
             if pod.namespace().as_deref() != Some(self.namespace.as_str()) {
                 continue;
             }
-            let matches = selects(Some(selector), pod.labels());
-            match controller_of(pod.owner_references()) {
+            let matches = crate::selects(Some(selector), pod.labels());
+            match crate::controller_of(pod.owner_references()) {
                 Some(o) if o.uid == self.uid => {
                     if matches {
                         claimed.push((*pod).clone());
@@ -500,8 +492,10 @@ impl Step<'_> {
             .state()
             .into_iter()
             .filter(|r| r.namespace().as_deref() == Some(self.namespace.as_str()))
-            .filter(|r| controller_of(r.owner_references()).is_some_and(|o| o.uid == self.uid))
-            .filter(|r| selects(Some(selector), r.labels()))
+            .filter(|r| {
+                crate::controller_of(r.owner_references()).is_some_and(|o| o.uid == self.uid)
+            })
+            .filter(|r| crate::selects(Some(selector), r.labels()))
             .collect();
         let data = patch_of(self.ds);
         let max = owned.iter().map(|r| r.revision).max().unwrap_or(0);
@@ -560,8 +554,8 @@ impl Step<'_> {
             Ok(_) => Ok(hash),
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 let existing = api.get(&revision.name_any()).await?;
-                let ours =
-                    controller_of(existing.owner_references()).is_some_and(|o| o.uid == self.uid);
+                let ours = crate::controller_of(existing.owner_references())
+                    .is_some_and(|o| o.uid == self.uid);
                 if ours && existing.data.as_ref().map(|d| &d.0) == Some(&data) {
                     return Ok(hash);
                 }
@@ -607,7 +601,9 @@ impl Step<'_> {
             .state()
             .into_iter()
             .filter(|r| r.namespace().as_deref() == Some(self.namespace.as_str()))
-            .filter(|r| controller_of(r.owner_references()).is_some_and(|o| o.uid == self.uid))
+            .filter(|r| {
+                crate::controller_of(r.owner_references()).is_some_and(|o| o.uid == self.uid)
+            })
             .filter(|r| {
                 r.labels()
                     .get(HASH_LABEL)

@@ -63,18 +63,9 @@ fn replica_set_reflector(client: Client) -> SharedReflector<ReplicaSet> {
     })
 }
 
-/// The controller (by kind and uid) of an object.
-fn controller_of(owners: &[OwnerReference]) -> Option<&OwnerReference> {
-    owners.iter().find(|o| o.controller == Some(true))
-}
-
 fn selector_of(deployment: &Deployment) -> Option<LabelSelector> {
     let selector = serde_json::to_value(&deployment.spec.as_ref()?.selector).ok()?;
     LabelSelector::from_api(&selector, "spec.selector").ok()
-}
-
-fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
-    selector.is_some_and(|s| !s.is_empty() && s.matches(|k| labels.get(k).map(String::as_str)))
 }
 
 /// Runs the controller until the process ends, reading pods (for
@@ -103,7 +94,7 @@ pub async fn run(
     // Deployment whose selector matches it (to be adopted).
     let set_mapper = move |rs: Arc<ReplicaSet>| -> Vec<ObjectRef<Deployment>> {
         let namespace = rs.namespace().unwrap_or_default();
-        if let Some(owner) = controller_of(rs.owner_references()) {
+        if let Some(owner) = crate::controller_of(rs.owner_references()) {
             return (owner.kind == "Deployment" && owner.api_version == "apps/v1")
                 .then(|| ObjectRef::new(&owner.name).within(&namespace))
                 .into_iter()
@@ -113,7 +104,12 @@ pub async fn run(
             .state()
             .iter()
             .filter(|d| d.namespace().as_deref() == Some(namespace.as_str()))
-            .filter(|d| selects(selector_of(d).as_ref(), rs.labels()))
+            .filter(|d| {
+                crate::selects(
+                    selector_of(d).filter(|s| !s.is_empty()).as_ref(),
+                    rs.labels(),
+                )
+            })
             .map(|d| ObjectRef::from_obj(&**d))
             .collect()
     };
@@ -122,13 +118,14 @@ pub async fn run(
     let sets_store = context.replica_sets.clone();
     let pod_mapper = move |pod: Arc<Pod>| -> Vec<ObjectRef<Deployment>> {
         let namespace = pod.namespace().unwrap_or_default();
-        let Some(owner) = controller_of(pod.owner_references()).filter(|o| o.kind == "ReplicaSet")
+        let Some(owner) =
+            crate::controller_of(pod.owner_references()).filter(|o| o.kind == "ReplicaSet")
         else {
             return Vec::new();
         };
         let set = sets_store.get(&ObjectRef::new(&owner.name).within(&namespace));
         set.and_then(|rs| {
-            controller_of(rs.owner_references())
+            crate::controller_of(rs.owner_references())
                 .filter(|o| o.kind == "Deployment")
                 .map(|o| ObjectRef::new(&o.name).within(&namespace))
         })
@@ -284,8 +281,8 @@ impl<'a> Rollout<'a> {
             if rs.namespace().as_deref() != Some(self.namespace.as_str()) {
                 continue;
             }
-            let matches = selects(Some(selector), rs.labels());
-            match controller_of(rs.owner_references()) {
+            let matches = crate::selects(Some(selector), rs.labels());
+            match crate::controller_of(rs.owner_references()) {
                 Some(o) if o.uid == uid => {
                     if matches {
                         claimed.push((*rs).clone());
@@ -496,7 +493,7 @@ impl<'a> Rollout<'a> {
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 let existing = self.sets.get(&name).await?;
-                let ours = controller_of(existing.owner_references())
+                let ours = crate::controller_of(existing.owner_references())
                     .is_some_and(|o| Some(&o.uid) == self.deployment.metadata.uid.as_ref());
                 if ours && revision::equal_ignoring_hash(&rs_template(&existing), &spec.template) {
                     if self.set_revision_annotation(&existing) {
@@ -756,7 +753,7 @@ impl<'a> Rollout<'a> {
             .collect();
         let new_uid = new.and_then(|rs| rs.metadata.uid.as_deref());
         self.ctx.pods.state().iter().any(|pod| {
-            let owner = controller_of(pod.owner_references()).map(|o| o.uid.as_str());
+            let owner = crate::controller_of(pod.owner_references()).map(|o| o.uid.as_str());
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             pod.namespace().as_deref() == Some(self.namespace.as_str())
                 && owner.is_some_and(|uid| old_uids.contains(&uid) && Some(uid) != new_uid)

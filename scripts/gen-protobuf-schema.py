@@ -33,6 +33,7 @@ ROOTS = [
     "io.k8s.api.apps.v1.ReplicaSet",
     "io.k8s.api.apps.v1.Deployment",
     "io.k8s.api.apps.v1.DaemonSet",
+    "io.k8s.api.apps.v1.StatefulSet",
     "io.k8s.api.apps.v1.ControllerRevision",
     "io.k8s.api.batch.v1.Job",
     "io.k8s.api.batch.v1.CronJob",

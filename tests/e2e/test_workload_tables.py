@@ -1,7 +1,7 @@
 """Every workload kind of issue 27 through stock kubectl without a node:
 `kubectl get all` lists them with their columns and `kubectl describe`
-shows each (Deployment, ReplicaSet, DaemonSet, ControllerRevision, Job,
-CronJob, PodDisruptionBudget). kubectl 1.32 only: 1.20's CronJob
+shows each (Deployment, ReplicaSet, DaemonSet, StatefulSet,
+ControllerRevision, Job, CronJob, PodDisruptionBudget). kubectl 1.32 only: 1.20's CronJob
 describer asks for `batch/v1beta1`, which is not served."""
 
 from support.kubectl import KUBECTLS, Kubectl
@@ -16,6 +16,17 @@ spec:
   template:
     metadata: {labels: {app: agent}}
     spec: {containers: [{name: a, image: registry.local/web:1}]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  replicas: 0
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: d, image: registry.local/db:1}]}
 ---
 apiVersion: batch/v1
 kind: CronJob
@@ -37,16 +48,19 @@ def test_get_all_and_describe_every_workload_kind(portal, tmp_path):
     kubectl.apply(MANIFESTS)
     kubectl.out("create", "job", "once", "--image=registry.local/web:1")
     # The controllers have made the ReplicaSet and the revision.
-    wait_for(lambda: "web-" in kubectl.out("get", "rs") and "agent-" in kubectl.out("get", "controllerrevisions"),
+    wait_for(lambda: "web-" in kubectl.out("get", "rs") and "agent-" in (revisions := kubectl.out("get", "controllerrevisions"))
+             and "db-" in revisions,
              "the ReplicaSet and the ControllerRevision")
     everything = kubectl.out("get", "all")
-    for header in ["deployment.apps/web", "replicaset.apps/web-", "daemonset.apps/agent", "job.batch/once", "cronjob.batch/tick"]:
+    for header in ["deployment.apps/web", "replicaset.apps/web-", "daemonset.apps/agent", "statefulset.apps/db",
+                   "job.batch/once", "cronjob.batch/tick"]:
         assert header in everything, everything
     assert "NODE SELECTOR" in everything and "COMPLETIONS" in everything and "LAST SCHEDULE" in everything
     expected = {
         "deployment/web": "StrategyType:           RollingUpdate",
         "replicaset": "Controlled By:  Deployment/web",
         "daemonset/agent": "Desired Number of Nodes Scheduled: 0",
+        "sts/db": "Update Strategy:    RollingUpdate",
         "job/once": "Completion Mode:  NonIndexed",
         "cronjob/tick": "Schedule:                      */5 * * * *",
         "pdb/web": "Min available:  1",

@@ -25,6 +25,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::replica_set::RESOURCE,
     &kinds::deployment::RESOURCE,
     &kinds::daemon_set::RESOURCE,
+    &kinds::stateful_set::RESOURCE,
     &kinds::controller_revision::RESOURCE,
     &kinds::job::RESOURCE,
     &kinds::cron_job::RESOURCE,
@@ -177,9 +178,11 @@ mod tests {
     #[test]
     fn lookups_that_miss_are_errors() {
         let registry = Registry::built_in();
-        let missing = Kind::new("apps", "StatefulSet");
+        let missing = Kind::new("certificates.k8s.io", "CertificateSigningRequest");
         assert_eq!(registry.of(missing), Err(RegistryError::NotServed(missing)));
-        assert!(registry.find("apps", "v1", "statefulsets").is_none());
+        assert!(registry
+            .find("certificates.k8s.io", "v1", "certificatesigningrequests")
+            .is_none());
         assert!(registry.find("", "v1", "endpointslices").is_none());
     }
 

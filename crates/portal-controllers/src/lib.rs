@@ -15,6 +15,7 @@ pub mod disruption;
 pub mod endpoints;
 pub mod events;
 pub mod garbage_collector;
+pub mod history;
 pub mod job;
 pub mod load_balancer;
 pub mod mirroring;
@@ -26,6 +27,7 @@ pub mod pods;
 pub mod replication;
 pub mod requests;
 pub mod scheduler;
+pub mod stateful_set;
 
 use kube::Client;
 
@@ -38,6 +40,16 @@ pub enum ReconcileError {
     /// A reflector's initial list has not finished.
     #[error("reflector not ready: {0}")]
     NotReady(#[from] kube::runtime::reflector::store::WriterDropped),
+}
+
+/// A conflict of this controller's own making (as a 409 from the API would
+/// be): the reconcile is tried again shortly.
+pub fn conflict(message: &str) -> ReconcileError {
+    ReconcileError::Api(kube::Error::Api(
+        kube::core::Status::failure(message, "Conflict")
+            .with_code(409)
+            .boxed(),
+    ))
 }
 
 /// How many reconciles one controller runs at once. Each may hold an API
@@ -207,6 +219,7 @@ pub async fn run(client: Client, config: Config) {
     );
     let deployments = deployment::run(client.clone(), pods.store(), pods.subscribe());
     let daemon_sets = daemon_set::run(client.clone(), pods.store(), pods.subscribe());
+    let stateful_sets = stateful_set::run(client.clone(), pods.store(), pods.subscribe());
     let jobs = job::run(client.clone(), pods.store(), pods.subscribe());
     let budgets = disruption::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
@@ -218,6 +231,7 @@ pub async fn run(client: Client, config: Config) {
         replica_sets,
         deployments,
         daemon_sets,
+        stateful_sets,
         jobs,
         cron_job::run(client.clone()),
         budgets,

@@ -6,6 +6,7 @@
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodSpec, PodStatus,
+    Volume,
 };
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -18,7 +19,7 @@ pub fn reflector(client: Client) -> SharedReflector<Pod> {
 
 /// Keeps what the controllers read: identity, labels, owners, deletion and
 /// creation times; the node, scheduler, hostname, subdomain, tolerations,
-/// node selector and affinity; container names, ports (named target ports)
+/// node selector and affinity; claim volumes; container names, ports (named target ports)
 /// and resources (scheduling); phase, conditions, addresses, and per
 /// container its readiness, restarts and exit code.
 pub fn project(pod: &mut Pod) {
@@ -62,6 +63,21 @@ pub fn project(pod: &mut Pod) {
                     .collect()
             }),
             overhead: spec.overhead,
+            // Claims: the scheduler waits for them.
+            volumes: spec
+                .volumes
+                .map(|volumes| {
+                    volumes
+                        .into_iter()
+                        .filter(|v| v.persistent_volume_claim.is_some())
+                        .map(|v| Volume {
+                            name: v.name,
+                            persistent_volume_claim: v.persistent_volume_claim,
+                            ..Volume::default()
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .filter(|claims| !claims.is_empty()),
             ..PodSpec::default()
         });
     }

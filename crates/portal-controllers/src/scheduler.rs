@@ -3,7 +3,8 @@
 //! tolerations allow ([`crate::placement`]) through the `binding`
 //! subresource, spreading the pods of
 //! one owner (a ReplicationController) across nodes. With no node that
-//! fits, the pod stays Pending with a `FailedScheduling` Event.
+//! fits, the pod stays Pending with a `FailedScheduling` Event; so does a
+//! pod whose PersistentVolumeClaims do not exist.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -123,9 +124,29 @@ fn misfit(node: &Node, pod: &Pod) -> Option<String> {
     })
 }
 
+/// The first claim the pod's volumes name that does not exist. This API
+/// server does not serve PersistentVolumeClaims yet (they come with
+/// storage), so no claim exists and such a pod waits, as it would upstream
+/// for a claim not yet created.
+fn missing_claim(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|claim| claim.claim_name.as_str())
+}
+
 /// `0/3 nodes are available: 1 node(s) were unschedulable, 2 node(s) had
 /// untolerated taint {…}.`
 fn unavailable_message(nodes: &[Arc<Node>], pod: &Pod, load: &HashMap<String, Load>) -> String {
+    if let Some(claim) = missing_claim(pod) {
+        return format!(
+            "0/{} nodes are available: persistentvolumeclaim \"{claim}\" not found.",
+            nodes.len()
+        );
+    }
     let mut reasons: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for node in nodes {
         let used = load
@@ -272,6 +293,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         };
         let fitting: Vec<&Arc<Node>> = nodes
             .iter()
+            .filter(|_| missing_claim(&pod).is_none())
             .filter(|n| misfits(n, &pod, used(n)).is_empty())
             .collect();
         let chosen = fitting.iter().map(|n| n.name_any()).min_by_key(|n| {
@@ -380,6 +402,22 @@ mod tests {
     fn pod(spec: serde_json::Value) -> Pod {
         serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
             .unwrap()
+    }
+
+    #[test]
+    fn pods_wait_for_their_claims() {
+        let nodes = vec![node("a", serde_json::json!({}))];
+        let claiming = pod(serde_json::json!({"containers": [{"name": "c"}],
+            "volumes": [{"name": "tmp", "emptyDir": {}},
+                {"name": "www", "persistentVolumeClaim": {"claimName": "www-web-0"}}]}));
+        assert_eq!(missing_claim(&claiming), Some("www-web-0"));
+        assert_eq!(
+            unavailable_message(&nodes, &claiming, &HashMap::new()),
+            "0/1 nodes are available: persistentvolumeclaim \"www-web-0\" not found."
+        );
+        let mut projected = claiming.clone();
+        crate::pods::project(&mut projected);
+        assert_eq!(missing_claim(&projected), Some("www-web-0"));
     }
 
     #[test]

@@ -89,7 +89,7 @@ fn list_strategy(path: &[&str]) -> ListStrategy {
 
 /// An `int-or-string` that is an integer ≥ 0 or a percentage `N%`:
 /// `Some(percent)` for a percentage, `None` for an integer, or the cause.
-fn int_or_percent(value: &Value, field: &str) -> Result<Option<i64>, Cause> {
+pub(crate) fn int_or_percent(value: &Value, field: &str) -> Result<Option<i64>, Cause> {
     if let Some(n) = value.as_i64() {
         if n < 0 {
             return Err(Cause::invalid(
@@ -112,7 +112,7 @@ fn int_or_percent(value: &Value, field: &str) -> Result<Option<i64>, Cause> {
     }
 }
 
-fn is_zero(value: &Value) -> bool {
+pub(crate) fn is_zero(value: &Value) -> bool {
     value.as_i64() == Some(0) || value.as_str() == Some("0%")
 }
 

@@ -25,6 +25,7 @@ pub mod pod_disruption_budget;
 pub mod replica_set;
 pub mod replication_controller;
 pub mod service;
+pub mod stateful_set;
 
 use serde_json::Value;
 

@@ -90,7 +90,14 @@ pub(crate) fn validate_selector_and_template(
             "spec.selector",
             "v1.LabelSelector{MatchLabels:map[string]string(nil), \
              MatchExpressions:[]v1.LabelSelectorRequirement(nil)}",
-            "empty selector is invalid for deployment",
+            // Upstream's ReplicaSets (and so Deployments) say "deployment".
+            &format!(
+                "empty selector is invalid for {}",
+                match kind {
+                    "ReplicaSet" => "deployment".to_owned(),
+                    other => other.to_ascii_lowercase(),
+                }
+            ),
         )),
         Ok(parsed) => {
             let labels = &object["spec"]["template"]["metadata"]["labels"];

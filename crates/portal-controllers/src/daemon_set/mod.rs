@@ -24,7 +24,6 @@ use futures_util::Stream;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -34,9 +33,9 @@ use parking_lot::Mutex;
 use portal_api::selector::LabelSelector;
 use portal_client::{Settled, SharedReflector};
 
-use crate::deployment::revision::template_hash;
 use crate::deployment::rollout::scaled;
 use crate::events;
+use crate::history::{self, History};
 use crate::replication::{is_available, is_ready, set_controller};
 use nodes::Fit;
 use plan::{Plan, HASH_LABEL};
@@ -300,7 +299,7 @@ impl Step<'_> {
             }
             self.carry_out(step, &hash).await?;
         }
-        self.clean_up_history(&hash, &by_node).await?;
+        self.clean_up_history(selector, &hash, &by_node).await?;
         self.write_status(&fits, &by_node, &hash).await?;
         // Ready pods become available after minReadySeconds: look again then.
         let waiting = by_node
@@ -481,105 +480,57 @@ impl Step<'_> {
         }
     }
 
+    fn history(&self) -> History<'_> {
+        History {
+            client: &self.ctx.client,
+            revisions: &self.ctx.revisions,
+            namespace: &self.namespace,
+            owner: self.owner(),
+            hash_label: HASH_LABEL,
+        }
+    }
+
     /// The revision of the current template, made (or re-numbered, when an
     /// old template comes back) as needed; its hash.
     async fn current_revision(&self, selector: &LabelSelector) -> Result<String, Error> {
-        let api: Api<ControllerRevision> =
-            Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        let owned: Vec<Arc<ControllerRevision>> = self
-            .ctx
-            .revisions
-            .state()
-            .into_iter()
-            .filter(|r| r.namespace().as_deref() == Some(self.namespace.as_str()))
-            .filter(|r| {
-                crate::controller_of(r.owner_references()).is_some_and(|o| o.uid == self.uid)
-            })
-            .filter(|r| crate::selects(Some(selector), r.labels()))
-            .collect();
-        let data = patch_of(self.ds);
-        let max = owned.iter().map(|r| r.revision).max().unwrap_or(0);
-        let mut same: Vec<&Arc<ControllerRevision>> = owned
-            .iter()
-            .filter(|r| r.data.as_ref().map(|d| &d.0) == Some(&data))
-            .collect();
-        same.sort_by_key(|r| r.revision);
-        if let Some(current) = same.pop() {
-            // Duplicates of the current template go; the newest stays.
-            for duplicate in same {
-                ignore_missing(
-                    api.delete(&duplicate.name_any(), &DeleteParams::default())
-                        .await,
-                )?;
-            }
-            if current.revision < max {
-                let mut renumbered = (**current).clone();
-                renumbered.revision = max + 1;
-                api.replace(&current.name_any(), &PostParams::default(), &renumbered)
-                    .await?;
-            }
-            let hash = current.labels().get(HASH_LABEL).cloned();
-            return Ok(hash.unwrap_or_else(|| current.name_any()));
-        }
-        let status = self.ds.status.clone().unwrap_or_default();
         let template = self
             .ds
             .spec
             .as_ref()
             .map(|s| s.template.clone())
             .unwrap_or_default();
-        let hash = template_hash(&template, status.collision_count);
-        let mut labels = template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.labels.clone())
-            .unwrap_or_default();
-        labels.insert(HASH_LABEL.into(), hash.clone());
-        let revision = ControllerRevision {
-            metadata: ObjectMeta {
-                name: Some(format!("{}-{hash}", self.name)),
-                namespace: Some(self.namespace.clone()),
-                labels: Some(labels),
-                annotations: self.ds.metadata.annotations.clone().map(|mut a| {
-                    a.remove("kubectl.kubernetes.io/last-applied-configuration");
-                    a
-                }),
-                owner_references: Some(vec![self.owner()]),
-                ..ObjectMeta::default()
-            },
-            data: Some(RawExtension(data.clone())),
-            revision: max + 1,
-        };
-        match api.create(&PostParams::default(), &revision).await {
-            Ok(_) => Ok(hash),
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                let existing = api.get(&revision.name_any()).await?;
-                let ours = crate::controller_of(existing.owner_references())
-                    .is_some_and(|o| o.uid == self.uid);
-                if ours && existing.data.as_ref().map(|d| &d.0) == Some(&data) {
-                    return Ok(hash);
-                }
-                // Another template has this name: count the collision so
-                // the next hash differs.
-                let mut updated = self.ds.clone();
-                let mut status = status;
-                status.collision_count =
-                    Some(status.collision_count.unwrap_or(0).saturating_add(1));
-                updated.status = Some(status);
-                let sets: Api<DaemonSet> =
-                    Api::namespaced(self.ctx.client.clone(), &self.namespace);
-                sets.replace_status(&self.name, &PostParams::default(), &updated)
-                    .await?;
-                Err(kube::Error::Api(e).into())
-            }
-            Err(e) => Err(e.into()),
+        let status = self.ds.status.clone().unwrap_or_default();
+        let revision = self
+            .history()
+            .revision_of(
+                selector,
+                &template,
+                self.ds.metadata.annotations.as_ref(),
+                status.collision_count,
+            )
+            .await?;
+        if let Some(revision) = revision {
+            return Ok(history::hash_of(&revision, HASH_LABEL));
         }
+        // Another template has this name: count the collision so the next
+        // hash differs, and try again.
+        let mut updated = self.ds.clone();
+        let mut status = status;
+        status.collision_count = Some(status.collision_count.unwrap_or(0).saturating_add(1));
+        updated.status = Some(status);
+        let sets: Api<DaemonSet> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        sets.replace_status(&self.name, &PostParams::default(), &updated)
+            .await?;
+        Err(crate::conflict(
+            "revision name collision counted; trying again",
+        ))
     }
 
     /// Old revisions beyond `revisionHistoryLimit` that no pod runs go,
     /// oldest first.
     async fn clean_up_history(
         &self,
+        selector: &LabelSelector,
         hash: &str,
         by_node: &BTreeMap<String, Vec<Pod>>,
     ) -> Result<(), Error> {
@@ -589,40 +540,16 @@ impl Step<'_> {
             .as_ref()
             .and_then(|s| s.revision_history_limit)
             .unwrap_or(10);
-        let limit = usize::try_from(limit).unwrap_or(0);
         let in_use: HashSet<&str> = by_node
             .values()
             .flatten()
             .filter_map(|p| p.labels().get(HASH_LABEL).map(String::as_str))
             .collect();
-        let mut old: Vec<Arc<ControllerRevision>> = self
-            .ctx
-            .revisions
-            .state()
-            .into_iter()
-            .filter(|r| r.namespace().as_deref() == Some(self.namespace.as_str()))
-            .filter(|r| {
-                crate::controller_of(r.owner_references()).is_some_and(|o| o.uid == self.uid)
-            })
-            .filter(|r| {
-                r.labels()
-                    .get(HASH_LABEL)
-                    .is_none_or(|h| h != hash && !in_use.contains(h.as_str()))
-            })
-            .collect();
-        if old.len() <= limit {
-            return Ok(());
-        }
-        old.sort_by_key(|r| r.revision);
-        let api: Api<ControllerRevision> =
-            Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        for revision in old.iter().take(old.len() - limit) {
-            ignore_missing(
-                api.delete(&revision.name_any(), &DeleteParams::default())
-                    .await,
-            )?;
-        }
-        Ok(())
+        let keep = |r: &ControllerRevision| {
+            let own = history::hash_of(r, HASH_LABEL);
+            own == hash || in_use.contains(own.as_str())
+        };
+        self.history().truncate(selector, keep, limit).await
     }
 
     /// Counts per node, as upstream's `updateDaemonSetStatus`: the oldest
@@ -689,27 +616,4 @@ impl Step<'_> {
             .await?;
         Ok(())
     }
-}
-
-fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// A revision's data, as upstream's `getPatch`: a strategic merge patch
-/// that puts the template back (`kubectl rollout undo` applies it).
-fn patch_of(ds: &DaemonSet) -> serde_json::Value {
-    let template = ds
-        .spec
-        .as_ref()
-        .map(|s| s.template.clone())
-        .unwrap_or_default();
-    let mut template = serde_json::to_value(template).unwrap_or_default();
-    if let Some(map) = template.as_object_mut() {
-        map.insert("$patch".into(), "replace".into());
-    }
-    serde_json::json!({"spec": {"template": template}})
 }

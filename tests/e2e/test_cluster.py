@@ -647,6 +647,37 @@ def test_drain_waits_for_a_disruption_budget(bed):
     wait_for(lambda: not bed.core.list_namespaced_pod(NS, label_selector="app=guarded").items, "the guarded pods gone", timeout=60)
 
 
+def test_a_stateful_set_goes_one_pod_per_node_by_anti_affinity(bed):
+    """A StatefulSet whose pods avoid each other by hostname: `db-0…2` start
+    in order, one on each of the three nodes; `db-3` has nowhere to go and
+    stays Pending with the anti-affinity reason."""
+    apps = kubernetes.client.AppsV1Api(bed.portal.api_client())
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    apps.create_namespaced_stateful_set(NS, {"metadata": {"name": "db"}, "spec": {
+        "replicas": 4, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+        "template": {"metadata": {"labels": {"app": "db"}}, "spec": {
+            "terminationGracePeriodSeconds": 1, "affinity": apart,
+            "containers": [{"name": "db", "image": bed.image,
+                            "readinessProbe": {"httpGet": {"path": "/name.txt", "port": 8080}, "periodSeconds": 1}}]}}}})
+
+    try:
+        def placed():
+            pods = {p.metadata.name: p for p in bed.pods("app=db")}
+            ready = [p for p in pods.values() if p.status.phase == "Running" and all(s.ready for s in p.status.container_statuses or [])]
+            return pods if len(ready) == 3 and "db-3" in pods else None
+        pods = wait_for(placed, "db-0..2 running and db-3 made", timeout=120)
+        nodes = {pods[f"db-{i}"].spec.node_name for i in range(3)}
+        assert nodes == set(NAMES.values()), nodes
+        assert not pods["db-3"].spec.node_name
+        events = wait_for(lambda: bed.core.list_namespaced_event(
+            NS, field_selector="reason=FailedScheduling,involvedObject.name=db-3").items, "db-3's FailedScheduling")
+        assert events[0].message == "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules.", events[0].message
+    finally:
+        apps.delete_namespaced_stateful_set("db", NS)
+        wait_for(lambda: not bed.core.list_namespaced_pod(NS, label_selector="app=db").items, "the db pods gone", timeout=60)
+
+
 def test_vxlan_overlay_across_subnets(tmp_path):
     """Nodes on three subnets (no shared link, host-gw cannot route): with
     `--pod-network vxlan` the same client-to-Service test passes, through

@@ -1,6 +1,8 @@
-"""The scheduler binds pending pods to Ready nodes, spreading one owner's
-pods (issue 5, SPEC W3); with no node that fits, pods stay Pending with a
-FailedScheduling Event."""
+"""The scheduler binds pending pods to Ready nodes (issue 5, SPEC W3),
+spreading what a user sees as one app, honouring topology spread
+constraints, pod affinity and anti-affinity and node affinity (issue 27);
+with no node that fits, pods stay Pending with a FailedScheduling Event
+in upstream's words."""
 
 from kubernetes import client
 
@@ -92,3 +94,95 @@ def test_taints_node_selectors_and_cordon(portal):
     }}
     core.create_namespaced_pod(NS, tolerant)
     wait_for(lambda: core.read_namespaced_pod("db", NS).spec.node_name == "db-node", "the tolerant pod on the tainted node it selects", timeout=WAIT)
+
+
+def labelled_node(core, name, **labels):
+    return core.create_node({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    })
+
+
+def place(core, name, labels, **spec):
+    """Creates a pod and waits for its binding; its node."""
+    core.create_namespaced_pod(NS, {"metadata": {"name": name, "labels": labels},
+                                    "spec": {"containers": [{"name": "c", "image": "x"}], **spec}})
+    return wait_for(lambda: core.read_namespaced_pod(name, NS).spec.node_name, f"{name} bound", timeout=WAIT)
+
+
+def failed_scheduling(core, name):
+    def reason():
+        events = core.list_namespaced_event(NS, field_selector=f"reason=FailedScheduling,involvedObject.name={name}").items
+        return events[0].message if events else None
+    return wait_for(reason, f"FailedScheduling for {name}", timeout=WAIT)
+
+
+def test_pods_of_one_service_spread_across_nodes(portal):
+    """SPEC W3: what a user sees as one app (the pods a Service selects)
+    spreads across nodes, even onto a node that runs more pods."""
+    core = portal.core()
+    labelled_node(core, "busy")
+    labelled_node(core, "idle")
+    for i in range(3):
+        place(core, f"other-{i}", {"app": "other"}, nodeName="busy")
+    core.create_namespaced_service(NS, {"metadata": {"name": "shop"},
+                                        "spec": {"selector": {"tier": "shop"}, "ports": [{"port": 80}]}})
+    # The service reaches the scheduler's cache before the pods come.
+    wait_for(lambda: core.read_namespaced_service("shop", NS).spec.cluster_ip, "the service")
+    first = place(core, "shop-1", {"tier": "shop"})
+    second = place(core, "shop-2", {"tier": "shop"})
+    assert {first, second} == {"busy", "idle"}, (first, second)
+
+
+def test_pod_affinity_and_anti_affinity(portal):
+    """Required anti-affinity by hostname keeps a kind one per node, the
+    last one Pending with upstream's reason; required affinity brings a pod
+    to the node of the pods it wants; preferred node affinity picks."""
+    core = portal.core()
+    for name in ("a", "b"):
+        labelled_node(core, name, disk="ssd" if name == "b" else "hdd")
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    first = place(core, "cache-1", {"app": "cache"}, affinity=apart)
+    second = place(core, "cache-2", {"app": "cache"}, affinity=apart)
+    assert {first, second} == {"a", "b"}
+    core.create_namespaced_pod(NS, {"metadata": {"name": "cache-3", "labels": {"app": "cache"}},
+                                    "spec": {"containers": [{"name": "c", "image": "x"}], "affinity": apart}})
+    message = failed_scheduling(core, "cache-3")
+    assert message == "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules.", message
+
+    # With the second cache gone, a web pod that must be near a cache goes
+    # where the first one is.
+    core.delete_namespaced_pod("cache-2", NS, grace_period_seconds=0)
+    core.delete_namespaced_pod("cache-3", NS, grace_period_seconds=0)
+    wait_for(lambda: len(core.list_namespaced_pod(NS, label_selector="app=cache").items) == 1, "one cache left")
+    near = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    assert place(core, "web-1", {"app": "web"}, affinity=near) == first
+    # A pod without rules of its own still may not join a pod whose
+    # anti-affinity matches it.
+    assert place(core, "cache-4", {"app": "cache"}) != first
+    prefer_ssd = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}
+    assert place(core, "fast", {"app": "fast"}, affinity=prefer_ssd) == "b"
+
+
+def test_topology_spread_constraints(portal):
+    """`DoNotSchedule` keeps the count per zone within maxSkew; a node
+    without the key is not a candidate, with upstream's reason."""
+    core = portal.core()
+    labelled_node(core, "a", **{"topology.kubernetes.io/zone": "z1"})
+    labelled_node(core, "b", **{"topology.kubernetes.io/zone": "z1"})
+    labelled_node(core, "c", **{"topology.kubernetes.io/zone": "z2"})
+    spread = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+               "labelSelector": {"matchLabels": {"app": "web"}}}]
+    nodes = [place(core, f"web-{i}", {"app": "web"}, topologySpreadConstraints=spread) for i in range(4)]
+    zones = {"a": "z1", "b": "z1", "c": "z2"}
+    assert sorted(zones[n] for n in nodes) == ["z1", "z1", "z2", "z2"], nodes
+    missing = [{"maxSkew": 1, "topologyKey": "rack", "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "rack"}}}]
+    core.create_namespaced_pod(NS, {"metadata": {"name": "racked", "labels": {"app": "rack"}},
+                                    "spec": {"containers": [{"name": "c", "image": "x"}], "topologySpreadConstraints": missing}})
+    message = failed_scheduling(core, "racked")
+    assert message == ("0/3 nodes are available: 3 node(s) didn't match pod topology spread constraints "
+                       "(missing required label)."), message

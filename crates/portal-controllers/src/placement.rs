@@ -44,6 +44,28 @@ pub fn selects_node(spec: &PodSpec, node: &Node) -> bool {
     selector_ok && required.is_none_or(|required| node_selector_matches(required, node))
 }
 
+/// The summed weights of the pod's preferred node affinity terms the node
+/// matches.
+pub fn preferred_weight(spec: &PodSpec, node: &Node) -> i64 {
+    spec.affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .into_iter()
+        .flatten()
+        .filter(|p| {
+            let selector = NodeSelector {
+                node_selector_terms: vec![p.preference.clone()],
+            };
+            node_selector_matches(&selector, node)
+        })
+        .map(|p| i64::from(p.weight))
+        .sum()
+}
+
 /// A node selector: any of its terms; a term, all of its expressions (on
 /// labels) and fields (`metadata.name`); a term with neither selects none.
 pub fn node_selector_matches(selector: &NodeSelector, node: &Node) -> bool {

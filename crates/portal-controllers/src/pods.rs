@@ -19,7 +19,7 @@ pub fn reflector(client: Client) -> SharedReflector<Pod> {
 
 /// Keeps what the controllers read: identity, labels, owners, deletion and
 /// creation times; the node, scheduler, hostname, subdomain, tolerations,
-/// node selector and affinity; claim volumes; container names, ports (named target ports)
+/// node selector, affinity and topology spread; claim volumes; container names, ports (named target ports)
 /// and resources (scheduling); phase, conditions, addresses, and per
 /// container its readiness, restarts and exit code.
 pub fn project(pod: &mut Pod) {
@@ -41,6 +41,7 @@ pub fn project(pod: &mut Pod) {
             tolerations: spec.tolerations,
             node_selector: spec.node_selector,
             affinity: spec.affinity,
+            topology_spread_constraints: spec.topology_spread_constraints,
             containers: spec
                 .containers
                 .into_iter()

@@ -8,6 +8,11 @@
 use k8s_openapi::api::core::v1::{Container, Node, Pod, ResourceRequirements};
 use portal_api::quantity;
 
+/// What a container without a CPU request counts for in scoring.
+const DEFAULT_MILLI_CPU: i64 = 100;
+/// What a container without a memory request counts for in scoring.
+const DEFAULT_MEMORY: i64 = 200 << 20;
+
 /// Amounts of the resources the scheduler counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resources {
@@ -65,6 +70,43 @@ impl Resources {
                 pods: 1,
                 ..Resources::default()
             }
+    }
+
+    /// What `pod` counts for when nodes are scored: as [`Resources::of_pod`]
+    /// but a container that asks no CPU or memory counts 100m and 200Mi,
+    /// as upstream's scoring does, so pods without requests still spread.
+    pub fn scoring(pod: &Pod) -> Resources {
+        let Some(spec) = &pod.spec else {
+            return Resources::default();
+        };
+        let non_zero = |container: &Container| {
+            let asked = of_container(container);
+            Resources {
+                milli_cpu: if asked.milli_cpu == 0 {
+                    DEFAULT_MILLI_CPU
+                } else {
+                    asked.milli_cpu
+                },
+                memory: if asked.memory == 0 {
+                    DEFAULT_MEMORY
+                } else {
+                    asked.memory
+                },
+                pods: 0,
+            }
+        };
+        let apps = spec
+            .containers
+            .iter()
+            .map(non_zero)
+            .fold(Resources::default(), |a, b| a + b);
+        let inits = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(non_zero)
+            .fold(Resources::default(), Resources::max);
+        apps.max(inits)
     }
 
     /// What `node` offers (`status.allocatable`); none when it says nothing.

@@ -1,34 +1,49 @@
-//! The scheduler (SPEC W3): binds pods without `spec.nodeName` to a Ready,
-//! schedulable Node that their node selector, required node affinity and
-//! tolerations allow ([`crate::placement`]) through the `binding`
-//! subresource, spreading the pods of
-//! one owner (a ReplicationController) across nodes. With no node that
-//! fits, the pod stays Pending with a `FailedScheduling` Event; so does a
-//! pod whose PersistentVolumeClaims do not exist.
+//! The scheduler (SPEC W3): binds pods without `spec.nodeName` to a node
+//! through the `binding` subresource, as kube-scheduler's default plugins
+//! decide. Filters: a Ready node, cordon, node selector and required node
+//! affinity, taints ([`crate::placement`]), requests against allocatable,
+//! existing claims, topology spread constraints ([`spread`]) and inter-pod
+//! affinity and anti-affinity ([`pod_affinity`]). Scores ([`score`]):
+//! untolerated `PreferNoSchedule` taints, preferred node affinity, spread
+//! (by default over the pods of the pod's Services and controller, so what
+//! a user sees as one app spreads across nodes), preferred pod affinity,
+//! free and balanced resources. With no node that fits, the pod stays
+//! Pending with a `FailedScheduling` Event saying why, node by node.
+
+pub mod cluster;
+pub mod pod_affinity;
+pub mod score;
+pub mod spread;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::Stream;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodSpec};
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodSpec, Service};
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+use portal_api::selector::LabelSelector;
 use portal_client::Settled;
 
 use crate::events;
 use crate::placement;
 use crate::requests::Resources;
+use cluster::{Cluster, Placed, Selection};
+use pod_affinity::PodAffinity;
+use spread::Spread;
 
 const COMPONENT: &str = "default-scheduler";
 /// How soon an unschedulable pod is first tried again; the wait doubles up
 /// to `MAX_RETRY`. A node change retries every pending pod at once.
 const RETRY: Duration = Duration::from_secs(10);
 const MAX_RETRY: Duration = Duration::from_secs(300);
+/// How long a controller's selector is remembered.
+const SELECTOR_TTL: Duration = Duration::from_secs(60);
 
 pub use crate::ReconcileError as Error;
 
@@ -39,27 +54,29 @@ struct Context {
     events: events::Recorder,
     nodes: Store<Node>,
     pods: Store<Pod>,
+    services: Store<Service>,
     /// Bindings made but not yet seen in `pods`, by pod UID.
     assumed: Mutex<HashMap<String, Assumed>>,
     /// Pods no node fits: when to try again, and the wait after that.
     backoff: Arc<Mutex<HashMap<String, (Instant, Duration)>>>,
+    /// Controllers' selectors by controller UID, read when first needed.
+    owner_selectors: Mutex<HashMap<String, (Instant, Option<LabelSelector>)>>,
 }
 
 /// A binding made but not yet seen in the pod cache.
 #[derive(Clone, Debug)]
 struct Assumed {
     node: String,
-    owner: Option<String>,
-    asks: Resources,
+    pod: Arc<Pod>,
 }
 
-/// What is on a node: pods of the owner being placed, all pods, and the
-/// resources they ask.
+/// What is on a node: its pods, the resources they ask, and what they
+/// count for in scoring.
 #[derive(Clone, Copy, Debug, Default)]
 struct Load {
-    same_owner: usize,
     pods: usize,
     used: Resources,
+    scoring: Resources,
 }
 
 fn uid(pod: &Pod) -> String {
@@ -68,13 +85,6 @@ fn uid(pod: &Pod) -> String {
 
 fn key(pod: &Pod) -> String {
     format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
-}
-
-fn owner_uid(pod: &Pod) -> Option<String> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .map(|o| o.uid.clone())
 }
 
 /// Why the pod cannot go to the node (empty: it fits), in the words of
@@ -89,7 +99,6 @@ fn misfits(node: &Node, pod: &Pod, used: Resources) -> Vec<String> {
         None => Vec::new(),
     }
 }
-
 /// The checks before resources: readiness, cordon (unless tolerated, as
 /// DaemonSet pods do), node selector and required node affinity, taints.
 fn misfit(node: &Node, pod: &Pod) -> Option<String> {
@@ -138,9 +147,28 @@ fn missing_claim(pod: &Pod) -> Option<&str> {
         .map(|claim| claim.claim_name.as_str())
 }
 
+/// The rules that depend on the pods already placed.
+struct PodRules<'a> {
+    spread: Spread<'a>,
+    affinity: PodAffinity<'a>,
+}
+
+impl PodRules<'_> {
+    fn misfit(&self, node: &str) -> Option<&'static str> {
+        self.spread
+            .misfit(node)
+            .or_else(|| self.affinity.misfit(node))
+    }
+}
+
 /// `0/3 nodes are available: 1 node(s) were unschedulable, 2 node(s) had
 /// untolerated taint {…}.`
-fn unavailable_message(nodes: &[Arc<Node>], pod: &Pod, load: &HashMap<String, Load>) -> String {
+fn unavailable_message(
+    nodes: &[Arc<Node>],
+    pod: &Pod,
+    load: &HashMap<String, Load>,
+    rules: Option<&PodRules<'_>>,
+) -> String {
     if let Some(claim) = missing_claim(pod) {
         return format!(
             "0/{} nodes are available: persistentvolumeclaim \"{claim}\" not found.",
@@ -153,7 +181,15 @@ fn unavailable_message(nodes: &[Arc<Node>], pod: &Pod, load: &HashMap<String, Lo
             .get(&node.name_any())
             .map(|l| l.used)
             .unwrap_or_default();
-        for reason in misfits(node, pod, used) {
+        let mut found = misfits(node, pod, used);
+        if found.is_empty() {
+            found.extend(
+                rules
+                    .and_then(|r| r.misfit(&node.name_any()))
+                    .map(str::to_owned),
+            );
+        }
+        for reason in found {
             *reasons.entry(reason).or_default() += 1;
         }
     }
@@ -171,6 +207,52 @@ fn unavailable_message(nodes: &[Arc<Node>], pod: &Pod, load: &HashMap<String, Lo
     )
 }
 
+/// The node with the highest weighted score among those that fit, ties
+/// going to the node with fewer pods, then by name.
+fn choose(
+    pod: &Pod,
+    candidates: &[&Arc<Node>],
+    load: &HashMap<String, Load>,
+    rules: &PodRules<'_>,
+) -> Option<String> {
+    let empty = PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&empty);
+    let nodes: Vec<&Node> = candidates.iter().map(|n| n.as_ref()).collect();
+    let names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let taints = score::taint_toleration(spec, &nodes);
+    let affinity = score::node_affinity(spec, &nodes);
+    let spread = rules.spread.scores(&name_refs);
+    let mut near: Vec<i64> = name_refs
+        .iter()
+        .map(|n| rules.affinity.raw_score(n))
+        .collect();
+    pod_affinity::normalize(&mut near);
+    let asks = Resources::scoring(pod);
+    let mut best: Option<(i64, usize, &str)> = None;
+    for (i, node) in nodes.iter().enumerate() {
+        let here = load.get(&names[i]).copied().unwrap_or_default();
+        let requested = here.scoring + asks;
+        let total = score::TAINT_TOLERATION * taints[i]
+            + score::NODE_AFFINITY * affinity[i]
+            + score::POD_TOPOLOGY_SPREAD * spread[i]
+            + score::INTER_POD_AFFINITY * near[i]
+            + score::LEAST_ALLOCATED * score::least_allocated(requested, node)
+            + score::BALANCED_ALLOCATION * score::balanced_allocation(requested, node);
+        let better = best.is_none_or(|(score, pods, name)| {
+            (
+                total,
+                std::cmp::Reverse(here.pods),
+                std::cmp::Reverse(names[i].as_str()),
+            ) > (score, std::cmp::Reverse(pods), std::cmp::Reverse(name))
+        });
+        if better {
+            best = Some((total, here.pods, &names[i]));
+        }
+    }
+    best.map(|(_, _, name)| name.to_owned())
+}
+
 /// Runs the scheduler until the process ends, reading pods from the
 /// process's shared pod reflector.
 pub async fn run(
@@ -184,6 +266,15 @@ pub async fn run(
             .default_backoff()
             .reflect(node_writer),
     );
+    let (services, service_writer) = reflector::store::<Service>();
+    let service_events = watcher(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|s| s.metadata.managed_fields = None)
+    .reflect(service_writer)
+    .for_each(|_| std::future::ready(()));
 
     // Every pod change reaches the reconcile, which leaves bound pods alone;
     // the store holds every pod, the pending ones among them.
@@ -209,15 +300,20 @@ pub async fn run(
         client,
         nodes,
         pods,
+        services,
         assumed: Mutex::new(HashMap::new()),
         backoff,
+        owner_selectors: Mutex::new(HashMap::new()),
     });
     let results = controller.watches_stream(node_events, mapper).run(
         reconcile,
         error_policy,
         context.clone(),
     );
-    crate::drive(results, "scheduling", &context.retries).await;
+    tokio::join!(
+        service_events,
+        crate::drive(results, "scheduling", &context.retries)
+    );
 }
 
 fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -225,15 +321,25 @@ fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(ctx.retries.after_failure(pod.as_ref()))
 }
 
-/// What is on each node, counting assumed bindings; pods that ended
-/// (Succeeded, Failed) hold no resources.
+/// What is on each node and the pods placed there, counting assumed
+/// bindings; pods that ended (Succeeded, Failed) hold nothing.
 fn load(
     ctx: &Context,
     assumed: &mut HashMap<String, Assumed>,
-    owner: Option<&str>,
-) -> HashMap<String, Load> {
+) -> (HashMap<String, Load>, Vec<Placed>) {
     let mut load: HashMap<String, Load> = HashMap::new();
+    let mut placed = Vec::new();
     let mut pending = std::collections::HashSet::new();
+    let mut add = |node: &str, pod: &Arc<Pod>| {
+        let entry = load.entry(node.to_owned()).or_default();
+        entry.pods += 1;
+        entry.used = entry.used + Resources::of_pod(pod);
+        entry.scoring = entry.scoring + Resources::scoring(pod);
+        placed.push(Placed {
+            pod: pod.clone(),
+            node: node.to_owned(),
+        });
+    };
     for pod in ctx.pods.state() {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             pending.insert(uid(&pod));
@@ -243,25 +349,92 @@ fn load(
         if matches!(phase, Some("Succeeded" | "Failed")) {
             continue;
         }
-        let entry = load.entry(node).or_default();
-        entry.pods += 1;
-        entry.used = entry.used + Resources::of_pod(&pod);
-        if owner.is_some() && owner_uid(&pod).as_deref() == owner {
-            entry.same_owner += 1;
-        }
+        add(&node, &pod);
     }
     // Only pods the cache still shows pending are assumed: once it shows
     // them bound they count from there, and deleted ones count nowhere.
     assumed.retain(|uid, _| pending.contains(uid));
     for binding in assumed.values() {
-        let entry = load.entry(binding.node.clone()).or_default();
-        entry.pods += 1;
-        entry.used = entry.used + binding.asks;
-        if owner.is_some() && binding.owner.as_deref() == owner {
-            entry.same_owner += 1;
-        }
+        add(&binding.node, &binding.pod);
     }
-    load
+    (load, placed)
+}
+
+impl Context {
+    /// What a user sees as the pod's app, for default spreading: the pods
+    /// its Services select and its controller (ReplicationController,
+    /// ReplicaSet, StatefulSet) selects, as upstream's `DefaultSelector`;
+    /// `None` when nothing selects the pod.
+    async fn app_of(&self, pod: &Pod) -> Option<Selection> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let mut selectors: Vec<LabelSelector> = self
+            .services
+            .state()
+            .iter()
+            .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
+            .filter_map(|s| s.spec.as_ref()?.selector.as_ref())
+            .filter(|selector| !selector.is_empty())
+            .filter(|selector| selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v)))
+            .filter_map(|selector| {
+                let text: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                LabelSelector::parse(&text.join(",")).ok()
+            })
+            .collect();
+        if let Some(owner) = crate::controller_of(pod.owner_references()) {
+            if let Some(selector) = self.owner_selector(&namespace, owner).await {
+                selectors.push(selector);
+            }
+        }
+        (!selectors.is_empty()).then_some(Selection(selectors))
+    }
+
+    async fn owner_selector(
+        &self,
+        namespace: &str,
+        owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    ) -> Option<LabelSelector> {
+        if let Some((read, selector)) = self.owner_selectors.lock().get(&owner.uid) {
+            if read.elapsed() < SELECTOR_TTL {
+                return selector.clone();
+            }
+        }
+        let selector = match (owner.api_version.as_str(), owner.kind.as_str()) {
+            ("v1", "ReplicationController") => {
+                let api: Api<k8s_openapi::api::core::v1::ReplicationController> =
+                    Api::namespaced(self.client.clone(), namespace);
+                api.get_opt(&owner.name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|rc| rc.spec?.selector)
+                    .and_then(|s| {
+                        let text: Vec<String> = s.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        LabelSelector::parse(&text.join(",")).ok()
+                    })
+            }
+            ("apps/v1", "ReplicaSet") => {
+                let api: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+                    Api::namespaced(self.client.clone(), namespace);
+                let rs = api.get_opt(&owner.name).await.ok().flatten();
+                cluster::selector_of(rs.and_then(|r| r.spec).map(|s| s.selector).as_ref())
+            }
+            ("apps/v1", "StatefulSet") => {
+                let api: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+                    Api::namespaced(self.client.clone(), namespace);
+                let set = api.get_opt(&owner.name).await.ok().flatten();
+                cluster::selector_of(set.and_then(|s| s.spec).map(|s| s.selector).as_ref())
+            }
+            _ => None,
+        }
+        .filter(|s| !s.is_empty());
+        let mut cache = self.owner_selectors.lock();
+        // Bounded: a cache of many controllers starts over.
+        if cache.len() > 10_000 {
+            cache.clear();
+        }
+        cache.insert(owner.uid.clone(), (Instant::now(), selector.clone()));
+        selector
+    }
 }
 
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -280,12 +453,17 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let nodes = ctx.nodes.state();
-    let owner = owner_uid(&pod);
+    let app = ctx.app_of(&pod).await;
     // Choosing and assuming are one step: pods reconciled concurrently must
     // each see the others' choices.
-    let (chosen, load) = {
+    let (chosen, message) = {
         let mut assumed = ctx.assumed.lock();
-        let load = load(&ctx, &mut assumed, owner.as_deref());
+        let (load, placed) = load(&ctx, &mut assumed);
+        let cluster = Cluster::new(&nodes, &placed);
+        let rules = PodRules {
+            spread: Spread::new(&pod, &cluster, app),
+            affinity: PodAffinity::new(&pod, &cluster),
+        };
         let used = |node: &Node| {
             load.get(&node.name_any())
                 .map(|l| l.used)
@@ -295,22 +473,22 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             .iter()
             .filter(|_| missing_claim(&pod).is_none())
             .filter(|n| misfits(n, &pod, used(n)).is_empty())
+            .filter(|n| rules.misfit(&n.name_any()).is_none())
             .collect();
-        let chosen = fitting.iter().map(|n| n.name_any()).min_by_key(|n| {
-            let l = load.get(n).copied().unwrap_or_default();
-            (l.same_owner, l.pods, n.clone())
-        });
+        let chosen = choose(&pod, &fitting, &load, &rules);
         if let Some(node) = &chosen {
             assumed.insert(
                 uid(&pod),
                 Assumed {
                     node: node.clone(),
-                    owner: owner.clone(),
-                    asks: Resources::of_pod(&pod),
+                    pod: pod.clone(),
                 },
             );
         }
-        (chosen, load)
+        let message = chosen
+            .is_none()
+            .then(|| unavailable_message(&nodes, &pod, &load, Some(&rules)));
+        (chosen, message)
     };
     let reference = ObjectReference {
         api_version: Some("v1".into()),
@@ -338,7 +516,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         if let Some(wait) = wait {
             return Ok(Action::requeue(wait));
         }
-        let message = unavailable_message(&nodes, &pod, &load);
+        let message = message.unwrap_or_default();
         ctx.events
             .record(&reference, "Warning", "FailedScheduling", &message)
             .await;
@@ -412,7 +590,7 @@ mod tests {
                 {"name": "www", "persistentVolumeClaim": {"claimName": "www-web-0"}}]}));
         assert_eq!(missing_claim(&claiming), Some("www-web-0"));
         assert_eq!(
-            unavailable_message(&nodes, &claiming, &HashMap::new()),
+            unavailable_message(&nodes, &claiming, &HashMap::new(), None),
             "0/1 nodes are available: persistentvolumeclaim \"www-web-0\" not found."
         );
         let mut projected = claiming.clone();
@@ -430,7 +608,7 @@ mod tests {
         ];
         let plain = pod(serde_json::json!({"containers": [{"name": "c"}]}));
         assert_eq!(
-            unavailable_message(&nodes, &plain, &HashMap::new()),
+            unavailable_message(&nodes, &plain, &HashMap::new(), None),
             "0/3 nodes are available: 2 node(s) had untolerated taint {dedicated: db}, 1 node(s) were unschedulable."
         );
         let tolerant = pod(serde_json::json!({"containers": [{"name": "c"}],
@@ -483,7 +661,7 @@ mod tests {
             },
         );
         assert_eq!(
-            unavailable_message(&nodes, &big, &load),
+            unavailable_message(&nodes, &big, &load, None),
             "0/2 nodes are available: 2 Insufficient cpu."
         );
     }

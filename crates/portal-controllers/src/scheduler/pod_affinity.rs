@@ -1,0 +1,376 @@
+//! Inter-pod affinity and anti-affinity, as Kubernetes' `InterPodAffinity`
+//! plugin: a pod goes where pods it must be near are (in the same domain
+//! of the term's topology key, such as `kubernetes.io/hostname`), not
+//! where pods it must avoid are, and not where a pod already there must
+//! avoid it. Preferred terms add or take their weight from the nodes in
+//! the domains of the pods they match, both ways.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
+use kube::ResourceExt;
+
+use super::cluster::{label_keys_selector, selector_of, Cluster, Selection};
+
+/// Upstream's `hardPodAffinityWeight`: what an existing pod's required
+/// affinity to the incoming pod adds to its domain's score.
+const HARD_AFFINITY_WEIGHT: i64 = 1;
+
+/// A parsed affinity term of a pod.
+#[derive(Debug)]
+struct Term {
+    /// `None`: no label selector, which matches no pod.
+    selection: Option<Selection>,
+    /// `None`: every namespace.
+    namespaces: Option<Vec<String>>,
+    topology_key: String,
+    weight: i64,
+}
+
+impl Term {
+    /// The term as `owner` (the pod that has it) means it.
+    fn new(term: &PodAffinityTerm, owner: &Pod, weight: i64) -> Term {
+        let selection = selector_of(term.label_selector.as_ref()).map(|s| {
+            let mut all = vec![s];
+            all.extend(label_keys_selector(owner, term.match_label_keys.as_ref()));
+            Selection(all)
+        });
+        let listed = term.namespaces.clone().unwrap_or_default();
+        // An empty namespace selector means every namespace; a non-empty
+        // one needs namespace labels, which this scheduler does not read,
+        // so only the listed namespaces count then.
+        let every = term
+            .namespace_selector
+            .as_ref()
+            .is_some_and(|s| s.match_labels.is_none() && s.match_expressions.is_none());
+        let namespaces = if every {
+            None
+        } else if listed.is_empty() && term.namespace_selector.is_none() {
+            Some(vec![owner.namespace().unwrap_or_default()])
+        } else {
+            Some(listed)
+        };
+        Term {
+            selection,
+            namespaces,
+            topology_key: term.topology_key.clone(),
+            weight,
+        }
+    }
+
+    fn matches(&self, pod: &Pod) -> bool {
+        let namespace = pod.namespace().unwrap_or_default();
+        self.namespaces
+            .as_ref()
+            .is_none_or(|n| n.contains(&namespace))
+            && self
+                .selection
+                .as_ref()
+                .is_some_and(|s| s.matches(pod.labels()))
+    }
+}
+
+/// A pod's terms of one kind.
+#[derive(Debug, Default)]
+struct Terms {
+    affinity: Vec<Term>,
+    anti_affinity: Vec<Term>,
+    preferred_affinity: Vec<Term>,
+    preferred_anti_affinity: Vec<Term>,
+}
+
+impl Terms {
+    fn of(pod: &Pod) -> Terms {
+        let Some(affinity) = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()) else {
+            return Terms::default();
+        };
+        let required = |terms: Option<&Vec<PodAffinityTerm>>| -> Vec<Term> {
+            terms
+                .into_iter()
+                .flatten()
+                .map(|t| Term::new(t, pod, 0))
+                .collect()
+        };
+        let preferred = |terms: Option<&Vec<WeightedPodAffinityTerm>>| -> Vec<Term> {
+            terms
+                .into_iter()
+                .flatten()
+                .map(|t| Term::new(&t.pod_affinity_term, pod, i64::from(t.weight)))
+                .collect()
+        };
+        let near = affinity.pod_affinity.as_ref();
+        let away = affinity.pod_anti_affinity.as_ref();
+        Terms {
+            affinity: required(near.and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })),
+            anti_affinity: required(away.and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })),
+            preferred_affinity: preferred(near.and_then(|a| {
+                a.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })),
+            preferred_anti_affinity: preferred(away.and_then(|a| {
+                a.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.affinity.is_empty()
+            && self.anti_affinity.is_empty()
+            && self.preferred_affinity.is_empty()
+            && self.preferred_anti_affinity.is_empty()
+    }
+}
+
+/// The incoming pod's view of the cluster for this plugin, worked out once
+/// for all candidate nodes.
+#[derive(Debug)]
+pub struct PodAffinity<'a> {
+    cluster: &'a Cluster<'a>,
+    own: Terms,
+    /// Per required affinity term, the domains holding a pod it matches.
+    near: Vec<HashMap<&'a str, usize>>,
+    /// Whether no pod anywhere matches any required affinity term and the
+    /// pod matches all of them itself (the first of a group that wants
+    /// to be together may go anywhere).
+    first_of_group: bool,
+    /// Domains (key, value) the pod must avoid: its own anti-affinity and
+    /// the anti-affinity of pods there towards it.
+    avoid: Vec<(String, &'a str)>,
+    /// Preferences by domain (key, value): weights to add.
+    preferences: HashMap<(String, &'a str), i64>,
+}
+
+impl<'a> PodAffinity<'a> {
+    pub fn new(pod: &Pod, cluster: &'a Cluster<'a>) -> Self {
+        let own = Terms::of(pod);
+        let mut near = vec![HashMap::new(); own.affinity.len()];
+        let mut avoid = Vec::new();
+        let mut preferences: HashMap<(String, &'a str), i64> = HashMap::new();
+        let mut any_match = false;
+        for placed in cluster.placed {
+            let other = &placed.pod;
+            let domain = |key: &str| cluster.domain(&placed.node, key);
+            for (i, term) in own.affinity.iter().enumerate() {
+                if term.matches(other) {
+                    any_match = true;
+                    if let Some(value) = domain(&term.topology_key) {
+                        *near[i].entry(value).or_default() += 1;
+                    }
+                }
+            }
+            for term in &own.anti_affinity {
+                if let Some(value) = domain(&term.topology_key).filter(|_| term.matches(other)) {
+                    avoid.push((term.topology_key.clone(), value));
+                }
+            }
+            let mut prefer = |term: &Term, weight: i64| {
+                if let Some(value) = domain(&term.topology_key) {
+                    *preferences
+                        .entry((term.topology_key.clone(), value))
+                        .or_default() += weight;
+                }
+            };
+            for term in own.preferred_affinity.iter().filter(|t| t.matches(other)) {
+                prefer(term, term.weight);
+            }
+            for term in own
+                .preferred_anti_affinity
+                .iter()
+                .filter(|t| t.matches(other))
+            {
+                prefer(term, -term.weight);
+            }
+            // What the pods already placed want of this one.
+            let theirs = Terms::of(other);
+            if theirs.is_empty() {
+                continue;
+            }
+            for term in theirs.anti_affinity.iter().filter(|t| t.matches(pod)) {
+                if let Some(value) = domain(&term.topology_key) {
+                    avoid.push((term.topology_key.clone(), value));
+                }
+            }
+            for term in theirs.affinity.iter().filter(|t| t.matches(pod)) {
+                prefer(term, HARD_AFFINITY_WEIGHT);
+            }
+            for term in theirs.preferred_affinity.iter().filter(|t| t.matches(pod)) {
+                prefer(term, term.weight);
+            }
+            for term in theirs
+                .preferred_anti_affinity
+                .iter()
+                .filter(|t| t.matches(pod))
+            {
+                prefer(term, -term.weight);
+            }
+        }
+        let first_of_group = !any_match && own.affinity.iter().all(|t| t.matches(pod));
+        PodAffinity {
+            cluster,
+            own,
+            near,
+            first_of_group,
+            avoid,
+            preferences,
+        }
+    }
+
+    /// Why the pod cannot go to the node by these rules, in upstream's
+    /// words; `None` when it may.
+    pub fn misfit(&self, node: &str) -> Option<&'static str> {
+        let domain = |key: &str| self.cluster.domain(node, key);
+        if !self.own.affinity.is_empty() {
+            let mut satisfied = true;
+            for (term, near) in self.own.affinity.iter().zip(&self.near) {
+                match domain(&term.topology_key) {
+                    None => return Some("node(s) didn't match pod affinity rules"),
+                    Some(value) => satisfied &= near.contains_key(value),
+                }
+            }
+            if !satisfied && !self.first_of_group {
+                return Some("node(s) didn't match pod affinity rules");
+            }
+        }
+        let avoided =
+            |key: &str, value: &str| self.avoid.iter().any(|(k, v)| k == key && *v == value);
+        for term in &self.own.anti_affinity {
+            if domain(&term.topology_key).is_some_and(|v| avoided(&term.topology_key, v)) {
+                return Some("node(s) didn't match pod anti-affinity rules");
+            }
+        }
+        let others = self
+            .avoid
+            .iter()
+            .any(|(key, value)| domain(key) == Some(*value));
+        others.then_some("node(s) didn't satisfy existing pods anti-affinity rules")
+    }
+
+    /// The node's preference score before normalising: the weights of the
+    /// domains it is in.
+    pub fn raw_score(&self, node: &str) -> i64 {
+        self.preferences
+            .iter()
+            .filter(|((key, value), _)| self.cluster.domain(node, key) == Some(*value))
+            .map(|(_, weight)| weight)
+            .sum()
+    }
+}
+
+/// Upstream's normalisation: 0 at the lowest (or 0), 100 at the highest.
+pub fn normalize(scores: &mut [i64]) {
+    let max = scores.iter().copied().max().unwrap_or(0).max(0);
+    let min = scores.iter().copied().min().unwrap_or(0).min(0);
+    for score in scores.iter_mut() {
+        *score = if max > min {
+            100 * (*score - min) / (max - min)
+        } else {
+            0
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::cluster::Placed;
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn node(name: &str, zone: &str) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name,
+                "labels": {"kubernetes.io/hostname": name, "zone": zone}}}))
+            .unwrap(),
+        )
+    }
+
+    fn pod(labels: serde_json::Value, affinity: serde_json::Value) -> Pod {
+        serde_json::from_value(
+            json!({"metadata": {"name": "p", "namespace": "default", "labels": labels},
+            "spec": {"containers": [], "affinity": affinity}}),
+        )
+        .unwrap()
+    }
+
+    fn placed(node: &str, labels: serde_json::Value, affinity: serde_json::Value) -> Placed {
+        Placed {
+            pod: Arc::new(pod(labels, affinity)),
+            node: node.into(),
+        }
+    }
+
+    fn term(key: &str, app: &str) -> serde_json::Value {
+        json!({"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": key})
+    }
+
+    #[test]
+    fn anti_affinity_keeps_pods_of_a_kind_apart_both_ways() {
+        let nodes = [node("a", "z1"), node("b", "z1"), node("c", "z2")];
+        let away = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            term("kubernetes.io/hostname", "web")]}});
+        let placed = [placed("a", json!({"app": "web"}), away.clone())];
+        let cluster = Cluster::new(&nodes, &placed);
+        let incoming = pod(json!({"app": "web"}), away);
+        let rules = PodAffinity::new(&incoming, &cluster);
+        assert_eq!(
+            rules.misfit("a"),
+            Some("node(s) didn't match pod anti-affinity rules")
+        );
+        assert_eq!(rules.misfit("b"), None);
+        // A pod without rules still may not join a pod that avoids it.
+        let plain = pod(json!({"app": "web"}), json!(null));
+        let rules = PodAffinity::new(&plain, &cluster);
+        assert_eq!(
+            rules.misfit("a"),
+            Some("node(s) didn't satisfy existing pods anti-affinity rules")
+        );
+        assert_eq!(rules.misfit("c"), None);
+    }
+
+    #[test]
+    fn affinity_brings_pods_together_and_lets_the_first_go_anywhere() {
+        let nodes = [node("a", "z1"), node("b", "z1"), node("c", "z2")];
+        let near = json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            term("zone", "cache")]}});
+        let placed = [placed("b", json!({"app": "cache"}), json!(null))];
+        let cluster = Cluster::new(&nodes, &placed);
+        let rules = PodAffinity::new(&pod(json!({"app": "web"}), near.clone()), &cluster);
+        assert_eq!(rules.misfit("a"), None);
+        assert_eq!(rules.misfit("b"), None);
+        assert_eq!(
+            rules.misfit("c"),
+            Some("node(s) didn't match pod affinity rules")
+        );
+        // No cache anywhere: a web pod waits, a cache pod wanting its own
+        // kind is the first of its group.
+        let empty = Cluster::new(&nodes, &[]);
+        let rules = PodAffinity::new(&pod(json!({"app": "web"}), near), &empty);
+        assert!(rules.misfit("a").is_some());
+        let itself = json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            term("zone", "cache")]}});
+        let rules = PodAffinity::new(&pod(json!({"app": "cache"}), itself), &empty);
+        assert_eq!(rules.misfit("c"), None);
+    }
+
+    #[test]
+    fn preferences_score_the_domains_of_matching_pods() {
+        let nodes = [node("a", "z1"), node("b", "z1"), node("c", "z2")];
+        let placed = [placed("a", json!({"app": "cache"}), json!(null))];
+        let cluster = Cluster::new(&nodes, &placed);
+        let prefer = json!({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "podAffinityTerm": term("zone", "cache")}]}});
+        let rules = PodAffinity::new(&pod(json!({"app": "web"}), prefer), &cluster);
+        let mut scores: Vec<i64> = ["a", "b", "c"].iter().map(|n| rules.raw_score(n)).collect();
+        assert_eq!(scores, [10, 10, 0]);
+        normalize(&mut scores);
+        assert_eq!(scores, [100, 100, 0]);
+    }
+}

@@ -212,12 +212,23 @@ pub async fn run(client: Client, config: Config) {
         pods.store(),
         pods.subscribe(),
     );
-    let replica_sets = replication::run::<k8s_openapi::api::apps::v1::ReplicaSet>(
+    // ReplicaSets are read by their own controller and by Deployments'.
+    let mut sets =
+        replication::owner_reflector::<k8s_openapi::api::apps::v1::ReplicaSet>(client.clone());
+    let replica_sets = replication::run_shared(
         client.clone(),
         pods.store(),
         pods.subscribe(),
+        sets.store(),
+        sets.subscribe(),
     );
-    let deployments = deployment::run(client.clone(), pods.store(), pods.subscribe());
+    let deployments = deployment::run(
+        client.clone(),
+        pods.store(),
+        pods.subscribe(),
+        sets.store(),
+        sets.subscribe(),
+    );
     let daemon_sets = daemon_set::run(client.clone(), pods.store(), pods.subscribe());
     let stateful_sets = stateful_set::run(client.clone(), pods.store(), pods.subscribe());
     let jobs = job::run(client.clone(), pods.store(), pods.subscribe());
@@ -228,6 +239,7 @@ pub async fn run(client: Client, config: Config) {
         endpoints,
         mirroring::run(client.clone()),
         replication,
+        sets.run(),
         replica_sets,
         deployments,
         daemon_sets,

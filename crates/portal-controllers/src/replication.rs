@@ -29,7 +29,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 use portal_api::selector::LabelSelector;
-use portal_client::Settled;
+use portal_client::{Settled, SharedReflector};
 
 use crate::events;
 
@@ -116,6 +116,7 @@ where
 pub trait Replicated:
     kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
     + Clone
+    + Default
     + std::fmt::Debug
     + serde::de::DeserializeOwned
     + serde::Serialize
@@ -287,6 +288,31 @@ pub async fn run<K: Replicated>(
     pods: Store<Pod>,
     pod_changes: impl Stream<Item = Settled<Pod>> + Send + 'static,
 ) {
+    let mut owners = owner_reflector::<K>(client.clone());
+    let (store, changes) = (owners.store(), owners.subscribe());
+    tokio::join!(
+        owners.run(),
+        run_shared(client, pods, pod_changes, store, changes)
+    );
+}
+
+/// A cache of `K` without managed fields (which no controller reads), to
+/// share between the controllers that read `K`.
+pub fn owner_reflector<K: Replicated>(client: Client) -> SharedReflector<K> {
+    SharedReflector::new(Api::all(client), watcher::Config::default(), |owner| {
+        owner.meta_mut().managed_fields = None;
+    })
+}
+
+/// [`run`] on a cache of `K` shared with other controllers (the
+/// Deployment controller reads the ReplicaSets too).
+pub async fn run_shared<K: Replicated>(
+    client: Client,
+    pods: Store<Pod>,
+    pod_changes: impl Stream<Item = Settled<Pod>> + Send + 'static,
+    owners: Store<K>,
+    owner_changes: impl Stream<Item = Settled<K>> + Send + 'static,
+) {
     let context = Arc::new(Context {
         retries: crate::Retries::new(Duration::from_millis(500)),
         client: client.clone(),
@@ -301,8 +327,9 @@ pub async fn run<K: Replicated>(
             listed.set();
         }
     });
-    let controller = Controller::new(Api::<K>::all(client), watcher::Config::default())
-        .with_config(crate::config());
+    let controller =
+        Controller::for_shared_stream(portal_client::shared::objects(owner_changes), owners)
+            .with_config(crate::config());
     let controllers = controller.store();
     // A pod concerns its controller, or, when it has none, every owner
     // whose selector matches it (to be adopted).

@@ -35,7 +35,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use portal_api::selector::LabelSelector;
-use portal_client::{Settled, SharedReflector};
+use portal_client::Settled;
 
 use crate::events;
 use crate::replication::set_controller;
@@ -56,36 +56,31 @@ struct Context {
     pods_listed: Arc<crate::Listed>,
 }
 
-/// A cache of ReplicaSets without their managed fields.
-fn replica_set_reflector(client: Client) -> SharedReflector<ReplicaSet> {
-    SharedReflector::new(Api::all(client), watcher::Config::default(), |rs| {
-        rs.metadata.managed_fields = None;
-    })
-}
-
 fn selector_of(deployment: &Deployment) -> Option<LabelSelector> {
     let selector = serde_json::to_value(&deployment.spec.as_ref()?.selector).ok()?;
     LabelSelector::from_api(&selector, "spec.selector").ok()
 }
 
 /// Runs the controller until the process ends, reading pods (for
-/// `Recreate`) from the process's shared pod reflector.
+/// `Recreate`) from the process's shared pod reflector and ReplicaSets
+/// from the cache it shares with the ReplicaSet controller.
 pub async fn run(
     client: Client,
     pods: Store<Pod>,
     pod_changes: impl Stream<Item = Settled<Pod>> + Send + 'static,
+    replica_sets: Store<ReplicaSet>,
+    set_changes: impl Stream<Item = Settled<ReplicaSet>> + Send + 'static,
 ) {
-    let mut sets = replica_set_reflector(client.clone());
     let context = Arc::new(Context {
         client: client.clone(),
         retries: crate::Retries::new(Duration::from_millis(200)),
         events: events::Recorder::new(client.clone(), COMPONENT),
-        replica_sets: sets.store(),
+        replica_sets,
         replica_sets_listed: Arc::new(crate::Listed::default()),
         pods,
         pods_listed: Arc::new(crate::Listed::default()),
     });
-    let set_changes = crate::note_listed(sets.subscribe(), context.replica_sets_listed.clone());
+    let set_changes = crate::note_listed(set_changes, context.replica_sets_listed.clone());
     let pod_changes = crate::note_listed(pod_changes, context.pods_listed.clone());
     let controller = Controller::new(Api::<Deployment>::all(client), watcher::Config::default())
         .with_config(crate::config());
@@ -140,7 +135,7 @@ pub async fn run(
         COMPONENT,
         &context.retries,
     );
-    tokio::join!(sets.run(), deployments);
+    deployments.await;
 }
 
 fn error_policy(deployment: Arc<Deployment>, error: &Error, ctx: Arc<Context>) -> Action {

@@ -1,19 +1,32 @@
-//! What the scheduler sees when it places one pod: the nodes, the pods
-//! already on them (bound, or assumed bound by this scheduler), and label
-//! queries over those pods as the scheduling plugins ask them.
+//! What the scheduler sees when it places one pod: the nodes and the pods
+//! already on them (bound, or assumed bound by this scheduler).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
-use portal_api::selector::LabelSelector;
+
+use super::terms::Terms;
 
 /// A pod on a node.
 #[derive(Clone, Debug)]
 pub struct Placed {
     pub pod: Arc<Pod>,
-    pub node: String,
+    pub node: Arc<str>,
+    /// Its affinity terms, parsed once; `None` when it has none.
+    pub terms: Option<Arc<Terms>>,
+}
+
+impl Placed {
+    pub fn new(pod: Arc<Pod>, node: Arc<str>) -> Placed {
+        let terms = Terms::of(&pod);
+        Placed {
+            terms: (!terms.is_empty()).then(|| Arc::new(terms)),
+            pod,
+            node,
+        }
+    }
 }
 
 /// The nodes and the pods on them.
@@ -38,43 +51,6 @@ impl<'a> Cluster<'a> {
     pub fn domain(&self, node: &str, key: &str) -> Option<&'a str> {
         self.labels.get(node)?.get(key).map(String::as_str)
     }
-}
-
-/// A conjunction of label selectors (each must match); empty matches
-/// every pod.
-#[derive(Clone, Debug, Default)]
-pub struct Selection(pub Vec<LabelSelector>);
-
-impl Selection {
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.0
-            .iter()
-            .all(|s| s.matches(|key| labels.get(key).map(String::as_str)))
-    }
-}
-
-/// A `metav1.LabelSelector` from a typed one; `None` for none (which
-/// selects no pod) or one that does not parse.
-pub fn selector_of(
-    selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
-) -> Option<LabelSelector> {
-    let value = serde_json::to_value(selector?).ok()?;
-    LabelSelector::from_api(&value, "labelSelector").ok()
-}
-
-/// `key=value` for each of `keys` the pod has: what `matchLabelKeys` adds
-/// to a selector.
-pub fn label_keys_selector(pod: &Pod, keys: Option<&Vec<String>>) -> Option<LabelSelector> {
-    let labels = pod.labels();
-    let parts: Vec<String> = keys
-        .into_iter()
-        .flatten()
-        .filter_map(|key| labels.get(key).map(|value| format!("{key}={value}")))
-        .collect();
-    if parts.is_empty() {
-        return None;
-    }
-    LabelSelector::parse(&parts.join(",")).ok()
 }
 
 /// Whether a pod is on its way out (its deletion has begun).

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod pod_affinity;
 pub mod score;
 pub mod spread;
+pub mod terms;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,9 +34,10 @@ use portal_client::Settled;
 use crate::events;
 use crate::placement;
 use crate::requests::Resources;
-use cluster::{Cluster, Placed, Selection};
+use cluster::{Cluster, Placed};
 use pod_affinity::PodAffinity;
 use spread::Spread;
+use terms::Selection;
 
 const COMPONENT: &str = "default-scheduler";
 /// How soon an unschedulable pod is first tried again; the wait doubles up
@@ -59,6 +61,8 @@ struct Context {
     assumed: Mutex<HashMap<String, Assumed>>,
     /// Pods no node fits: when to try again, and the wait after that.
     backoff: Arc<Mutex<HashMap<String, (Instant, Duration)>>>,
+    /// What is known of placed pods, by UID ([`load`]).
+    facts: Mutex<HashMap<String, Facts>>,
     /// Controllers' selectors by controller UID, read when first needed.
     owner_selectors: Mutex<HashMap<String, (Instant, Option<LabelSelector>)>>,
 }
@@ -166,7 +170,7 @@ impl PodRules<'_> {
 fn unavailable_message(
     nodes: &[Arc<Node>],
     pod: &Pod,
-    load: &HashMap<String, Load>,
+    load: &HashMap<Arc<str>, Load>,
     rules: Option<&PodRules<'_>>,
 ) -> String {
     if let Some(claim) = missing_claim(pod) {
@@ -178,7 +182,7 @@ fn unavailable_message(
     let mut reasons: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for node in nodes {
         let used = load
-            .get(&node.name_any())
+            .get(node.name_any().as_str())
             .map(|l| l.used)
             .unwrap_or_default();
         let mut found = misfits(node, pod, used);
@@ -212,7 +216,7 @@ fn unavailable_message(
 fn choose(
     pod: &Pod,
     candidates: &[&Arc<Node>],
-    load: &HashMap<String, Load>,
+    load: &HashMap<Arc<str>, Load>,
     rules: &PodRules<'_>,
 ) -> Option<String> {
     let empty = PodSpec::default();
@@ -231,7 +235,7 @@ fn choose(
     let asks = Resources::scoring(pod);
     let mut best: Option<(i64, usize, &str)> = None;
     for (i, node) in nodes.iter().enumerate() {
-        let here = load.get(&names[i]).copied().unwrap_or_default();
+        let here = load.get(names[i].as_str()).copied().unwrap_or_default();
         let requested = here.scoring + asks;
         let total = score::TAINT_TOLERATION * taints[i]
             + score::NODE_AFFINITY * affinity[i]
@@ -303,6 +307,7 @@ pub async fn run(
         services,
         assumed: Mutex::new(HashMap::new()),
         backoff,
+        facts: Mutex::new(HashMap::new()),
         owner_selectors: Mutex::new(HashMap::new()),
     });
     let results = controller.watches_stream(node_events, mapper).run(
@@ -321,41 +326,80 @@ fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(ctx.retries.after_failure(pod.as_ref()))
 }
 
+/// What the scheduler works out about a placed pod once per version of
+/// it: its node, what it asks, its parsed affinity terms.
+#[derive(Debug)]
+struct Facts {
+    version: Option<String>,
+    used: Resources,
+    scoring: Resources,
+    placed: Placed,
+}
+
+impl Facts {
+    fn of(pod: &Arc<Pod>, node: &str) -> Facts {
+        Facts {
+            version: pod.metadata.resource_version.clone(),
+            used: Resources::of_pod(pod),
+            scoring: Resources::scoring(pod),
+            placed: Placed::new(pod.clone(), node.into()),
+        }
+    }
+}
+
 /// What is on each node and the pods placed there, counting assumed
-/// bindings; pods that ended (Succeeded, Failed) hold nothing.
+/// bindings; pods that ended (Succeeded, Failed) hold nothing. Every
+/// decision sees every pod, so what each pod asks and prefers is worked
+/// out once per version and remembered (`known`).
 fn load(
     ctx: &Context,
     assumed: &mut HashMap<String, Assumed>,
-) -> (HashMap<String, Load>, Vec<Placed>) {
-    let mut load: HashMap<String, Load> = HashMap::new();
+) -> (HashMap<Arc<str>, Load>, Vec<Placed>) {
+    let mut known = ctx.facts.lock();
+    let mut load: HashMap<Arc<str>, Load> = HashMap::new();
     let mut placed = Vec::new();
     let mut pending = std::collections::HashSet::new();
-    let mut add = |node: &str, pod: &Arc<Pod>| {
-        let entry = load.entry(node.to_owned()).or_default();
+    let mut add = |facts: &Facts| {
+        let entry = load.entry(facts.placed.node.clone()).or_default();
         entry.pods += 1;
-        entry.used = entry.used + Resources::of_pod(pod);
-        entry.scoring = entry.scoring + Resources::scoring(pod);
-        placed.push(Placed {
-            pod: pod.clone(),
-            node: node.to_owned(),
-        });
+        entry.used = entry.used + facts.used;
+        entry.scoring = entry.scoring + facts.scoring;
+        placed.push(facts.placed.clone());
     };
-    for pod in ctx.pods.state() {
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-            pending.insert(uid(&pod));
+    let pods = ctx.pods.state();
+    for pod in &pods {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
+            pending.insert(uid(pod));
             continue;
         };
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {
             continue;
         }
-        add(&node, &pod);
+        let id = pod.metadata.uid.as_deref().unwrap_or_default();
+        let current = known
+            .get(id)
+            .is_some_and(|f| f.version == pod.metadata.resource_version && &*f.placed.node == node);
+        if !current {
+            known.insert(id.to_owned(), Facts::of(pod, node));
+        }
+        if let Some(facts) = known.get(id) {
+            add(facts);
+        }
+    }
+    // Forget pods that are gone, now and then.
+    if known.len() > 2 * pods.len() + 1024 {
+        let present: std::collections::HashSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        known.retain(|uid, _| present.contains(uid.as_str()));
     }
     // Only pods the cache still shows pending are assumed: once it shows
     // them bound they count from there, and deleted ones count nowhere.
     assumed.retain(|uid, _| pending.contains(uid));
     for binding in assumed.values() {
-        add(&binding.node, &binding.pod);
+        add(&Facts::of(&binding.pod, &binding.node));
     }
     (load, placed)
 }
@@ -416,13 +460,13 @@ impl Context {
                 let api: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
                     Api::namespaced(self.client.clone(), namespace);
                 let rs = api.get_opt(&owner.name).await.ok().flatten();
-                cluster::selector_of(rs.and_then(|r| r.spec).map(|s| s.selector).as_ref())
+                terms::selector_of(rs.and_then(|r| r.spec).map(|s| s.selector).as_ref())
             }
             ("apps/v1", "StatefulSet") => {
                 let api: Api<k8s_openapi::api::apps::v1::StatefulSet> =
                     Api::namespaced(self.client.clone(), namespace);
                 let set = api.get_opt(&owner.name).await.ok().flatten();
-                cluster::selector_of(set.and_then(|s| s.spec).map(|s| s.selector).as_ref())
+                terms::selector_of(set.and_then(|s| s.spec).map(|s| s.selector).as_ref())
             }
             _ => None,
         }
@@ -465,7 +509,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             affinity: PodAffinity::new(&pod, &cluster),
         };
         let used = |node: &Node| {
-            load.get(&node.name_any())
+            load.get(node.name_any().as_str())
                 .map(|l| l.used)
                 .unwrap_or_default()
         };
@@ -647,14 +691,14 @@ mod tests {
             pods: 1,
         };
         load.insert(
-            "a".to_owned(),
+            Arc::from("a"),
             Load {
                 used: half,
                 ..Load::default()
             },
         );
         load.insert(
-            "b".to_owned(),
+            Arc::from("b"),
             Load {
                 used: half,
                 ..Load::default()

@@ -7,126 +7,14 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::Pod;
 
-use super::cluster::{label_keys_selector, selector_of, Cluster, Selection};
+use super::cluster::Cluster;
+use super::terms::{Term, Terms};
 
 /// Upstream's `hardPodAffinityWeight`: what an existing pod's required
 /// affinity to the incoming pod adds to its domain's score.
 const HARD_AFFINITY_WEIGHT: i64 = 1;
-
-/// A parsed affinity term of a pod.
-#[derive(Debug)]
-struct Term {
-    /// `None`: no label selector, which matches no pod.
-    selection: Option<Selection>,
-    /// `None`: every namespace.
-    namespaces: Option<Vec<String>>,
-    topology_key: String,
-    weight: i64,
-}
-
-impl Term {
-    /// The term as `owner` (the pod that has it) means it.
-    fn new(term: &PodAffinityTerm, owner: &Pod, weight: i64) -> Term {
-        let selection = selector_of(term.label_selector.as_ref()).map(|s| {
-            let mut all = vec![s];
-            all.extend(label_keys_selector(owner, term.match_label_keys.as_ref()));
-            Selection(all)
-        });
-        let listed = term.namespaces.clone().unwrap_or_default();
-        // An empty namespace selector means every namespace; a non-empty
-        // one needs namespace labels, which this scheduler does not read,
-        // so only the listed namespaces count then.
-        let every = term
-            .namespace_selector
-            .as_ref()
-            .is_some_and(|s| s.match_labels.is_none() && s.match_expressions.is_none());
-        let namespaces = if every {
-            None
-        } else if listed.is_empty() && term.namespace_selector.is_none() {
-            Some(vec![owner.namespace().unwrap_or_default()])
-        } else {
-            Some(listed)
-        };
-        Term {
-            selection,
-            namespaces,
-            topology_key: term.topology_key.clone(),
-            weight,
-        }
-    }
-
-    fn matches(&self, pod: &Pod) -> bool {
-        let namespace = pod.namespace().unwrap_or_default();
-        self.namespaces
-            .as_ref()
-            .is_none_or(|n| n.contains(&namespace))
-            && self
-                .selection
-                .as_ref()
-                .is_some_and(|s| s.matches(pod.labels()))
-    }
-}
-
-/// A pod's terms of one kind.
-#[derive(Debug, Default)]
-struct Terms {
-    affinity: Vec<Term>,
-    anti_affinity: Vec<Term>,
-    preferred_affinity: Vec<Term>,
-    preferred_anti_affinity: Vec<Term>,
-}
-
-impl Terms {
-    fn of(pod: &Pod) -> Terms {
-        let Some(affinity) = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()) else {
-            return Terms::default();
-        };
-        let required = |terms: Option<&Vec<PodAffinityTerm>>| -> Vec<Term> {
-            terms
-                .into_iter()
-                .flatten()
-                .map(|t| Term::new(t, pod, 0))
-                .collect()
-        };
-        let preferred = |terms: Option<&Vec<WeightedPodAffinityTerm>>| -> Vec<Term> {
-            terms
-                .into_iter()
-                .flatten()
-                .map(|t| Term::new(&t.pod_affinity_term, pod, i64::from(t.weight)))
-                .collect()
-        };
-        let near = affinity.pod_affinity.as_ref();
-        let away = affinity.pod_anti_affinity.as_ref();
-        Terms {
-            affinity: required(near.and_then(|a| {
-                a.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })),
-            anti_affinity: required(away.and_then(|a| {
-                a.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })),
-            preferred_affinity: preferred(near.and_then(|a| {
-                a.preferred_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })),
-            preferred_anti_affinity: preferred(away.and_then(|a| {
-                a.preferred_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.affinity.is_empty()
-            && self.anti_affinity.is_empty()
-            && self.preferred_affinity.is_empty()
-            && self.preferred_anti_affinity.is_empty()
-    }
-}
 
 /// The incoming pod's view of the cluster for this plugin, worked out once
 /// for all candidate nodes.
@@ -188,10 +76,9 @@ impl<'a> PodAffinity<'a> {
                 prefer(term, -term.weight);
             }
             // What the pods already placed want of this one.
-            let theirs = Terms::of(other);
-            if theirs.is_empty() {
+            let Some(theirs) = placed.terms.as_deref() else {
                 continue;
-            }
+            };
             for term in theirs.anti_affinity.iter().filter(|t| t.matches(pod)) {
                 if let Some(value) = domain(&term.topology_key) {
                     avoid.push((term.topology_key.clone(), value));
@@ -301,10 +188,7 @@ mod tests {
     }
 
     fn placed(node: &str, labels: serde_json::Value, affinity: serde_json::Value) -> Placed {
-        Placed {
-            pod: Arc::new(pod(labels, affinity)),
-            node: node.into(),
-        }
+        Placed::new(Arc::new(pod(labels, affinity)), node.into())
     }
 
     fn term(key: &str, app: &str) -> serde_json::Value {

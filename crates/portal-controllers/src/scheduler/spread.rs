@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
-use super::cluster::{label_keys_selector, selector_of, terminating, Cluster, Selection};
+use super::cluster::{terminating, Cluster};
+use super::terms::{label_keys_selector, selector_of, Selection};
 use crate::placement;
 
 const HOSTNAME: &str = "kubernetes.io/hostname";
@@ -130,8 +131,8 @@ impl<'a> Spread<'a> {
             }
             for placed in cluster.placed {
                 let other = &placed.pod;
-                if !eligible.contains(&placed.node)
-                    || other.namespace().as_deref() != Some(namespace.as_str())
+                if !eligible.contains(&*placed.node)
+                    || other.metadata.namespace.as_deref() != Some(namespace.as_str())
                     || terminating(other)
                     || !constraint.selects(other)
                 {
@@ -284,10 +285,7 @@ mod tests {
             json!({"metadata": {"name": "q", "namespace": "default", "labels": {"app": app}}}),
         )
         .unwrap();
-        Placed {
-            pod: Arc::new(pod),
-            node: node.into(),
-        }
+        Placed::new(Arc::new(pod), node.into())
     }
 
     #[test]

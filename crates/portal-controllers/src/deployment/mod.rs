@@ -35,7 +35,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use portal_api::selector::LabelSelector;
-use portal_client::Settled;
+use portal_client::{Settled, SharedReflector};
 
 use crate::events;
 use crate::replication::set_controller;
@@ -82,8 +82,16 @@ pub async fn run(
     });
     let set_changes = crate::note_listed(set_changes, context.replica_sets_listed.clone());
     let pod_changes = crate::note_listed(pod_changes, context.pods_listed.clone());
-    let controller = Controller::new(Api::<Deployment>::all(client), watcher::Config::default())
-        .with_config(crate::config());
+    // Deployments without their managed fields, which nothing here reads.
+    let mut cache: SharedReflector<Deployment> =
+        SharedReflector::new(Api::all(client), watcher::Config::default(), |d| {
+            d.metadata.managed_fields = None;
+        });
+    let controller = Controller::for_shared_stream(
+        portal_client::shared::objects(cache.subscribe()),
+        cache.store(),
+    )
+    .with_config(crate::config());
     let deployments = controller.store();
     // A ReplicaSet concerns its controller, or as an orphan every
     // Deployment whose selector matches it (to be adopted).
@@ -135,7 +143,7 @@ pub async fn run(
         COMPONENT,
         &context.retries,
     );
-    deployments.await;
+    tokio::join!(cache.run(), deployments);
 }
 
 fn error_policy(deployment: Arc<Deployment>, error: &Error, ctx: Arc<Context>) -> Action {

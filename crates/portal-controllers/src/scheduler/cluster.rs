@@ -1,7 +1,7 @@
 //! What the scheduler sees when it places one pod: the nodes and the pods
 //! already on them (bound, or assumed bound by this scheduler).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -34,12 +34,15 @@ impl Placed {
 pub struct Cluster<'a> {
     pub nodes: &'a [Arc<Node>],
     pub placed: &'a [Placed],
-    labels: BTreeMap<String, &'a BTreeMap<String, String>>,
+    labels: HashMap<&'a str, &'a BTreeMap<String, String>>,
 }
 
 impl<'a> Cluster<'a> {
     pub fn new(nodes: &'a [Arc<Node>], placed: &'a [Placed]) -> Self {
-        let labels = nodes.iter().map(|n| (n.name_any(), n.labels())).collect();
+        let labels = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, n.labels())))
+            .collect();
         Cluster {
             nodes,
             placed,

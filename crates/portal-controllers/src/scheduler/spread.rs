@@ -6,7 +6,7 @@
 //! `ScheduleAnyway`) over what a user sees as its app: the pods its
 //! Services and its controller select.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -108,37 +108,32 @@ impl<'a> Spread<'a> {
         let namespace = pod.namespace().unwrap_or_default();
         let mut counts = Vec::with_capacity(constraints.len());
         for constraint in &constraints {
-            let mut domains: BTreeMap<&'a str, i64> = BTreeMap::new();
-            let eligible: BTreeSet<String> = cluster
+            // The eligible nodes' domains, by node name.
+            let eligible: HashMap<&'a str, &'a str> = cluster
                 .nodes
                 .iter()
                 .filter(|n| eligible(constraint, pod, n))
-                .filter(|n| {
-                    let name = n.name_any();
+                .filter_map(|n| {
+                    let name = n.metadata.name.as_deref()?;
+                    // Own constraints count only on nodes with every key.
                     let all_keys = constraints
                         .iter()
-                        .all(|c| cluster.domain(&name, &c.topology_key).is_some());
-                    // Own constraints count only on nodes with every key.
-                    (defaulted || all_keys)
-                        && cluster.domain(&name, &constraint.topology_key).is_some()
+                        .all(|c| cluster.domain(name, &c.topology_key).is_some());
+                    let value = cluster.domain(name, &constraint.topology_key)?;
+                    (defaulted || all_keys).then_some((name, value))
                 })
-                .map(|n| n.name_any())
                 .collect();
-            for node in &eligible {
-                if let Some(value) = cluster.domain(node, &constraint.topology_key) {
-                    domains.entry(value).or_default();
-                }
-            }
+            let mut domains: BTreeMap<&'a str, i64> =
+                eligible.values().map(|value| (*value, 0)).collect();
             for placed in cluster.placed {
                 let other = &placed.pod;
-                if !eligible.contains(&*placed.node)
-                    || other.metadata.namespace.as_deref() != Some(namespace.as_str())
-                    || terminating(other)
-                    || !constraint.selects(other)
-                {
+                let Some(value) = eligible.get(&*placed.node) else {
                     continue;
-                }
-                if let Some(value) = cluster.domain(&placed.node, &constraint.topology_key) {
+                };
+                if other.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && !terminating(other)
+                    && constraint.selects(other)
+                {
                     *domains.entry(value).or_default() += 1;
                 }
             }

@@ -150,7 +150,12 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, E
         now: jiff::Timestamp::now(),
     };
     match sync.run(&selector).await {
-        Err(Error::Api(kube::Error::Api(status))) if status.code == 409 || status.code == 404 => {
+        // Written meanwhile, or gone: the next sync starts from the change.
+        // (A pod name taken by a pod not the set's is AlreadyExists: that
+        // backs off as errors do.)
+        Err(Error::Api(kube::Error::Api(status)))
+            if (status.code == 409 && status.reason != "AlreadyExists") || status.code == 404 =>
+        {
             Ok(Action::requeue(Duration::from_millis(100)))
         }
         other => other,

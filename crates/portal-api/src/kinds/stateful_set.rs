@@ -71,13 +71,17 @@ fn defaults(object: &mut Value) {
     };
     default(spec, "replicas", json!(1));
     default(spec, "revisionHistoryLimit", json!(10));
+    // An empty string is Go's zero value: defaulted as a missing field.
+    if spec["podManagementPolicy"] == "" {
+        spec["podManagementPolicy"] = Value::Null;
+    }
     default(spec, "podManagementPolicy", json!("OrderedReady"));
     default(spec, "updateStrategy", json!({}));
     if let Some(strategy) = spec.get_mut("updateStrategy").filter(|s| s.is_object()) {
         // Only a missing type gets `rollingUpdate: {}`: an explicit
         // RollingUpdate without it stays without (kubectl tells the two
         // apart in `rollout status`).
-        if strategy.get("type").is_none_or(Value::is_null) {
+        if strategy.get("type").is_none_or(|t| t.is_null() || t == "") {
             strategy["type"] = json!("RollingUpdate");
             default(strategy, "rollingUpdate", json!({}));
         }

@@ -157,7 +157,14 @@ pub(crate) async fn patch(
     let propose = |rc: &Value| {
         let patched = portal_api::patch::apply(scope.resource, patch_type, &scale_of(rc), body)
             .map_err(|e| patch_error(scope, name, e))?;
-        apply_scale(name, rc, &patched)
+        let mut proposal = apply_scale(name, rc, &patched)?;
+        // A patch is a precondition only when it sets a resourceVersion of
+        // its own; otherwise it is applied again to a newer object, as a
+        // patch of the object itself is.
+        if meta::meta_str(&patched, "resourceVersion") == meta::meta_str(rc, "resourceVersion") {
+            proposal.expected = None;
+        }
+        Ok(proposal)
     };
     let (stored, _) = guaranteed_update(
         state,

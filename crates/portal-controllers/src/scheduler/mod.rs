@@ -233,16 +233,24 @@ fn choose(
         .collect();
     pod_affinity::normalize(&mut near);
     let asks = Resources::scoring(pod);
+    let actual = Resources::of_pod(pod);
+    // Balanced allocation leaves pods that ask for nothing alone.
+    let best_effort = actual.milli_cpu == 0 && actual.memory == 0;
     let mut best: Option<(i64, usize, &str)> = None;
     for (i, node) in nodes.iter().enumerate() {
         let here = load.get(names[i].as_str()).copied().unwrap_or_default();
         let requested = here.scoring + asks;
+        let balanced = if best_effort {
+            0
+        } else {
+            score::balanced_allocation(here.used + actual, node)
+        };
         let total = score::TAINT_TOLERATION * taints[i]
             + score::NODE_AFFINITY * affinity[i]
             + score::POD_TOPOLOGY_SPREAD * spread[i]
             + score::INTER_POD_AFFINITY * near[i]
             + score::LEAST_ALLOCATED * score::least_allocated(requested, node)
-            + score::BALANCED_ALLOCATION * score::balanced_allocation(requested, node);
+            + score::BALANCED_ALLOCATION * balanced;
         let better = best.is_none_or(|(score, pods, name)| {
             (
                 total,

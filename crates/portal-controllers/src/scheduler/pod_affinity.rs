@@ -22,15 +22,17 @@ const HARD_AFFINITY_WEIGHT: i64 = 1;
 pub struct PodAffinity<'a> {
     cluster: &'a Cluster<'a>,
     own: Terms,
-    /// Per required affinity term, the domains holding a pod it matches.
+    /// Per required affinity term, the domains holding a pod that matches
+    /// all the terms.
     near: Vec<HashMap<&'a str, usize>>,
-    /// Whether no pod anywhere matches any required affinity term and the
+    /// Whether no pod anywhere matches the required affinity terms and the
     /// pod matches all of them itself (the first of a group that wants
     /// to be together may go anywhere).
     first_of_group: bool,
-    /// Domains (key, value) the pod must avoid: its own anti-affinity and
-    /// the anti-affinity of pods there towards it.
+    /// Domains (key, value) the pod's own anti-affinity avoids.
     avoid: Vec<(String, &'a str)>,
+    /// Domains (key, value) where a pod's anti-affinity avoids this one.
+    avoided_by_others: Vec<(String, &'a str)>,
     /// Preferences by domain (key, value): weights to add.
     preferences: HashMap<(String, &'a str), i64>,
 }
@@ -40,15 +42,17 @@ impl<'a> PodAffinity<'a> {
         let own = Terms::of(pod);
         let mut near = vec![HashMap::new(); own.affinity.len()];
         let mut avoid = Vec::new();
+        let mut avoided_by_others = Vec::new();
         let mut preferences: HashMap<(String, &'a str), i64> = HashMap::new();
         let mut any_match = false;
         for placed in cluster.placed {
             let other = &placed.pod;
             let domain = |key: &str| cluster.domain(&placed.node, key);
-            for (i, term) in own.affinity.iter().enumerate() {
-                if term.matches(other) {
-                    any_match = true;
+            // A pod counts for required affinity when it matches every term.
+            if !own.affinity.is_empty() && own.affinity.iter().all(|t| t.matches(other)) {
+                for (i, term) in own.affinity.iter().enumerate() {
                     if let Some(value) = domain(&term.topology_key) {
+                        any_match = true;
                         *near[i].entry(value).or_default() += 1;
                     }
                 }
@@ -81,7 +85,7 @@ impl<'a> PodAffinity<'a> {
             };
             for term in theirs.anti_affinity.iter().filter(|t| t.matches(pod)) {
                 if let Some(value) = domain(&term.topology_key) {
-                    avoid.push((term.topology_key.clone(), value));
+                    avoided_by_others.push((term.topology_key.clone(), value));
                 }
             }
             for term in theirs.affinity.iter().filter(|t| t.matches(pod)) {
@@ -105,6 +109,7 @@ impl<'a> PodAffinity<'a> {
             near,
             first_of_group,
             avoid,
+            avoided_by_others,
             preferences,
         }
     }
@@ -133,7 +138,7 @@ impl<'a> PodAffinity<'a> {
             }
         }
         let others = self
-            .avoid
+            .avoided_by_others
             .iter()
             .any(|(key, value)| domain(key) == Some(*value));
         others.then_some("node(s) didn't satisfy existing pods anti-affinity rules")
@@ -150,10 +155,11 @@ impl<'a> PodAffinity<'a> {
     }
 }
 
-/// Upstream's normalisation: 0 at the lowest (or 0), 100 at the highest.
+/// Upstream's normalisation: 0 at the lowest, 100 at the highest, 0 for
+/// all when they are equal.
 pub fn normalize(scores: &mut [i64]) {
-    let max = scores.iter().copied().max().unwrap_or(0).max(0);
-    let min = scores.iter().copied().min().unwrap_or(0).min(0);
+    let max = scores.iter().copied().max().unwrap_or(0);
+    let min = scores.iter().copied().min().unwrap_or(0);
     for score in scores.iter_mut() {
         *score = if max > min {
             100 * (*score - min) / (max - min)

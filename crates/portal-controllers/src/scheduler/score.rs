@@ -70,22 +70,31 @@ pub fn least_allocated(requested: Resources, node: &Node) -> i64 {
     (free(requested.milli_cpu, offered.milli_cpu) + free(requested.memory, offered.memory)) / 2
 }
 
-/// How evenly CPU and memory would be used: 100 when their shares match.
+/// How evenly CPU and memory would be used, from the pods' actual requests
+/// (`requested` includes the pod's): 100 when their shares match. A
+/// resource the node does not state is left out.
 pub fn balanced_allocation(requested: Resources, node: &Node) -> i64 {
     let Some(offered) = Resources::allocatable(node) else {
         return 0;
     };
     let share = |asked: i64, offered: i64| {
-        if offered <= 0 || offered == i64::MAX {
-            return 0.0;
-        }
-        (asked as f64 / offered as f64).min(1.0)
+        (offered > 0 && offered != i64::MAX).then(|| (asked as f64 / offered as f64).min(1.0))
     };
-    let cpu = share(requested.milli_cpu, offered.milli_cpu);
-    let memory = share(requested.memory, offered.memory);
-    // The standard deviation of two shares is half their difference.
+    let shares: Vec<f64> = [
+        share(requested.milli_cpu, offered.milli_cpu),
+        share(requested.memory, offered.memory),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    // The standard deviation of two shares is half their difference; of
+    // one, zero.
+    let deviation = match shares[..] {
+        [cpu, memory] => (cpu - memory).abs() / 2.0,
+        _ => 0.0,
+    };
     #[allow(clippy::cast_possible_truncation)]
-    let score = ((1.0 - (cpu - memory).abs() / 2.0) * 100.0) as i64;
+    let score = ((1.0 - deviation) * 100.0) as i64;
     score
 }
 

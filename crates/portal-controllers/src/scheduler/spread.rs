@@ -115,9 +115,11 @@ impl<'a> Spread<'a> {
                 .filter(|n| eligible(constraint, pod, n))
                 .filter_map(|n| {
                     let name = n.metadata.name.as_deref()?;
-                    // Own constraints count only on nodes with every key.
+                    // Own constraints count only on nodes with every key
+                    // of their kind (filtering or scoring).
                     let all_keys = constraints
                         .iter()
+                        .filter(|c| c.hard == constraint.hard)
                         .all(|c| cluster.domain(name, &c.topology_key).is_some());
                     let value = cluster.domain(name, &constraint.topology_key)?;
                     (defaulted || all_keys).then_some((name, value))
@@ -184,7 +186,7 @@ impl<'a> Spread<'a> {
     /// is better); `None` when the node lacks a key a constraint of the
     /// pod's own needs. `domains` is, per constraint, the number of
     /// domains among the candidate nodes.
-    fn raw_score(&self, node: &str, domains: &[usize]) -> Option<f64> {
+    fn raw_score(&self, node: &str, domains: &[usize]) -> Option<i64> {
         let mut score = 0.0;
         for (i, (constraint, counts)) in self.constraints.iter().zip(&self.counts).enumerate() {
             if constraint.hard {
@@ -197,11 +199,13 @@ impl<'a> Spread<'a> {
                 return None;
             };
             let here = counts.get(value).copied().unwrap_or(0);
-            // Upstream weighs each constraint by log(domains + 2).
+            // Upstream's `scoreForCount`: the count weighed by log(domains
+            // + 2), plus `maxSkew - 1` to water differences down.
             let weight = ((domains[i] + 2) as f64).ln();
-            score += (here + constraint.max_skew - 1) as f64 * weight;
+            score += here as f64 * weight + (constraint.max_skew - 1) as f64;
         }
-        Some(score)
+        #[allow(clippy::cast_possible_truncation)]
+        Some(score.round() as i64)
     }
 
     /// Scores 0–100 for the candidate nodes, as upstream normalises them:
@@ -221,19 +225,17 @@ impl<'a> Spread<'a> {
                     .len()
             })
             .collect();
-        let raw: Vec<Option<f64>> = candidates
+        let raw: Vec<Option<i64>> = candidates
             .iter()
             .map(|n| self.raw_score(n, &domains))
             .collect();
-        let known = raw.iter().flatten().copied();
-        let max = known.clone().fold(f64::MIN, f64::max);
-        let min = known.fold(f64::MAX, f64::min);
+        let max = raw.iter().flatten().copied().max().unwrap_or(0);
+        let min = raw.iter().flatten().copied().min().unwrap_or(0);
         raw.iter()
             .map(|score| match score {
                 None => 0,
-                Some(_) if max <= 0.0 => 100,
-                #[allow(clippy::cast_possible_truncation)]
-                Some(s) => (100.0 * (max + min - s) / max) as i64,
+                Some(_) if max == 0 => 100,
+                Some(s) => 100 * (max + min - s) / max,
             })
             .collect()
     }

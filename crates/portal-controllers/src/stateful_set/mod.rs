@@ -34,7 +34,7 @@ use crate::events;
 use crate::history::{self, History};
 use crate::replication::{is_available, is_ready, set_controller};
 use identity::{parent_and_ordinal, REVISION_LABEL};
-use plan::{Member, Shape, Step, Strategy, Why};
+use plan::{Member, Shape, Step, Strategy};
 
 pub use crate::ReconcileError as Error;
 
@@ -267,6 +267,7 @@ impl Sync<'_> {
                     available: ready && is_available(pod, min_ready, self.now),
                     phase,
                     terminating: pod.metadata.deletion_timestamp.is_some(),
+                    deleted: None,
                 })
             })
             .collect();
@@ -291,8 +292,14 @@ impl Sync<'_> {
             plan::plan(&shape, &members)
         };
         let result = self.carry_out(&steps, &current, &update).await;
-        if result.is_ok() {
-            for member in members.iter().filter(|m| m.phase == "Pending") {
+        let deleting = self.set.metadata.deletion_timestamp.is_some();
+        let in_range = shape.start..shape.start.saturating_add(replicas);
+        if result.is_ok() && !deleting {
+            // Claims lost meanwhile are made again for pods still waiting.
+            let waiting = members
+                .iter()
+                .filter(|m| m.phase == "Pending" && in_range.contains(&m.ordinal));
+            for member in waiting {
                 self.ensure_claims(member.ordinal, &member.name, false)
                     .await?;
             }
@@ -413,15 +420,9 @@ impl Sync<'_> {
                         }
                     }
                 }
-                Step::Delete { name, why } => {
-                    if *why == Why::Ended {
-                        let message = format!(
-                            "StatefulSet {}/{} is recreating terminated Pod {name}",
-                            self.namespace, self.name
-                        );
-                        self.event("Warning", "RecreatingTerminatedPod", &message)
-                            .await;
-                    }
+                // Failed and succeeded pods are deleted without an event
+                // of their own, as since Kubernetes 1.31.
+                Step::Delete { name, .. } => {
                     match api.delete(name, &DeleteParams::default()).await {
                         Ok(_) => {
                             let message = format!(

@@ -23,6 +23,8 @@ pub struct Member {
     /// Ready for at least `minReadySeconds`.
     pub available: bool,
     pub terminating: bool,
+    /// Deleted by this sync, and why.
+    pub deleted: Option<Why>,
 }
 
 impl Member {
@@ -103,8 +105,10 @@ pub fn plan(shape: &Shape, pods: &[Member]) -> (Vec<Step>, Vec<Member>) {
         .find(|s| !s.as_ref().is_some_and(Member::healthy))
         .map(|s| s.as_ref().map(|m| m.ordinal))
         .or_else(|| {
+            // The lowest condemned ordinal, as upstream walks them.
             condemned
                 .iter()
+                .rev()
                 .find(|m| !m.healthy())
                 .map(|m| Some(m.ordinal))
         });
@@ -138,6 +142,7 @@ fn fill(shape: &Shape, slots: &mut [Option<Member>], steps: &mut Vec<Step>) -> b
                         why: Why::Ended,
                     });
                     pod.terminating = true;
+                    pod.deleted = Some(Why::Ended);
                 }
                 if shape.ordered {
                     return true;
@@ -157,6 +162,7 @@ fn fill(shape: &Shape, slots: &mut [Option<Member>], steps: &mut Vec<Step>) -> b
                     ready: false,
                     available: false,
                     terminating: false,
+                    deleted: None,
                 });
                 if shape.ordered {
                     return true;
@@ -219,6 +225,7 @@ fn remove(
             why: Why::Condemned,
         });
         pod.terminating = true;
+        pod.deleted = Some(Why::Condemned);
         if shape.ordered {
             return true;
         }
@@ -254,6 +261,7 @@ fn roll(
                 why: Why::Update,
             });
             pod.terminating = true;
+            pod.deleted = Some(Why::Update);
             budget -= 1;
         }
     }
@@ -271,10 +279,17 @@ pub struct Counts {
 
 /// Counts over the pods after the plan: every created pod (terminating
 /// ones too), ready and available ones, and the live ones at the current
-/// and update revisions.
+/// and update revisions. As upstream's recount, a pod this sync deleted
+/// still counts as it was, except that one replaced by the update no
+/// longer counts as current.
 pub fn count(shape: &Shape, pods: &[Member]) -> Counts {
     let mut counts = Counts::default();
     for pod in pods {
+        let terminating = match pod.deleted {
+            Some(Why::Update) => true,
+            Some(Why::Ended | Why::Condemned) => false,
+            None => pod.terminating,
+        };
         if !pod.phase.is_empty() {
             counts.replicas += 1;
         }
@@ -284,7 +299,7 @@ pub fn count(shape: &Shape, pods: &[Member]) -> Counts {
                 counts.available += 1;
             }
         }
-        if !pod.phase.is_empty() && !pod.terminating {
+        if !pod.phase.is_empty() && !terminating {
             if pod.revision == shape.current_revision {
                 counts.current += 1;
             }
@@ -327,6 +342,7 @@ mod tests {
             ready,
             available: ready,
             terminating: false,
+            deleted: None,
         }
     }
 
@@ -393,6 +409,15 @@ mod tests {
             plan(&shape(2, true, ROLLING), &unready).0,
             [delete(2, Why::Condemned)]
         );
+        // Of two unready condemned pods the lowest is the first unhealthy:
+        // the highest waits.
+        let mut both = pods.clone();
+        both[2].ready = false;
+        both[3].ready = false;
+        assert_eq!(plan(&shape(2, true, ROLLING), &both).0, []);
+        // A pod deleted by this sync still counts as it was.
+        let (_, after) = plan(&shape(3, true, ROLLING), &pods);
+        assert_eq!(count(&shape(3, true, ROLLING), &after).current, 4);
     }
 
     #[test]

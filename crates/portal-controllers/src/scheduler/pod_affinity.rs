@@ -6,6 +6,7 @@
 //! the domains of the pods they match, both ways.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -30,11 +31,11 @@ pub struct PodAffinity<'a> {
     /// to be together may go anywhere).
     first_of_group: bool,
     /// Domains (key, value) the pod's own anti-affinity avoids.
-    avoid: Vec<(String, &'a str)>,
+    avoid: Vec<(Arc<str>, &'a str)>,
     /// Domains (key, value) where a pod's anti-affinity avoids this one.
-    avoided_by_others: Vec<(String, &'a str)>,
+    avoided_by_others: Vec<(Arc<str>, &'a str)>,
     /// Preferences by domain (key, value): weights to add.
-    preferences: HashMap<(String, &'a str), i64>,
+    preferences: HashMap<(Arc<str>, &'a str), i64>,
 }
 
 impl<'a> PodAffinity<'a> {
@@ -43,7 +44,7 @@ impl<'a> PodAffinity<'a> {
         let mut near = vec![HashMap::new(); own.affinity.len()];
         let mut avoid = Vec::new();
         let mut avoided_by_others = Vec::new();
-        let mut preferences: HashMap<(String, &'a str), i64> = HashMap::new();
+        let mut preferences: HashMap<(Arc<str>, &'a str), i64> = HashMap::new();
         let mut any_match = false;
         for placed in cluster.placed {
             let other = &placed.pod;
@@ -131,7 +132,7 @@ impl<'a> PodAffinity<'a> {
             }
         }
         let avoided =
-            |key: &str, value: &str| self.avoid.iter().any(|(k, v)| k == key && *v == value);
+            |key: &str, value: &str| self.avoid.iter().any(|(k, v)| &**k == key && *v == value);
         for term in &self.own.anti_affinity {
             if domain(&term.topology_key).is_some_and(|v| avoided(&term.topology_key, v)) {
                 return Some("node(s) didn't match pod anti-affinity rules");

@@ -2,6 +2,7 @@
 //! conjunctions, and pods' affinity terms parsed once.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 use kube::ResourceExt;
@@ -51,7 +52,8 @@ pub struct Term {
     selection: Option<Selection>,
     /// `None`: every namespace.
     namespaces: Option<Vec<String>>,
-    pub topology_key: String,
+    /// Shared, so the domains it names are keyed without copies.
+    pub topology_key: Arc<str>,
     pub weight: i64,
 }
 
@@ -81,7 +83,7 @@ impl Term {
         Term {
             selection,
             namespaces,
-            topology_key: term.topology_key.clone(),
+            topology_key: term.topology_key.as_str().into(),
             weight,
         }
     }

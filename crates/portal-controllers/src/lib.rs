@@ -114,6 +114,36 @@ pub(crate) fn selects(
     selector.is_some_and(|s| s.matches(|key| labels.get(key).map(String::as_str)))
 }
 
+/// A typed `metav1.LabelSelector` as a parsed one; `None` when it does
+/// not parse.
+pub(crate) fn label_selector(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+) -> Option<portal_api::selector::LabelSelector> {
+    let value = serde_json::to_value(selector).ok()?;
+    portal_api::selector::LabelSelector::from_api(&value, "spec.selector").ok()
+}
+
+/// The object's controller, as a reference to reconcile, when it is a
+/// `kind` (in the object's namespace).
+pub(crate) fn controller_ref<K>(
+    object: &impl kube::Resource,
+    kind: &str,
+) -> Option<kube::runtime::reflector::ObjectRef<K>>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let namespace = object.meta().namespace.clone().unwrap_or_default();
+    controller_of(
+        object
+            .meta()
+            .owner_references
+            .as_deref()
+            .unwrap_or_default(),
+    )
+    .filter(|o| o.kind == kind)
+    .map(|o| kube::runtime::reflector::ObjectRef::new(&o.name).within(&namespace))
+}
+
 /// How long a reconcile waits before looking again at reflectors that have
 /// not listed yet.
 pub(crate) const NOT_LISTED_YET: std::time::Duration = std::time::Duration::from_millis(200);

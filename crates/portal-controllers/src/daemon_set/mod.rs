@@ -75,10 +75,7 @@ struct Context {
 }
 
 fn selector_of(ds: &DaemonSet) -> Option<LabelSelector> {
-    let selector = serde_json::to_value(&ds.spec.as_ref()?.selector).ok()?;
-    LabelSelector::from_api(&selector, "spec.selector")
-        .ok()
-        .filter(|s| !s.is_empty())
+    crate::label_selector(&ds.spec.as_ref()?.selector).filter(|s| !s.is_empty())
 }
 
 /// Runs the controller until the process ends, reading pods from the
@@ -143,13 +140,8 @@ pub async fn run(
             .map(|d| ObjectRef::from_obj(&**d))
             .collect()
     };
-    let revision_mapper = |revision: Arc<ControllerRevision>| -> Vec<ObjectRef<DaemonSet>> {
-        let namespace = revision.namespace().unwrap_or_default();
-        crate::controller_of(revision.owner_references())
-            .filter(|o| o.kind == "DaemonSet")
-            .map(|o| ObjectRef::new(&o.name).within(&namespace))
-            .into_iter()
-            .collect()
+    let revision_mapper = |revision: Arc<ControllerRevision>| {
+        crate::controller_ref::<DaemonSet>(&*revision, "DaemonSet")
     };
     let daemon_sets = crate::drive(
         controller

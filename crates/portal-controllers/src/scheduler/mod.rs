@@ -427,10 +427,7 @@ impl Context {
             .filter_map(|s| s.spec.as_ref()?.selector.as_ref())
             .filter(|selector| !selector.is_empty())
             .filter(|selector| selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v)))
-            .filter_map(|selector| {
-                let text: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                LabelSelector::parse(&text.join(",")).ok()
-            })
+            .filter_map(terms::map_selector)
             .collect();
         if let Some(owner) = crate::controller_of(pod.owner_references()) {
             if let Some(selector) = self.owner_selector(&namespace, owner).await {
@@ -459,10 +456,7 @@ impl Context {
                     .ok()
                     .flatten()
                     .and_then(|rc| rc.spec?.selector)
-                    .and_then(|s| {
-                        let text: Vec<String> = s.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                        LabelSelector::parse(&text.join(",")).ok()
-                    })
+                    .and_then(|s| terms::map_selector(&s))
             }
             ("apps/v1", "ReplicaSet") => {
                 let api: Api<k8s_openapi::api::apps::v1::ReplicaSet> =

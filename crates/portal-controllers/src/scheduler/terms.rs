@@ -26,8 +26,16 @@ impl Selection {
 pub fn selector_of(
     selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
 ) -> Option<LabelSelector> {
-    let value = serde_json::to_value(selector?).ok()?;
-    LabelSelector::from_api(&value, "labelSelector").ok()
+    crate::label_selector(selector?)
+}
+
+/// A selector given as a plain label map (Services, ReplicationControllers).
+pub fn map_selector(labels: &BTreeMap<String, String>) -> Option<LabelSelector> {
+    LabelSelector::from_api(
+        &serde_json::json!({ "matchLabels": labels }),
+        "spec.selector",
+    )
+    .ok()
 }
 
 /// `key=value` for each of `keys` the pod has: what `matchLabelKeys` adds

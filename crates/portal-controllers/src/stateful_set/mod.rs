@@ -52,10 +52,7 @@ struct Context {
 }
 
 fn selector_of(set: &StatefulSet) -> Option<LabelSelector> {
-    let selector = serde_json::to_value(&set.spec.as_ref()?.selector).ok()?;
-    LabelSelector::from_api(&selector, "spec.selector")
-        .ok()
-        .filter(|s| !s.is_empty())
+    crate::label_selector(&set.spec.as_ref()?.selector).filter(|s| !s.is_empty())
 }
 
 /// Whether a pod is one of the set's by name and labels (ownership aside).
@@ -107,13 +104,8 @@ pub async fn run(
             .map(|s| ObjectRef::from_obj(&**s))
             .collect()
     };
-    let revision_mapper = |revision: Arc<ControllerRevision>| -> Vec<ObjectRef<StatefulSet>> {
-        let namespace = revision.namespace().unwrap_or_default();
-        crate::controller_of(revision.owner_references())
-            .filter(|o| o.kind == "StatefulSet")
-            .map(|o| ObjectRef::new(&o.name).within(&namespace))
-            .into_iter()
-            .collect()
+    let revision_mapper = |revision: Arc<ControllerRevision>| {
+        crate::controller_ref::<StatefulSet>(&*revision, "StatefulSet")
     };
     let sets = crate::drive(
         controller

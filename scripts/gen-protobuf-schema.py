@@ -27,6 +27,8 @@ ROOTS = [
     "io.k8s.api.core.v1.Endpoints",
     "io.k8s.api.core.v1.ReplicationController",
     "io.k8s.api.core.v1.Node",
+    "io.k8s.api.core.v1.ConfigMap",
+    "io.k8s.api.core.v1.Secret",
     "io.k8s.api.core.v1.Event",
     "io.k8s.api.discovery.v1.EndpointSlice",
     "io.k8s.api.coordination.v1.Lease",

@@ -120,9 +120,122 @@ fn validate_volumes(spec: &Value, path: &str, causes: &mut Vec<Cause>) -> HashSe
                 &at,
                 "may not specify more than 1 volume type",
             ));
+        } else {
+            validate_volume_source(volume, &at, causes);
         }
     }
     names
+}
+
+/// The volume kinds a Portal node sets up. Anything else is refused here,
+/// so no pod runs without a volume it asked for.
+const SUPPORTED_VOLUMES: [&str; 7] = [
+    "emptyDir",
+    "hostPath",
+    "configMap",
+    "secret",
+    "downwardAPI",
+    "projected",
+    "persistentVolumeClaim",
+];
+
+/// One volume's source: a supported kind, its object named, its files'
+/// paths and modes well formed (upstream's `validateVolumeSource`).
+fn validate_volume_source(volume: &Value, at: &str, causes: &mut Vec<Cause>) {
+    let Some((kind, source)) = volume
+        .as_object()
+        .and_then(|v| v.iter().find(|(k, v)| *k != "name" && !v.is_null()))
+    else {
+        return;
+    };
+    if !SUPPORTED_VOLUMES.contains(&kind.as_str()) {
+        causes.push(Cause::forbidden(
+            &format!("{at}.{kind}"),
+            &format!(
+                "{kind} volumes are not supported by this cluster's nodes (supported: {})",
+                SUPPORTED_VOLUMES.join(", ")
+            ),
+        ));
+        return;
+    }
+    let at = format!("{at}.{kind}");
+    let name_field = match kind.as_str() {
+        "configMap" => Some("name"),
+        "secret" => Some("secretName"),
+        "persistentVolumeClaim" => Some("claimName"),
+        "hostPath" => Some("path"),
+        _ => None,
+    };
+    if let Some(field) = name_field {
+        if source[field].as_str().unwrap_or("").is_empty() {
+            causes.push(Cause::required(&format!("{at}.{field}"), ""));
+        }
+    }
+    validate_mode(&source["defaultMode"], &format!("{at}.defaultMode"), causes);
+    let files = |source: &Value, at: &str, causes: &mut Vec<Cause>| {
+        for (i, item) in items(&source["items"]).iter().enumerate() {
+            let at = format!("{at}.items[{i}]");
+            file_path(&item["path"], &format!("{at}.path"), causes);
+            validate_mode(&item["mode"], &format!("{at}.mode"), causes);
+        }
+    };
+    match kind.as_str() {
+        "configMap" | "secret" | "downwardAPI" => files(source, &at, causes),
+        "projected" => {
+            for (j, projection) in items(&source["sources"]).iter().enumerate() {
+                let at = format!("{at}.sources[{j}]");
+                let Some((what, inner)) = projection
+                    .as_object()
+                    .and_then(|p| p.iter().find(|(_, v)| !v.is_null()))
+                else {
+                    continue;
+                };
+                if matches!(what.as_str(), "configMap" | "secret" | "downwardAPI") {
+                    files(inner, &format!("{at}.{what}"), causes);
+                } else {
+                    causes.push(Cause::forbidden(
+                        &format!("{at}.{what}"),
+                        &format!("{what} projections are not supported by this cluster's nodes"),
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A file mode: 0 to 0777.
+fn validate_mode(mode: &Value, at: &str, causes: &mut Vec<Cause>) {
+    if mode.as_i64().is_some_and(|m| !(0..=0o777).contains(&m)) {
+        causes.push(Cause::invalid(
+            at,
+            mode.clone(),
+            "must be a number between 0 and 0777 (octal), both inclusive",
+        ));
+    }
+}
+
+/// A path inside a volume (an item's `path`, a `subPath`): relative,
+/// without `..` (upstream's `validateLocalDescendingPath`).
+fn file_path(path: &Value, at: &str, causes: &mut Vec<Cause>) {
+    let text = path.as_str().unwrap_or("");
+    if text.is_empty() {
+        causes.push(Cause::required(at, ""));
+        return;
+    }
+    descending_path(text, at, causes);
+    if text.starts_with("..") {
+        causes.push(Cause::invalid(at, text, "must not start with '..'"));
+    }
+}
+
+fn descending_path(text: &str, at: &str, causes: &mut Vec<Cause>) {
+    if text.starts_with('/') {
+        causes.push(Cause::invalid(at, text, "must be a relative path"));
+    }
+    if text.split('/').any(|part| part == "..") {
+        causes.push(Cause::invalid(at, text, "must not contain '..'"));
+    }
 }
 
 fn validate_container(
@@ -201,6 +314,9 @@ fn validate_container(
                 message: format!("Not found: {}", json!(name)),
                 field: format!("{at}.name"),
             });
+        }
+        if let Some(sub) = mount["subPath"].as_str().filter(|s| !s.is_empty()) {
+            descending_path(sub, &format!("{at}.subPath"), causes);
         }
         let path = mount["mountPath"].as_str().unwrap_or("");
         if path.is_empty() {
@@ -562,6 +678,28 @@ mod tests {
                 "spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"Never\", \"OnFailure\"",
                 "spec.dnsConfig: Required value: must provide `dnsConfig` when `dnsPolicy` is None",
                 "spec.activeDeadlineSeconds: Invalid value: 0: must be between 1 and 2147483647, inclusive",
+            ]
+        );
+    }
+
+    #[test]
+    fn unsupported_volumes_and_bad_paths_are_refused() {
+        let mut s = spec(json!([{"name": "c", "image": "x",
+            "volumeMounts": [{"name": "cfg", "mountPath": "/c", "subPath": "../x"}]}]));
+        s["volumes"] = json!([
+            {"name": "nfs", "nfs": {"server": "s", "path": "/"}},
+            {"name": "cfg", "configMap": {"name": "", "defaultMode": 512, "items": [{"key": "k", "path": "..a"}]}},
+            {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
+        ]);
+        assert_eq!(
+            messages(&s),
+            [
+                "spec.volumes[0].nfs: Forbidden: nfs volumes are not supported by this cluster's nodes (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected, persistentVolumeClaim)",
+                "spec.volumes[1].configMap.name: Required value",
+                "spec.volumes[1].configMap.defaultMode: Invalid value: 512: must be a number between 0 and 0777 (octal), both inclusive",
+                "spec.volumes[1].configMap.items[0].path: Invalid value: \"..a\": must not start with '..'",
+                "spec.volumes[2].projected.sources[0].serviceAccountToken: Forbidden: serviceAccountToken projections are not supported by this cluster's nodes",
+                "spec.containers[0].volumeMounts[0].subPath: Invalid value: \"../x\": must not contain '..'",
             ]
         );
     }

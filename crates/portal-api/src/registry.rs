@@ -32,6 +32,8 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::pod_disruption_budget::RESOURCE,
     &kinds::horizontal_pod_autoscaler::RESOURCE,
     &kinds::node::RESOURCE,
+    &kinds::config_map::RESOURCE,
+    &kinds::secret::RESOURCE,
     &kinds::event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,
     &kinds::lease::RESOURCE,

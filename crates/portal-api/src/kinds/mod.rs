@@ -8,6 +8,7 @@
 //! Adding a kind: a module here with its `KIND` and `RESOURCE`, and its
 //! line in [`crate::registry`]'s built-in list. Nothing else names it.
 
+pub mod config_map;
 pub mod controller_revision;
 pub mod cron_job;
 pub mod daemon_set;
@@ -24,6 +25,7 @@ pub mod pod;
 pub mod pod_disruption_budget;
 pub mod replica_set;
 pub mod replication_controller;
+pub mod secret;
 pub mod service;
 pub mod stateful_set;
 
@@ -109,4 +111,10 @@ fn nothing(_: &mut Value) {}
 /// aside, which every kind shares).
 fn replace_lists(_: &[&str]) -> ListStrategy {
     ListStrategy::Replace
+}
+
+/// The `DATA` column of ConfigMaps and Secrets: how many keys they hold
+/// (upstream types it a string, though it prints a number).
+fn data_column() -> crate::table::Column {
+    crate::table::col("Data", "Number of keys the object holds.", 0)
 }

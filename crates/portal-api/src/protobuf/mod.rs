@@ -10,6 +10,8 @@
 
 mod schema;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use k8s_pb::apimachinery::pkg::runtime::Unknown;
 use prost::Message as _;
 use serde_json::{json, Map, Value};
@@ -52,6 +54,8 @@ pub(crate) enum Type {
     MapOf(usize),
     /// `map<string, string>`.
     MapOfStrings,
+    /// `map<string, bytes>` (a Secret's `data`), base64 values in JSON.
+    MapOfBytes,
 }
 
 /// Decodes a protobuf body as an object of `resource`.
@@ -184,7 +188,10 @@ fn message(bytes: &[u8], index: usize, depth: usize) -> Result<Value, String> {
             // (`replicas: 0`, an EndpointSlice port's `name: ""`) stay.
             (_, value) if field.omit_zero && !field.repeated && is_zero(&value) => {}
             (name, Value::Object(entry))
-                if matches!(field.ty, Type::MapOf(_) | Type::MapOfStrings) =>
+                if matches!(
+                    field.ty,
+                    Type::MapOf(_) | Type::MapOfStrings | Type::MapOfBytes
+                ) =>
             {
                 let map = out.entry(name).or_insert_with(|| json!({}));
                 if let Some(map) = map.as_object_mut() {
@@ -227,7 +234,7 @@ fn field_value(field: &Field, wire: Wire<'_>, depth: usize) -> Result<Value, Str
             Value::Array(items)
         }
         (Type::Message(index), Wire::Bytes(b)) => message(b, index, depth + 1)?,
-        (Type::MapOf(_) | Type::MapOfStrings, Wire::Bytes(b)) => {
+        (Type::MapOf(_) | Type::MapOfStrings | Type::MapOfBytes, Wire::Bytes(b)) => {
             let mut key = String::new();
             let mut value = Value::Null;
             let mut reader = Reader { bytes: b };
@@ -235,6 +242,9 @@ fn field_value(field: &Field, wire: Wire<'_>, depth: usize) -> Result<Value, Str
                 match (tag, wire, field.ty) {
                     (1, Wire::Bytes(k), _) => key = text(k)?,
                     (2, Wire::Bytes(v), Type::MapOfStrings) => value = Value::String(text(v)?),
+                    (2, Wire::Bytes(v), Type::MapOfBytes) => {
+                        value = Value::String(BASE64.encode(v))
+                    }
                     (2, Wire::Bytes(v), Type::MapOf(index)) => {
                         value = message(v, index, depth + 1)?
                     }
@@ -243,7 +253,7 @@ fn field_value(field: &Field, wire: Wire<'_>, depth: usize) -> Result<Value, Str
             }
             if value.is_null() {
                 value = match field.ty {
-                    Type::MapOfStrings => json!(""),
+                    Type::MapOfStrings | Type::MapOfBytes => json!(""),
                     Type::MapOf(index) => message(&[], index, depth + 1)?,
                     _ => Value::Null,
                 };
@@ -424,13 +434,16 @@ fn encode_message(
         };
         let wrong = || format!("{}: unexpected value {value}", field.json);
         match (field.ty, value) {
-            (Type::MapOfStrings | Type::MapOf(_), Value::Object(map)) => {
+            (Type::MapOfStrings | Type::MapOfBytes | Type::MapOf(_), Value::Object(map)) => {
                 for (key, item) in map {
                     let mut entry = Vec::new();
                     put_bytes(&mut entry, 1, key.as_bytes());
                     match (field.ty, item) {
                         (Type::MapOfStrings, Value::String(text)) => {
                             put_bytes(&mut entry, 2, text.as_bytes())
+                        }
+                        (Type::MapOfBytes, Value::String(text)) => {
+                            put_bytes(&mut entry, 2, &unbase64(field, text)?)
                         }
                         (Type::MapOf(index), item) => {
                             let mut encoded = Vec::new();
@@ -477,6 +490,13 @@ fn encode_single(
         _ => return Err(format!("{}: unexpected value {value}", field.json)),
     }
     Ok(())
+}
+
+/// A `bytes` value's JSON (base64, as Go's `[]byte`) as its bytes.
+fn unbase64(field: &Field, text: &str) -> Result<Vec<u8>, String> {
+    BASE64
+        .decode(text)
+        .map_err(|e| format!("{}: not base64: {e}", field.json))
 }
 
 /// The messages with a JSON form of their own; whether `name` is one.
@@ -866,6 +886,14 @@ mod tests {
                 "ports": [{"name": "", "port": 80, "protocol": "TCP"}]}),
             ),
             (
+                &crate::kinds::secret::RESOURCE,
+                json!({"type": "Opaque", "data": {"bin": "AAH/", "empty": ""}, "immutable": true}),
+            ),
+            (
+                &crate::kinds::config_map::RESOURCE,
+                json!({"data": {"a": "text"}, "binaryData": {"b": "AAH/"}}),
+            ),
+            (
                 &crate::kinds::lease::RESOURCE,
                 json!({"spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40, "renewTime": "2026-11-23T10:00:00.000000Z"}}),
             ),
@@ -890,6 +918,11 @@ mod tests {
                     pb::ReplicationController::decode(raw.as_slice()).map(|o| o.metadata)
                 }
                 "Node" => pb::Node::decode(raw.as_slice()).map(|o| o.metadata),
+                "Secret" => pb::Secret::decode(raw.as_slice()).map(|o| {
+                    assert_eq!(o.data["bin"], [0, 1, 255]);
+                    o.metadata
+                }),
+                "ConfigMap" => pb::ConfigMap::decode(raw.as_slice()).map(|o| o.metadata),
                 "Event" => pb::Event::decode(raw.as_slice()).map(|o| o.metadata),
                 "EndpointSlice" => {
                     k8s_pb::api::discovery::v1::EndpointSlice::decode(raw.as_slice())

@@ -246,6 +246,9 @@ async fn route(
     if allowed == auth::Allowed::IfPodOnNode {
         auth::check_stored_pod(state, &user, &asked).await?;
     }
+    if allowed == auth::Allowed::IfReferencedOnNode {
+        auth::check_referenced(state, &user, &asked)?;
+    }
     if let (Some(connect), Some(name), Some(namespace)) = (
         api_path
             .subresource

@@ -130,6 +130,9 @@ pub(crate) enum Allowed {
     /// A node's write of its own Node: its taints are not its to change
     /// (they keep pods away from it); see [`check_taints_kept`].
     IfTaintsKept,
+    /// A node's read of a ConfigMap or Secret: a pod bound to it must
+    /// refer to it; see [`check_referenced`].
+    IfReferencedOnNode,
 }
 
 /// Whether `user` may make the request.
@@ -171,6 +174,11 @@ fn node_rules(node: &str, r: &Attributes<'_>) -> Option<Allowed> {
         },
         (kinds::event::KIND, None) if matches!(r.verb, "create" | "update" | "patch") => {
             Some(Allowed::Yes)
+        }
+        (kinds::config_map::KIND | kinds::secret::KIND, None)
+            if r.verb == "get" && r.name.is_some() =>
+        {
+            Some(Allowed::IfReferencedOnNode)
         }
         (kinds::pod::KIND, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
         (kinds::pod::KIND, None) if r.verb == "delete" => Some(Allowed::IfPodOnNode),
@@ -340,6 +348,84 @@ pub(crate) async fn check_taints_kept(
     }
 }
 
+/// The Node authorizer's graph, in small: a node may read a ConfigMap or
+/// Secret only while a pod bound to it refers to it (environment, volumes,
+/// image pull secrets).
+pub(crate) fn check_referenced(
+    state: &ApiState,
+    user: &User,
+    r: &Attributes<'_>,
+) -> Result<(), Status> {
+    let (User::Node(node), Some(name), Some(namespace)) = (user, r.name, r.namespace) else {
+        return Ok(());
+    };
+    let secret = r.resource.kind() == kinds::secret::KIND;
+    let pods = &kinds::pod::RESOURCE;
+    let prefix = pods.list_prefix(Some(namespace));
+    let (found, _, _) = state.cache.list(pods, &prefix, None, 1, |pod| {
+        pod.value.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node.as_str())
+            && refers_to(&pod.value["spec"], secret, name)
+    });
+    if found.is_empty() {
+        let mut status = forbidden(user, r);
+        status.message = format!(
+            "{}: no relationship found between node '{node}' and this object",
+            status.message
+        );
+        return Err(status);
+    }
+    Ok(())
+}
+
+/// Whether a pod spec refers to the Secret (or ConfigMap) `name`.
+fn refers_to(spec: &Value, secret: bool, name: &str) -> bool {
+    let list = |value: &Value| value.as_array().cloned().unwrap_or_default();
+    let (key_ref, from_ref, volume, volume_name, projection) = if secret {
+        (
+            "secretKeyRef",
+            "secretRef",
+            "secret",
+            "secretName",
+            "secret",
+        )
+    } else {
+        (
+            "configMapKeyRef",
+            "configMapRef",
+            "configMap",
+            "name",
+            "configMap",
+        )
+    };
+    let containers = list(&spec["containers"])
+        .into_iter()
+        .chain(list(&spec["initContainers"]));
+    for container in containers {
+        if list(&container["env"])
+            .iter()
+            .any(|var| var["valueFrom"][key_ref]["name"] == name)
+            || list(&container["envFrom"])
+                .iter()
+                .any(|from| from[from_ref]["name"] == name)
+        {
+            return true;
+        }
+    }
+    if secret
+        && list(&spec["imagePullSecrets"])
+            .iter()
+            .any(|s| s["name"] == name)
+    {
+        return true;
+    }
+    list(&spec["volumes"]).iter().any(|v| {
+        v[volume][volume_name] == name
+            || list(&v["projected"]["sources"])
+                .iter()
+                .any(|source| source[projection]["name"] == name)
+    })
+}
+
 /// NodeRestriction for a node's pod delete or status write: the pod must
 /// be bound to it. A pod that is not there is left to the handler (404).
 pub(crate) async fn check_stored_pod(
@@ -385,6 +471,41 @@ mod tests {
             namespace,
             name,
         }
+    }
+
+    #[test]
+    fn a_node_reads_only_the_configuration_its_pods_name() {
+        let node = User::Node("n2".into());
+        let allowed = |r: Attributes<'_>| authorize(&node, &r).ok();
+        let secrets = &kinds::secret::RESOURCE;
+        assert_eq!(
+            allowed(ask("get", secrets, Some("default"), Some("db"))),
+            Some(Allowed::IfReferencedOnNode)
+        );
+        assert_eq!(allowed(ask("list", secrets, Some("default"), None)), None);
+        assert_eq!(
+            allowed(ask(
+                "update",
+                &kinds::config_map::RESOURCE,
+                Some("default"),
+                Some("c")
+            )),
+            None
+        );
+        let spec = serde_json::json!({
+            "containers": [{"name": "c", "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "env-cm", "key": "k"}}}],
+                            "envFrom": [{"secretRef": {"name": "env-secret"}}]}],
+            "imagePullSecrets": [{"name": "pull"}],
+            "volumes": [{"name": "v", "secret": {"secretName": "vol-secret"}},
+                        {"name": "p", "projected": {"sources": [{"configMap": {"name": "proj-cm"}}]}}]});
+        for name in ["env-secret", "pull", "vol-secret"] {
+            assert!(refers_to(&spec, true, name), "{name}");
+        }
+        for name in ["env-cm", "proj-cm"] {
+            assert!(refers_to(&spec, false, name), "{name}");
+        }
+        assert!(!refers_to(&spec, true, "env-cm"));
+        assert!(!refers_to(&spec, false, "other"));
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! What a container runs with: its environment (the image's, then the
-//! Service variables of the pod's namespace, then `env` with `fieldRef`s and
-//! `$(VAR)` references) and its argv (`command`/`args` over the image's
+//! Service variables of the pod's namespace, then `envFrom`, then `env` with
+//! `fieldRef`s, ConfigMap and Secret keys and `$(VAR)` references) and its argv (`command`/`args` over the image's
 //! Entrypoint/Cmd), as the kubelet computes them. Pure functions.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
+
+use crate::objects::Objects;
 
 /// The `PATH` containerd and Docker give a container whose image sets none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -60,6 +62,7 @@ pub fn environment(
     image_env: &[String],
     services: &[Value],
     facts: &PodFacts,
+    objects: &Objects,
 ) -> Result<Environment, ConfigError> {
     let mut env = Environment::default();
     for entry in image_env {
@@ -77,6 +80,36 @@ pub fn environment(
         env.set(&name, value.clone());
         visible.set(&name, value);
     }
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    for from in container.env_from.iter().flatten() {
+        let prefix = from.prefix.as_deref().unwrap_or("");
+        let entries = if let Some(r) = &from.config_map_ref {
+            match objects.config_map(&r.name) {
+                Some(entries) => entries,
+                None if r.optional == Some(true) => continue,
+                None => return Err(ConfigError(format!("configmap {:?} not found", r.name))),
+            }
+        } else if let Some(r) = &from.secret_ref {
+            match objects.secret(&r.name) {
+                Some(entries) => entries,
+                None if r.optional == Some(true) => continue,
+                None => return Err(ConfigError(format!("secret {:?} not found", r.name))),
+            }
+        } else {
+            continue;
+        };
+        for (key, value) in entries {
+            // A name the kernel's environment cannot hold is left out, as
+            // the kubelet does.
+            let name = format!("{prefix}{key}");
+            if name.is_empty() || name.contains('=') {
+                continue;
+            }
+            let value = String::from_utf8_lossy(&value).into_owned();
+            env.set(&name, value.clone());
+            visible.set(&name, value);
+        }
+    }
     for var in container.env.iter().flatten() {
         let value = match (&var.value, &var.value_from) {
             (_, Some(source)) => {
@@ -84,21 +117,37 @@ pub fn environment(
                     field_value(pod, &field.field_path, facts)?
                 } else if let Some(field) = &source.resource_field_ref {
                     resource_value(container, &field.resource)?
-                } else {
-                    let (what, optional) = if let Some(r) = &source.config_map_key_ref {
-                        ("configmaps", r.optional)
-                    } else if let Some(r) = &source.secret_key_ref {
-                        ("secrets", r.optional)
-                    } else {
-                        ("a source", None)
-                    };
-                    if optional == Some(true) {
-                        continue;
+                } else if let Some(r) = &source.config_map_key_ref {
+                    let found = objects.config_map(&r.name);
+                    match keyed(found, &r.key, r.optional) {
+                        Keyed::Value(value) => value,
+                        Keyed::Skip => continue,
+                        Keyed::NoObject => {
+                            return Err(ConfigError(format!("configmap {:?} not found", r.name)))
+                        }
+                        Keyed::NoKey => {
+                            return Err(ConfigError(format!(
+                                "couldn't find key {} in ConfigMap {namespace}/{}",
+                                r.key, r.name
+                            )))
+                        }
                     }
-                    return Err(ConfigError(format!(
-                        "env {}: {what} are not served by this cluster",
-                        var.name
-                    )));
+                } else if let Some(r) = &source.secret_key_ref {
+                    match keyed(objects.secret(&r.name), &r.key, r.optional) {
+                        Keyed::Value(value) => value,
+                        Keyed::Skip => continue,
+                        Keyed::NoObject => {
+                            return Err(ConfigError(format!("secret {:?} not found", r.name)))
+                        }
+                        Keyed::NoKey => {
+                            return Err(ConfigError(format!(
+                                "couldn't find key {} in Secret {namespace}/{}",
+                                r.key, r.name
+                            )))
+                        }
+                    }
+                } else {
+                    String::new()
                 }
             }
             (Some(value), None) => expand(value, &visible),
@@ -108,6 +157,29 @@ pub fn environment(
         visible.set(&var.name, value);
     }
     Ok(env)
+}
+
+/// A key of a ConfigMap or Secret, as a variable sees it.
+enum Keyed {
+    Value(String),
+    /// Optional and missing: no variable.
+    Skip,
+    NoObject,
+    NoKey,
+}
+
+fn keyed(
+    entries: Option<std::collections::BTreeMap<String, Vec<u8>>>,
+    key: &str,
+    optional: Option<bool>,
+) -> Keyed {
+    let optional = optional == Some(true);
+    match entries.map(|e| e.get(key).cloned()) {
+        Some(Some(value)) => Keyed::Value(String::from_utf8_lossy(&value).into_owned()),
+        _ if optional => Keyed::Skip,
+        None => Keyed::NoObject,
+        Some(None) => Keyed::NoKey,
+    }
 }
 
 /// The value of a `fieldRef` (the paths the downward API allows).
@@ -288,7 +360,15 @@ mod tests {
             host_ip: "192.168.1.2".into(),
         };
         let image_env = ["PATH=/usr/bin".to_owned(), "HOME=/root".to_owned()];
-        let env = environment(&pod(), &container, &image_env, &services, &facts).unwrap();
+        let env = environment(
+            &pod(),
+            &container,
+            &image_env,
+            &services,
+            &facts,
+            &Objects::default(),
+        )
+        .unwrap();
         let strings = env.to_strings();
         assert_eq!(
             strings[0], "PATH=/bin",
@@ -316,26 +396,73 @@ mod tests {
             &[],
             &[],
             &PodFacts::default(),
+            &Objects::default(),
         )
         .unwrap();
         assert_eq!(env.get("PATH"), Some(DEFAULT_PATH));
     }
 
-    #[test]
-    fn unserved_sources_fail_unless_optional() {
-        let mut container: Container = serde_json::from_value(json!({
-            "name": "c",
-            "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    fn objects() -> Objects {
+        let mut objects = Objects::default();
+        let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "cfg"}, "data": {"MODE": "fast", "LEVEL": "3"}
         }))
         .unwrap();
-        let result = environment(&pod(), &container, &[], &[], &PodFacts::default());
-        assert!(result.is_err());
-        container.env = Some(vec![serde_json::from_value(json!(
-            {"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}
-        ))
-        .unwrap()]);
-        let env = environment(&pod(), &container, &[], &[], &PodFacts::default()).unwrap();
-        assert_eq!(env.get("K"), None);
+        objects.config_maps.insert("cfg".into(), Some(cm));
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+            "metadata": {"name": "creds"}, "data": {"password": "czNjcmV0"}
+        }))
+        .unwrap();
+        objects.secrets.insert("creds".into(), Some(secret));
+        objects.secrets.insert("gone".into(), None);
+        objects
+    }
+
+    fn env_of(container: serde_json::Value) -> Result<Environment, ConfigError> {
+        let container: Container = serde_json::from_value(container).unwrap();
+        environment(
+            &pod(),
+            &container,
+            &[],
+            &[],
+            &PodFacts::default(),
+            &objects(),
+        )
+    }
+
+    #[test]
+    fn config_maps_and_secrets_feed_the_environment() {
+        let env = env_of(json!({"name": "c",
+            "envFrom": [{"configMapRef": {"name": "cfg"}, "prefix": "APP_"}, {"secretRef": {"name": "creds"}},
+                        {"secretRef": {"name": "gone", "optional": true}}],
+            "env": [{"name": "APP_MODE", "value": "slow"},
+                    {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
+                    {"name": "LVL", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "LEVEL"}}},
+                    {"name": "URL", "value": "db?pw=$(PW)&l=$(APP_LEVEL)"},
+                    {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "nope", "optional": true}}}]}))
+        .unwrap();
+        assert_eq!(env.get("APP_MODE"), Some("slow"), "env wins over envFrom");
+        assert_eq!(env.get("APP_LEVEL"), Some("3"));
+        assert_eq!(env.get("password"), Some("s3cret"));
+        assert_eq!(env.get("PW"), Some("s3cret"));
+        assert_eq!(env.get("LVL"), Some("3"));
+        assert_eq!(env.get("URL"), Some("db?pw=s3cret&l=3"));
+        assert_eq!(env.get("OPT"), None);
+    }
+
+    #[test]
+    fn missing_objects_and_keys_are_config_errors() {
+        let missing_key = env_of(json!({"name": "c",
+            "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "k"}}}]}));
+        assert_eq!(
+            missing_key.unwrap_err().0,
+            "couldn't find key k in Secret shop/creds"
+        );
+        let missing = env_of(json!({"name": "c",
+            "env": [{"name": "K", "valueFrom": {"configMapKeyRef": {"name": "other", "key": "k"}}}]}));
+        assert_eq!(missing.unwrap_err().0, "configmap \"other\" not found");
+        let from = env_of(json!({"name": "c", "envFrom": [{"secretRef": {"name": "gone"}}]}));
+        assert_eq!(from.unwrap_err().0, "secret \"gone\" not found");
     }
 
     #[test]

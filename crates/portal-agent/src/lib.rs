@@ -28,6 +28,7 @@ mod mirror;
 pub mod netlink;
 pub mod network;
 pub mod node;
+pub mod objects;
 mod pods;
 mod probe_results;
 pub mod prober;
@@ -37,6 +38,7 @@ pub mod server;
 pub mod shim;
 pub mod sources;
 pub mod status;
+pub mod volumes;
 pub mod vxlan;
 mod wake;
 

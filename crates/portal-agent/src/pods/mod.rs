@@ -46,6 +46,18 @@ pub(crate) enum SyncError {
     Status(#[from] kube::Error),
     #[error("pod files: {0}")]
     Files(String),
+    #[error(transparent)]
+    Objects(#[from] crate::objects::ReadError),
+}
+
+/// Where a pod's containers start: its sandbox, address, managed files,
+/// volumes and the objects its environment reads, as of this sync.
+pub(crate) struct Place<'a> {
+    pub sandbox: &'a crate::runtime::SandboxPaths,
+    pub files: &'a PodFiles,
+    pub pod_ip: &'a str,
+    pub objects: &'a crate::objects::Objects,
+    pub volumes: &'a crate::volumes::PodVolumes,
 }
 
 /// The paths of a pod's managed files (bound into its containers).
@@ -174,7 +186,7 @@ impl<R: Runtime> Context<R> {
         services
     }
 
-    fn pod_dir(&self, uid: &str) -> PathBuf {
+    pub(crate) fn pod_dir(&self, uid: &str) -> PathBuf {
         self.pods_dir.join(uid)
     }
 
@@ -217,6 +229,7 @@ impl<R: Runtime> Context<R> {
     }
 
     pub(crate) fn remove_pod_files(&self, uid: &str, pod: Option<&Pod>) {
+        crate::volumes::tear_down(&self.pod_dir(uid));
         let _ = std::fs::remove_dir_all(self.pod_dir(uid));
         if let Some(pod) = pod {
             let _ = std::fs::remove_dir_all(self.pod_log_dir(pod));

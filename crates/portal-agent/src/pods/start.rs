@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::{Context, PodFiles};
+use super::{Context, Place};
 use crate::backoff::Backoff;
 use crate::env::{self, PodFacts};
 use crate::images::Image;
 use crate::images::{self, PullPolicy};
-use crate::runtime::{ContainerConfig, ContainerMeta, Runtime, SandboxPaths, State};
+use crate::runtime::{ContainerConfig, ContainerMeta, Runtime, State};
 use crate::status::Waiting;
 
 /// Why the container did not start now; the worker tries again later.
@@ -48,15 +48,12 @@ fn waiting(reason: &str, message: impl Into<String>) -> StartFailure {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn start<R: Runtime>(
     ctx: &Arc<Context<R>>,
     backoff: &mut Backoff,
     pod: &Arc<Pod>,
     container: &Container,
-    sandbox: &SandboxPaths,
-    files: &PodFiles,
-    pod_ip: &str,
+    place: &Place<'_>,
     attempt: u32,
 ) -> Result<(Duration, String), StartFailure> {
     let name = container.name.as_str();
@@ -90,7 +87,7 @@ pub(super) async fn start<R: Runtime>(
             format!("{}: {error}", message_file.display()),
         ));
     }
-    let config = match process(ctx, pod, container, &image, files, pod_ip).map(|mut config| {
+    let config = match process(ctx, pod, container, &image, place).map(|mut config| {
         config
             .mounts
             .push((message_file.clone(), message_path, false));
@@ -116,7 +113,7 @@ pub(super) async fn start<R: Runtime>(
     };
     let id = match ctx
         .runtime
-        .start_container(sandbox, meta, &image, &config)
+        .start_container(place.sandbox, meta, &image, &config)
         .await
     {
         Ok(id) => id,
@@ -251,9 +248,9 @@ fn process<R: Runtime>(
     pod: &Pod,
     container: &Container,
     image: &Image,
-    files: &PodFiles,
-    pod_ip: &str,
+    place: &Place<'_>,
 ) -> Result<ContainerConfig, String> {
+    let (files, pod_ip) = (place.files, place.pod_ip);
     let spec = pod.spec.clone().unwrap_or_default();
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let services = ctx.service_environment(namespace, spec.enable_service_links != Some(false));
@@ -261,8 +258,15 @@ fn process<R: Runtime>(
         pod_ip: pod_ip.to_owned(),
         host_ip: ctx.me.ip.to_string(),
     };
-    let mut environment = env::environment(pod, container, &image.config.env, &services, &facts)
-        .map_err(|e| e.to_string())?;
+    let mut environment = env::environment(
+        pod,
+        container,
+        &image.config.env,
+        &services,
+        &facts,
+        place.objects,
+    )
+    .map_err(|e| e.to_string())?;
     if environment.get("HOSTNAME").is_none() {
         environment.set("HOSTNAME", crate::files::hostname(pod));
     }
@@ -317,7 +321,9 @@ fn process<R: Runtime>(
     };
     let cpu_limit_millis = limit("cpu").and_then(|t| portal_api::quantity::millicores(&t));
     let cpu_request_millis = request("cpu").and_then(|t| portal_api::quantity::millicores(&t));
-    let mut mounts = Vec::new();
+    // The volumes first, the managed files over them (as the kubelet
+    // orders them).
+    let mut mounts = crate::volumes::mounts(container, place.volumes, &environment)?;
     if let Some(hosts) = &files.hosts {
         mounts.push((hosts.clone(), "/etc/hosts".to_owned(), false));
     }

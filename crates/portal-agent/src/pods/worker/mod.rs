@@ -14,9 +14,10 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use crate::backoff::Backoff;
+use crate::objects::Objects;
 use crate::pods::start::{self, StartFailure};
-use crate::pods::Context;
-use crate::runtime::{ContainerStatus, Runtime, SandboxPaths, State};
+use crate::pods::{Context, Place};
+use crate::runtime::{ContainerStatus, Runtime, State};
 use crate::status::{self, Observed, Waiting};
 
 mod stop;
@@ -37,6 +38,8 @@ pub(super) struct Worker<R: Runtime> {
     pulling: Duration,
     /// The pod's start has been measured.
     start_observed: bool,
+    /// The last volume set-up failure reported (one event per new one).
+    mount_error: Option<String>,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -49,6 +52,7 @@ impl<R: Runtime> Worker<R> {
             last: None,
             pulling: Duration::ZERO,
             start_observed: false,
+            mount_error: None,
         }
     }
 
@@ -219,8 +223,34 @@ impl<R: Runtime> Worker<R> {
         };
         if let (Some(sandbox), Some(ip)) = (&sandbox, &pod_ip) {
             let files = self.ctx.write_pod_files(pod, ip).await?;
-            self.run_containers(pod, sandbox, &files, ip, &mut containers)
-                .await;
+            // One reading of the objects per sync: configuration volumes
+            // are brought up to date even while everything runs.
+            let objects = Objects::read(self.ctx.client.as_ref(), pod).await?;
+            let pod_dir = self.ctx.pod_dir(&self.uid);
+            match crate::volumes::set_up(&pod_dir, pod, &objects) {
+                Ok(volumes) => {
+                    self.mount_error = None;
+                    let place = Place {
+                        sandbox,
+                        files: &files,
+                        pod_ip: ip,
+                        objects: &objects,
+                        volumes: &volumes,
+                    };
+                    self.run_containers(pod, &place, &mut containers).await;
+                }
+                // Nothing new starts until its volumes are there (the
+                // pod stays ContainerCreating, as with the kubelet).
+                Err(error) => {
+                    let message = error.to_string();
+                    if self.mount_error.as_ref() != Some(&message) {
+                        self.ctx
+                            .event(pod, None, "Warning", "FailedMount", &message)
+                            .await;
+                        self.mount_error = Some(message);
+                    }
+                }
+            }
         }
         self.prune(&containers).await;
         let containers = self.mine();
@@ -251,18 +281,11 @@ impl<R: Runtime> Worker<R> {
     async fn run_containers(
         &mut self,
         pod: &Arc<Pod>,
-        sandbox: &SandboxPaths,
-        files: &crate::pods::PodFiles,
-        pod_ip: &str,
+        place: &Place<'_>,
         containers: &mut Vec<ContainerStatus>,
     ) {
         let spec = pod.spec.clone().unwrap_or_default();
         let policy = spec.restart_policy.as_deref().unwrap_or("Always");
-        let place = Place {
-            sandbox,
-            files,
-            pod_ip,
-        };
         for init in spec.init_containers.iter().flatten() {
             let sidecar = init.restart_policy.as_deref() == Some("Always");
             // A failed init container is retried unless the pod never restarts.
@@ -271,7 +294,7 @@ impl<R: Runtime> Worker<R> {
                 (false, "Never") => "Never",
                 (false, _) => "OnFailure",
             };
-            let step = self.step(pod, init, own_policy, &place, containers).await;
+            let step = self.step(pod, init, own_policy, place, containers).await;
             // Once the app containers have started, a sidecar restarting
             // does not hold them back.
             let app_started = containers
@@ -288,7 +311,7 @@ impl<R: Runtime> Worker<R> {
             }
         }
         for container in &spec.containers {
-            self.step(pod, container, policy, &place, containers).await;
+            self.step(pod, container, policy, place, containers).await;
         }
         *containers = self.mine();
     }
@@ -366,17 +389,8 @@ impl<R: Runtime> Worker<R> {
                 latest.map_or(0, |c| c.meta.attempt + 1)
             }
         };
-        let started = start::start(
-            &self.ctx,
-            &mut self.backoff,
-            pod,
-            container,
-            place.sandbox,
-            place.files,
-            place.pod_ip,
-            attempt,
-        )
-        .await;
+        let started =
+            start::start(&self.ctx, &mut self.backoff, pod, container, place, attempt).await;
         match started {
             Ok((pulling, id)) => {
                 self.pulling += pulling;
@@ -530,12 +544,6 @@ impl<R: Runtime> Worker<R> {
 }
 
 /// Where a pod's containers run.
-struct Place<'a> {
-    sandbox: &'a SandboxPaths,
-    files: &'a crate::pods::PodFiles,
-    pod_ip: &'a str,
-}
-
 /// Where one container stands after a step of its worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {

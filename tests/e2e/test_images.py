@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from support import debian_images
+from support import debian_images, registry
 from support.agent_bed import NS, AgentNode, pod_manifest
 from support.waiting import wait_for
 
@@ -103,3 +103,29 @@ def test_malicious_layers_are_refused(node, entries):
         node.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
     finally:
         pathlib.Path("/tmp", victim).unlink()
+
+
+def test_private_registry_needs_the_pods_pull_secret(node):
+    """A registry that requires a login: without `imagePullSecrets` the
+    pull fails with the registry's reason; with a `docker-registry` Secret
+    made by kubectl it works."""
+    with registry.Registry(users={"deployer": "s3cret-pass"}) as private:
+        registry.push_busybox(private, "private", "1")
+        image = f"{private.host}/private:1"
+        node.core.create_namespaced_pod(NS, pod_manifest("anonymous", image, ["sleep", "100000"]))
+
+        def pull_failed():
+            statuses = node.pod("anonymous").status.container_statuses or []
+            waiting = statuses[0].state.waiting if statuses and statuses[0].state else None
+            return waiting if waiting and waiting.reason in ("ErrImagePull", "ImagePullBackOff") else None
+        wait_for(pull_failed, "the anonymous pull to fail")
+        failed = [e[2] for e in node.events("anonymous") if e[1] == "Failed" and "Failed to pull" in e[2]]
+        assert failed and "Not authorized" in failed[0], failed
+
+        node.kubectl("-n", NS, "create", "secret", "docker-registry", "private-login", f"--docker-server={private.host}",
+                     "--docker-username=deployer", "--docker-password=s3cret-pass")
+        node.core.create_namespaced_pod(NS, pod_manifest("logged-in", image, ["sleep", "100000"],
+                                                         imagePullSecrets=[{"name": "private-login"}]))
+        node.wait_running("logged-in")
+        for name in ["anonymous", "logged-in"]:
+            node.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)

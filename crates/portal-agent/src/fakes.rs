@@ -329,6 +329,7 @@ impl ImageStore for FakeImages {
     fn pull<'a>(
         &'a self,
         reference: &'a str,
+        _secrets: &'a [crate::images::PullSecret<'a>],
     ) -> BoxFuture<'a, Result<Image, crate::images::Error>> {
         Box::pin(async move { Ok(image(reference)) })
     }

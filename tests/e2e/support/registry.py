@@ -4,6 +4,7 @@ pushed over the distribution API. Nothing is pulled from outside the
 machine.
 """
 
+import base64
 import gzip
 import hashlib
 import io
@@ -31,9 +32,12 @@ def free_port():
 class Registry:
     """`with Registry() as r:` runs docker-registry on 127.0.0.1:PORT."""
 
-    def __init__(self, bind="127.0.0.1"):
+    def __init__(self, bind="127.0.0.1", users=None):
         """`bind`: the address it listens on (`0.0.0.0` inside a test-made
-        network namespace, for other test nodes); `host` is its loopback name."""
+        network namespace, for other test nodes); `host` is its loopback name.
+        `users` ({name: password}): the registry then requires a login
+        (htpasswd, bcrypt), and pushes log in as the first one."""
+        self.users = users or {}
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="portal-registry-"))
         self.port = free_port()
         self.bind = bind
@@ -42,17 +46,26 @@ class Registry:
 
     def __enter__(self):
         config = self.dir / "config.yml"
+        auth = ""
+        if self.users:
+            import bcrypt
+            htpasswd = self.dir / "htpasswd"
+            htpasswd.write_text("".join(
+                f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n"
+                for user, password in self.users.items()))
+            auth = f"auth: {{htpasswd: {{realm: portal-test, path: {htpasswd}}}}}\n"
         config.write_text(
             "version: 0.1\n"
             "log: {level: error}\n"
             f"storage: {{filesystem: {{rootdirectory: {self.dir / 'data'}}}, delete: {{enabled: true}}}}\n"
             f"http: {{addr: '{self.bind}:{self.port}'}}\n"
+            + auth
         )
         self.process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL, stderr=open(self.dir / "log", "wb"))
         deadline = time.monotonic() + 20
         while True:
             try:
-                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1).read()
+                self._request("GET", "/v2/").read()
                 return self
             except (urllib.error.URLError, ConnectionError, OSError):
                 if self.process.poll() is not None or time.monotonic() > deadline:
@@ -70,8 +83,15 @@ class Registry:
                 self.process.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def _headers(self, headers=None):
+        headers = dict(headers or {})
+        if self.users:
+            user, password = next(iter(self.users.items()))
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        return headers
+
     def _request(self, method, path, data=None, headers=None):
-        request = urllib.request.Request(f"http://{self.host}{path}", data=data, method=method, headers=headers or {})
+        request = urllib.request.Request(f"http://{self.host}{path}", data=data, method=method, headers=self._headers(headers))
         return urllib.request.urlopen(request, timeout=30)
 
     def push_blob(self, repository, blob):
@@ -85,7 +105,8 @@ class Registry:
         if upload.startswith("/"):
             upload = f"http://{self.host}{upload}"
         separator = "&" if "?" in upload else "?"
-        request = urllib.request.Request(f"{upload}{separator}digest={digest}", data=blob, method="PUT", headers={"Content-Type": "application/octet-stream"})
+        request = urllib.request.Request(f"{upload}{separator}digest={digest}", data=blob, method="PUT",
+                                         headers=self._headers({"Content-Type": "application/octet-stream"}))
         urllib.request.urlopen(request, timeout=30).read()
         return digest
 

@@ -6,6 +6,7 @@
 //! mirrors (`docker.io=http://HOST:PORT`) and plain HTTP only for loopback
 //! registries and those named insecure.
 
+pub mod auth;
 mod config;
 pub mod import;
 mod unpack;
@@ -23,6 +24,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
+pub use auth::PullSecret;
 pub use config::{resolve_user, ImageConfig};
 
 /// The image a container is made from, as the image service resolved it.
@@ -40,8 +42,13 @@ pub struct Image {
 pub trait ImageStore: Send + Sync + 'static {
     /// The image if it is on the node (no network).
     fn present(&self, reference: &str) -> Option<Image>;
-    /// Pulls the image (at most one pull of a reference at a time).
-    fn pull<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<Image>>;
+    /// Pulls the image (at most one pull of a reference at a time), with
+    /// the logins of `secrets` for its registry.
+    fn pull<'a>(
+        &'a self,
+        reference: &'a str,
+        secrets: &'a [PullSecret<'a>],
+    ) -> BoxFuture<'a, Result<Image>>;
 }
 
 impl ImageStore for ImageService {
@@ -49,8 +56,12 @@ impl ImageStore for ImageService {
         ImageService::present(self, reference)
     }
 
-    fn pull<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<Image>> {
-        Box::pin(ImageService::pull(self, reference))
+    fn pull<'a>(
+        &'a self,
+        reference: &'a str,
+        secrets: &'a [PullSecret<'a>],
+    ) -> BoxFuture<'a, Result<Image>> {
+        Box::pin(ImageService::pull(self, reference, secrets))
     }
 }
 
@@ -274,16 +285,16 @@ impl ImageService {
 
     /// Pulls the image (the manifest always, blobs only when missing) and
     /// unpacks it if it is new.
-    pub async fn pull(&self, reference: &str) -> Result<Image> {
+    pub async fn pull(&self, reference: &str, secrets: &[PullSecret<'_>]) -> Result<Image> {
         let key = normalize(reference)?;
         let lock = self.pulls.lock().entry(key.clone()).or_default().clone();
         let _one_at_a_time = lock.lock().await;
-        let result = self.pull_now(&key).await;
+        let result = self.pull_now(&key, secrets).await;
         self.metrics.image_pulled(result.is_ok());
         result
     }
 
-    async fn pull_now(&self, key: &str) -> Result<Image> {
+    async fn pull_now(&self, key: &str, secrets: &[PullSecret<'_>]) -> Result<Image> {
         let mut reference: Reference = key
             .parse()
             .map_err(|e: oci_client::ParseError| Error::Reference(key.to_owned(), e.to_string()))?;
@@ -296,11 +307,28 @@ impl ImageService {
             reference.set_mirror_registry(mirror.host.clone());
         }
         let client = self.client_for(reference.resolve_registry())?;
-        let auth = RegistryAuth::Anonymous;
-        let (manifest, manifest_digest) = client
-            .pull_image_manifest(&reference, &auth)
-            .await
-            .map_err(|e| Error::Registry(registry_message(&e)))?;
+        // Each matching login in turn (anonymous without one); the
+        // client keeps the token the one that worked earned for the blobs.
+        let mut logins = auth::logins(secrets, &registry, reference.repository());
+        if logins.is_empty() {
+            logins.push(RegistryAuth::Anonymous);
+        }
+        let mut pulled = None;
+        let mut refused = None;
+        for login in &logins {
+            match client.pull_image_manifest(&reference, login).await {
+                Ok(found) => {
+                    pulled = Some(found);
+                    break;
+                }
+                Err(error) => refused = Some(error),
+            }
+        }
+        let (manifest, manifest_digest) = match (pulled, refused) {
+            (Some(found), _) => found,
+            (None, Some(error)) => return Err(Error::Registry(registry_message(&error))),
+            (None, None) => return Err(Error::Registry("no login to try".into())),
+        };
         let mut descriptors: Vec<&OciDescriptor> = vec![&manifest.config];
         descriptors.extend(manifest.layers.iter());
         for descriptor in descriptors {

@@ -11,7 +11,7 @@ use super::{Context, Place};
 use crate::backoff::Backoff;
 use crate::env::{self, PodFacts};
 use crate::images::Image;
-use crate::images::{self, PullPolicy};
+use crate::images::{self, PullPolicy, PullSecret};
 use crate::runtime::{ContainerConfig, ContainerMeta, Runtime, State};
 use crate::status::Waiting;
 
@@ -58,7 +58,7 @@ pub(super) async fn start<R: Runtime>(
 ) -> Result<(Duration, String), StartFailure> {
     let name = container.name.as_str();
     let began = Instant::now();
-    let (image, pulled) = image(ctx, backoff, pod, container).await?;
+    let (image, pulled) = image(ctx, backoff, pod, container, place.objects).await?;
     let pulling = if pulled {
         began.elapsed()
     } else {
@@ -169,6 +169,7 @@ async fn image<R: Runtime>(
     backoff: &mut Backoff,
     pod: &Arc<Pod>,
     container: &Container,
+    objects: &crate::objects::Objects,
 ) -> Result<(Image, bool), StartFailure> {
     let name = container.name.as_str();
     let reference = container.image.clone().unwrap_or_default();
@@ -209,7 +210,25 @@ async fn image<R: Runtime>(
     )
     .await;
     let began = Instant::now();
-    match ctx.images.pull(&reference).await {
+    // The pod's pull secrets that exist (a missing one is passed over, as
+    // the kubelet does: the pull may still work without it).
+    let entries: Vec<(String, std::collections::BTreeMap<String, Vec<u8>>)> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.image_pull_secrets.iter().flatten())
+        .filter_map(|r| {
+            let secret = objects.secrets.get(&r.name)?.as_ref()?;
+            Some((
+                secret.type_.clone().unwrap_or_default(),
+                objects.secret(&r.name)?,
+            ))
+        })
+        .collect();
+    let secrets: Vec<PullSecret<'_>> = entries
+        .iter()
+        .map(|(secret_type, data)| PullSecret { secret_type, data })
+        .collect();
+    match ctx.images.pull(&reference, &secrets).await {
         Ok(image) => {
             backoff.reset(&key);
             let took = began.elapsed();

@@ -21,6 +21,8 @@ pub mod job;
 pub mod lease;
 pub mod namespace;
 pub mod node;
+pub mod persistent_volume;
+pub mod persistent_volume_claim;
 pub mod pod;
 pub mod pod_disruption_budget;
 pub mod replica_set;
@@ -28,6 +30,7 @@ pub mod replication_controller;
 pub mod secret;
 pub mod service;
 pub mod stateful_set;
+pub mod storage_class;
 
 use serde_json::Value;
 

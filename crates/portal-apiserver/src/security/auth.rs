@@ -157,7 +157,10 @@ fn node_rules(node: &str, r: &Attributes<'_>) -> Option<Allowed> {
             | kinds::service::KIND
             | kinds::endpoints::KIND
             | kinds::endpoint_slice::KIND
-            | kinds::node::KIND,
+            | kinds::node::KIND
+            // Volumes name no secrets; the agent mounts the ones bound to
+            // its pods' claims and removes the data of deleted ones.
+            | kinds::persistent_volume::KIND,
             None | Some("status"),
         ) if reading => Some(Allowed::Yes),
         (kinds::node::KIND, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
@@ -175,8 +178,10 @@ fn node_rules(node: &str, r: &Attributes<'_>) -> Option<Allowed> {
         (kinds::event::KIND, None) if matches!(r.verb, "create" | "update" | "patch") => {
             Some(Allowed::Yes)
         }
-        (kinds::config_map::KIND | kinds::secret::KIND, None)
-            if r.verb == "get" && r.name.is_some() =>
+        (
+            kinds::config_map::KIND | kinds::secret::KIND | kinds::persistent_volume_claim::KIND,
+            None,
+        ) if r.verb == "get" && r.name.is_some() =>
         {
             Some(Allowed::IfReferencedOnNode)
         }
@@ -359,12 +364,12 @@ pub(crate) fn check_referenced(
     let (User::Node(node), Some(name), Some(namespace)) = (user, r.name, r.namespace) else {
         return Ok(());
     };
-    let secret = r.resource.kind() == kinds::secret::KIND;
+    let kind = r.resource.kind();
     let pods = &kinds::pod::RESOURCE;
     let prefix = pods.list_prefix(Some(namespace));
     let (found, _, _) = state.cache.list(pods, &prefix, None, 1, |pod| {
         pod.value.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node.as_str())
-            && refers_to(&pod.value["spec"], secret, name)
+            && refers_to(&pod.value["spec"], kind, name)
     });
     if found.is_empty() {
         let mut status = forbidden(user, r);
@@ -377,9 +382,15 @@ pub(crate) fn check_referenced(
     Ok(())
 }
 
-/// Whether a pod spec refers to the Secret (or ConfigMap) `name`.
-fn refers_to(spec: &Value, secret: bool, name: &str) -> bool {
+/// Whether a pod spec refers to the Secret, ConfigMap or claim `name`.
+fn refers_to(spec: &Value, kind: portal_api::Kind, name: &str) -> bool {
     let list = |value: &Value| value.as_array().cloned().unwrap_or_default();
+    if kind == kinds::persistent_volume_claim::KIND {
+        return list(&spec["volumes"])
+            .iter()
+            .any(|v| v["persistentVolumeClaim"]["claimName"] == name);
+    }
+    let secret = kind == kinds::secret::KIND;
     let (key_ref, from_ref, volume, volume_name, projection) = if secret {
         (
             "secretKeyRef",
@@ -498,14 +509,17 @@ mod tests {
             "imagePullSecrets": [{"name": "pull"}],
             "volumes": [{"name": "v", "secret": {"secretName": "vol-secret"}},
                         {"name": "p", "projected": {"sources": [{"configMap": {"name": "proj-cm"}}]}}]});
+        let (secret, config_map) = (kinds::secret::KIND, kinds::config_map::KIND);
         for name in ["env-secret", "pull", "vol-secret"] {
-            assert!(refers_to(&spec, true, name), "{name}");
+            assert!(refers_to(&spec, secret, name), "{name}");
         }
         for name in ["env-cm", "proj-cm"] {
-            assert!(refers_to(&spec, false, name), "{name}");
+            assert!(refers_to(&spec, config_map, name), "{name}");
         }
-        assert!(!refers_to(&spec, true, "env-cm"));
-        assert!(!refers_to(&spec, false, "other"));
+        assert!(!refers_to(&spec, secret, "env-cm"));
+        assert!(!refers_to(&spec, config_map, "other"));
+        let claims = serde_json::json!({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]});
+        assert!(refers_to(&claims, kinds::persistent_volume_claim::KIND, "data"));
     }
 
     #[test]

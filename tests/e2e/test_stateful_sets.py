@@ -88,6 +88,10 @@ def live_pods(node, selector="app=web"):
             if p.metadata.deletion_timestamp is None}
 
 
+def ready_names(node):
+    return sorted(name for name, pod in live_pods(node).items() if is_ready(pod))
+
+
 def is_ready(pod):
     return pod.status.phase == "Running" and any(
         c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
@@ -282,25 +286,30 @@ def test_parallel_on_delete_updates_only_deleted_pods(node, kubectl):
     assert live_pods(node)["web-1"].spec.containers[0].image == node.v1
 
 
-def test_volume_claim_templates_keep_pods_pending(node, kubectl):
-    """Until claims are served, a pod with claim templates is made with its
-    claim volumes and waits Pending, with events saying why."""
+def test_volume_claim_templates_make_a_claim_per_pod(node, kubectl):
+    """Each pod gets its own claims from the templates, named
+    `<template>-<pod>` with the set's selector labels, bound before the pod
+    runs (the default class provisions them on the pod's node); deleting
+    the set keeps them (retention `Retain`)."""
     manifest = stateful_set("web", node.v1, 2, volumeClaimTemplates=[{
         "metadata": {"name": "www"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
     }])
     manifest["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [{"name": "www", "mountPath": "/data"}]
     node.apps.create_namespaced_stateful_set(NS, manifest)
-    pod = wait_for(lambda: live_pods(node).get("web-0"), "web-0 made", 30)
-    claim = next(v for v in pod.spec.volumes if v.name == "www")
-    assert claim.persistent_volume_claim.claim_name == "www-web-0"
-    events = wait_for(lambda: (e := node.events("web-0")) and any(r == "FailedScheduling" for _, r, _ in e) and e,
-                      "a FailedScheduling event", 60)
-    message = next(message for _, reason, message in events if reason == "FailedScheduling")
-    assert 'persistentvolumeclaim "www-web-0" not found' in message, message
-    described = kubectl.out("describe", "sts", "web")
-    assert "create Claim www-web-0 for Pod web-0 in StatefulSet web failed" in described, described
-    assert live_pods(node)["web-0"].status.phase == "Pending" and "web-1" not in live_pods(node)
+    wait_for(lambda: ready_names(node) == ["web-0", "web-1"], "both pods ready with their volumes", 120)
+    for ordinal in range(2):
+        claim = node.core.read_namespaced_persistent_volume_claim(f"www-web-{ordinal}", NS)
+        assert claim.status.phase == "Bound" and claim.metadata.labels == {"app": "web"}, claim.metadata
+        pod = live_pods(node)[f"web-{ordinal}"]
+        volume = next(v for v in pod.spec.volumes if v.name == "www")
+        assert volume.persistent_volume_claim.claim_name == f"www-web-{ordinal}"
+    assert "www-web-0" in kubectl.out("get", "pvc")
     stored = node.apps.read_namespaced_stateful_set("web", NS)
     assert stored.spec.volume_claim_templates[0].spec.volume_mode == "Filesystem"
     assert stored.spec.persistent_volume_claim_retention_policy.when_deleted == "Retain"
+    node.apps.delete_namespaced_stateful_set("web", NS)
+    wait_for(lambda: not live_pods(node), "the pods to go")
+    assert len(node.core.list_namespaced_persistent_volume_claim(NS).items) == 2
+    for ordinal in range(2):
+        node.core.delete_namespaced_persistent_volume_claim(f"www-web-{ordinal}", NS)

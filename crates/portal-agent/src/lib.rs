@@ -38,6 +38,7 @@ pub mod server;
 pub mod shim;
 pub mod sources;
 pub mod status;
+pub mod storage;
 pub mod volumes;
 pub mod vxlan;
 mod wake;
@@ -182,6 +183,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         port: config.port,
         lease_seconds: config.lease_seconds,
         pod_cidr: None,
+        storage_root: Some(data.join("storage")),
     };
     let range = cluster::pod_range(client.as_ref(), &config, &me, &data).await?;
     let me = node::Identity {
@@ -323,6 +325,10 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         tasks.critical(
             "services",
             futures_util::StreamExt::for_each(watch, |_| async {}),
+        );
+        tasks.critical(
+            "local volumes",
+            storage::run(client.clone(), data.join("storage")),
         );
         let learn_dns = config.cluster_dns.is_none().then(|| data.clone());
         tasks.once(

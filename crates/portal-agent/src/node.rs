@@ -40,6 +40,24 @@ pub struct Identity {
     /// The pod range the agent uses when it is its own to say (given, or
     /// kept from the last run); otherwise node IPAM gives it.
     pub pod_cidr: Option<portal_api::cidr::Ipv4Cidr>,
+    /// Where this node keeps local-path volumes (published on its Node
+    /// for the provisioner), if it keeps them.
+    pub storage_root: Option<std::path::PathBuf>,
+}
+
+/// The annotation that publishes [`Identity::storage_root`].
+pub const STORAGE_ROOT_ANNOTATION: &str = "portal.dev/local-path-root";
+
+fn annotations(me: &Identity) -> BTreeMap<String, String> {
+    me.storage_root
+        .iter()
+        .map(|root| {
+            (
+                STORAGE_ROOT_ANNOTATION.to_owned(),
+                root.display().to_string(),
+            )
+        })
+        .collect()
 }
 
 /// Creates the Node or brings an existing one up to date, and returns it.
@@ -49,6 +67,7 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
         metadata: ObjectMeta {
             name: Some(me.name.clone()),
             labels: Some(labels(&me.name)),
+            annotations: Some(annotations(me)),
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
@@ -65,7 +84,8 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let existing = api.get(&me.name).await?;
             let assigned = existing.spec.as_ref().and_then(|s| s.pod_cidr.clone());
-            let mut patch = serde_json::json!({"metadata": {"labels": labels(&me.name)}});
+            let mut patch = serde_json::json!({"metadata": {"labels": labels(&me.name),
+                "annotations": annotations(me)}});
             match (me.pod_cidr.map(|r| r.to_string()), assigned) {
                 (Some(mine), None) => {
                     patch["spec"] = serde_json::json!({"podCIDR": mine, "podCIDRs": [mine]});

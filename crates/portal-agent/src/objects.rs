@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use kube::{Api, Client};
 
 /// One kind's objects by name: `None` when it does not exist.
@@ -20,6 +20,9 @@ type ByName<T> = BTreeMap<String, Option<T>>;
 pub struct Objects {
     pub config_maps: ByName<ConfigMap>,
     pub secrets: ByName<Secret>,
+    /// The claims its volumes name, and the volumes bound to them.
+    pub claims: ByName<PersistentVolumeClaim>,
+    pub volumes: ByName<PersistentVolume>,
 }
 
 /// Why the objects could not be read (the API did not answer as it
@@ -93,6 +96,42 @@ impl Objects {
                 None => None,
             };
             objects.secrets.insert(name, found);
+        }
+        let claims = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+            .map(|c| c.claim_name.clone());
+        for name in claims {
+            let Some(client) = client else {
+                objects.claims.insert(name, None);
+                continue;
+            };
+            let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+                .get_opt(&name)
+                .await
+                .map_err(|source| ReadError {
+                    kind: "persistentvolumeclaim",
+                    name: name.clone(),
+                    source,
+                })?;
+            let bound = claim
+                .as_ref()
+                .and_then(|c| c.spec.as_ref()?.volume_name.clone())
+                .filter(|v| !v.is_empty());
+            if let Some(volume) = bound {
+                let found = Api::<PersistentVolume>::all(client.clone())
+                    .get_opt(&volume)
+                    .await
+                    .map_err(|source| ReadError {
+                        kind: "persistentvolume",
+                        name: volume.clone(),
+                        source,
+                    })?;
+                objects.volumes.insert(volume, found);
+            }
+            objects.claims.insert(name, claim);
         }
         Ok(objects)
     }

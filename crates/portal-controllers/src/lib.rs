@@ -28,6 +28,7 @@ pub mod replication;
 pub mod requests;
 pub mod scheduler;
 pub mod stateful_set;
+pub mod volumes;
 
 use kube::Client;
 
@@ -264,6 +265,7 @@ pub async fn run(client: Client, config: Config) {
     let jobs = job::run(client.clone(), pods.store(), pods.subscribe());
     let budgets = disruption::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
+    let volumes = volumes::run(client.clone(), pods.store(), pods.subscribe());
     tokio::join!(
         pods.run(),
         endpoints,
@@ -280,6 +282,7 @@ pub async fn run(client: Client, config: Config) {
         node_ipam::run(client.clone(), config.ipam),
         node_lifecycle,
         scheduler,
+        volumes,
         load_balancer::run(client.clone(), config.load_balancer),
         garbage_collector::run(client.clone()),
         namespace::run(client)

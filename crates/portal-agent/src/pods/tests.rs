@@ -70,6 +70,7 @@ impl Bed {
                 port: 10250,
                 lease_seconds: 40,
                 pod_cidr: None,
+                storage_root: None,
             },
             runtime: runtime.clone(),
             images: Arc::new(FakeImages),

@@ -130,14 +130,59 @@ fn set_up_one(
             read_only: true,
         });
     }
-    Err(match &volume.persistent_volume_claim {
-        Some(claim) => format!(
-            "persistentvolumeclaim {:?}: persistent volumes are not served by this cluster",
-            claim.claim_name
-        ),
-        None => "this kind of volume is not supported by this node".into(),
-    })
+    match &volume.persistent_volume_claim {
+        Some(claim) => claimed(&claim.claim_name, claim.read_only == Some(true), objects),
+        None => Err("this kind of volume is not supported by this node".into()),
+    }
 }
+
+/// A claim's volume: the claim bound, its volume a directory of this node
+/// (`hostPath`, or `local`). The built-in provisioner's directories are
+/// made on first use, open to every user (as k3s's local-path).
+fn claimed(name: &str, read_only: bool, objects: &Objects) -> Result<Ready, String> {
+    let claim = objects
+        .claims
+        .get(name)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| format!("persistentvolumeclaim {name:?} not found"))?;
+    let volume_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| format!("persistentvolumeclaim {name:?} is not bound"))?;
+    let volume = objects
+        .volumes
+        .get(volume_name)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| format!("persistentvolume {volume_name:?} not found"))?;
+    let spec = volume.spec.as_ref().ok_or("persistentvolume has no spec")?;
+    let local_path = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+        .is_some_and(|p| p == LOCAL_PATH_PROVISIONER);
+    let path = if let Some(host) = &spec.host_path {
+        if local_path {
+            let path = PathBuf::from(&host.path);
+            make_dir(&path, 0o777).map_err(|e| format!("{}: {e}", path.display()))?;
+            path
+        } else {
+            host_path(&host.path, host.type_.as_deref().unwrap_or(""))?
+        }
+    } else if let Some(local) = &spec.local {
+        host_path(&local.path, "Directory")?
+    } else {
+        return Err(format!(
+            "persistentvolume {volume_name:?}: its source is not one this node mounts (hostPath, local)"
+        ));
+    };
+    Ok(Ready { path, read_only })
+}
+
+/// The built-in provisioner's name on the volumes it makes.
+pub const LOCAL_PATH_PROVISIONER: &str = "portal.dev/local-path";
 
 /// A `hostPath` checked (or made) as its `type` says, with the kubelet's
 /// words when it is not what was asked.

@@ -46,7 +46,12 @@ pub static RESOURCE: Resource = Resource {
     subresources: &[],
 };
 
-const ACCESS_MODES: [&str; 4] = ["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"];
+const ACCESS_MODES: [&str; 4] = [
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOnce",
+    "ReadWriteOncePod",
+];
 const ACCESS_MODES_TEXT: &str =
     "\"ReadOnlyMany\", \"ReadWriteMany\", \"ReadWriteOnce\", \"ReadWriteOncePod\"";
 const VOLUME_MODES: &str = "\"Block\", \"Filesystem\"";
@@ -59,7 +64,8 @@ fn defaults(object: &mut Value) {
     };
     spec.entry("persistentVolumeReclaimPolicy")
         .or_insert_with(|| json!("Retain"));
-    spec.entry("volumeMode").or_insert_with(|| json!("Filesystem"));
+    spec.entry("volumeMode")
+        .or_insert_with(|| json!("Filesystem"));
 }
 
 /// A new volume is `Pending` until the binder looks at it.
@@ -164,7 +170,10 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     match sources.as_slice() {
         [] => causes.push(Cause::required("spec", "must specify a volume type")),
         [_] => {}
-        _ => causes.push(Cause::forbidden("spec", "may not specify more than 1 volume type")),
+        _ => causes.push(Cause::forbidden(
+            "spec",
+            "may not specify more than 1 volume type",
+        )),
     }
     if !spec["hostPath"].is_null() && spec["hostPath"]["path"].as_str().unwrap_or("").is_empty() {
         causes.push(Cause::required("spec.hostPath.path", ""));
@@ -244,11 +253,19 @@ fn columns() -> Vec<Column> {
         NAME,
         col("Capacity", "The storage capacity of the volume.", 0),
         col("Access Modes", "Modes the volume can be mounted with.", 0),
-        col("Reclaim Policy", "What happens to the volume once released.", 0),
+        col(
+            "Reclaim Policy",
+            "What happens to the volume once released.",
+            0,
+        ),
         col("Status", "Where the volume is in its life.", 0),
         col("Claim", "The claim bound to the volume.", 0),
         col("StorageClass", "The class of the volume.", 0),
-        col("VolumeAttributesClass", "The attributes class of the volume.", 0),
+        col(
+            "VolumeAttributesClass",
+            "The attributes class of the volume.",
+            0,
+        ),
         col("Reason", "Why the volume is in its phase.", 0),
         AGE,
         col("VolumeMode", "Filesystem or Block.", 1),
@@ -257,7 +274,10 @@ fn columns() -> Vec<Column> {
 
 fn cells(object: &Value, now: i64) -> Vec<Value> {
     let spec = &object["spec"];
-    let claim = match (s(spec, &["claimRef", "namespace"]), s(spec, &["claimRef", "name"])) {
+    let claim = match (
+        s(spec, &["claimRef", "namespace"]),
+        s(spec, &["claimRef", "name"]),
+    ) {
         (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
         _ => String::new(),
     };
@@ -283,19 +303,26 @@ mod tests {
     #[test]
     fn volumes_need_modes_a_size_and_one_source() {
         let fields = |object: Value| -> Vec<String> {
-            validate(&object, None).into_iter().map(|c| c.field).collect()
+            validate(&object, None)
+                .into_iter()
+                .map(|c| c.field)
+                .collect()
         };
         assert_eq!(
             fields(json!({"spec": {}})),
             ["spec.accessModes", "spec.capacity", "spec"]
         );
         assert_eq!(
-            fields(json!({"spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "0"},
-                "local": {"path": "/d"}}})),
+            fields(
+                json!({"spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "0"},
+                "local": {"path": "/d"}}})
+            ),
             ["spec.capacity[storage]", "spec.nodeAffinity"]
         );
-        assert!(fields(json!({"spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
-            "hostPath": {"path": "/d"}, "persistentVolumeReclaimPolicy": "Delete"}}))
+        assert!(fields(
+            json!({"spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+            "hostPath": {"path": "/d"}, "persistentVolumeReclaimPolicy": "Delete"}})
+        )
         .is_empty());
     }
 

@@ -49,7 +49,8 @@ pub static RESOURCE: Resource = Resource {
 /// `Filesystem` unless given.
 fn defaults(object: &mut Value) {
     if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) {
-        spec.entry("volumeMode").or_insert_with(|| json!("Filesystem"));
+        spec.entry("volumeMode")
+            .or_insert_with(|| json!("Filesystem"));
     }
 }
 
@@ -87,11 +88,16 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
             requests.remove("storage");
         }
     }
+    let take = |before: &mut Value, field: &str| {
+        if let (Some(map), Some(value)) = (before.as_object_mut(), after.get(field)) {
+            map.insert(field.to_owned(), value.clone());
+        }
+    };
     if before["volumeName"].as_str().unwrap_or("").is_empty() {
-        before["volumeName"] = after["volumeName"].clone();
+        take(&mut before, "volumeName");
     }
     if before["storageClassName"].is_null() {
-        before["storageClassName"] = after["storageClassName"].clone();
+        take(&mut before, "storageClassName");
     }
     if before != after {
         causes.push(Cause::forbidden(
@@ -108,9 +114,17 @@ fn columns() -> Vec<Column> {
         col("Status", "Where the claim is in its life.", 0),
         col("Volume", "The volume bound to the claim.", 0),
         col("Capacity", "The storage capacity of the bound volume.", 0),
-        col("Access Modes", "Modes the bound volume can be mounted with.", 0),
+        col(
+            "Access Modes",
+            "Modes the bound volume can be mounted with.",
+            0,
+        ),
         col("StorageClass", "The class of the claim.", 0),
-        col("VolumeAttributesClass", "The attributes class of the claim.", 0),
+        col(
+            "VolumeAttributesClass",
+            "The attributes class of the claim.",
+            0,
+        ),
         AGE,
         col("VolumeMode", "Filesystem or Block.", 1),
     ]
@@ -153,6 +167,10 @@ mod tests {
     #[test]
     fn only_size_volume_and_a_missing_class_change() {
         let old = claim();
+        assert!(
+            validate(&claim(), Some(&old)).is_empty(),
+            "an unchanged spec"
+        );
         let mut bound = claim();
         bound["spec"]["volumeName"] = json!("pv-1");
         bound["spec"]["storageClassName"] = json!("local-path");

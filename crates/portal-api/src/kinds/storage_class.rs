@@ -52,7 +52,8 @@ pub static RESOURCE: Resource = Resource {
 /// `Delete` and `Immediate` unless given.
 fn defaults(object: &mut Value) {
     if let Some(map) = object.as_object_mut() {
-        map.entry("reclaimPolicy").or_insert_with(|| json!("Delete"));
+        map.entry("reclaimPolicy")
+            .or_insert_with(|| json!("Delete"));
         map.entry("volumeBindingMode")
             .or_insert_with(|| json!("Immediate"));
     }
@@ -71,7 +72,11 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     }
     match object["reclaimPolicy"].as_str() {
         None | Some("Delete" | "Retain") => {}
-        Some(other) => causes.push(unsupported("reclaimPolicy", other, "\"Delete\", \"Retain\"")),
+        Some(other) => causes.push(unsupported(
+            "reclaimPolicy",
+            other,
+            "\"Delete\", \"Retain\"",
+        )),
     }
     match object["volumeBindingMode"].as_str() {
         None | Some("Immediate" | "WaitForFirstConsumer") => {}

@@ -519,7 +519,11 @@ mod tests {
         assert!(!refers_to(&spec, secret, "env-cm"));
         assert!(!refers_to(&spec, config_map, "other"));
         let claims = serde_json::json!({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]});
-        assert!(refers_to(&claims, kinds::persistent_volume_claim::KIND, "data"));
+        assert!(refers_to(
+            &claims,
+            kinds::persistent_volume_claim::KIND,
+            "data"
+        ));
     }
 
     #[test]

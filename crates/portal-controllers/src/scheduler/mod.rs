@@ -2,7 +2,7 @@
 //! through the `binding` subresource, as kube-scheduler's default plugins
 //! decide. Filters: a Ready node, cordon, node selector and required node
 //! affinity, taints ([`crate::placement`]), requests against allocatable,
-//! existing claims, topology spread constraints ([`spread`]) and inter-pod
+//! claims and their volumes ([`volumes`]), topology spread constraints ([`spread`]) and inter-pod
 //! affinity and anti-affinity ([`pod_affinity`]). Scores ([`score`]):
 //! untolerated `PreferNoSchedule` taints, preferred node affinity, spread
 //! (by default over the pods of the pod's Services and controller, so what
@@ -15,13 +15,17 @@ pub mod pod_affinity;
 pub mod score;
 pub mod spread;
 pub mod terms;
+pub mod volumes;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{
+    Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, PodSpec, Service,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -57,6 +61,9 @@ struct Context {
     nodes: Store<Node>,
     pods: Store<Pod>,
     services: Store<Service>,
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
+    classes: Store<StorageClass>,
     /// Bindings made but not yet seen in `pods`, by pod UID.
     assumed: Mutex<HashMap<String, Assumed>>,
     /// Pods no node fits: when to try again, and the wait after that.
@@ -137,20 +144,6 @@ fn misfit(node: &Node, pod: &Pod) -> Option<String> {
     })
 }
 
-/// The first claim the pod's volumes name that does not exist. This API
-/// server does not serve PersistentVolumeClaims yet (they come with
-/// storage), so no claim exists and such a pod waits, as it would upstream
-/// for a claim not yet created.
-fn missing_claim(pod: &Pod) -> Option<&str> {
-    pod.spec
-        .as_ref()?
-        .volumes
-        .as_ref()?
-        .iter()
-        .find_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|claim| claim.claim_name.as_str())
-}
-
 /// The rules that depend on the pods already placed.
 struct PodRules<'a> {
     spread: Spread<'a>,
@@ -172,12 +165,10 @@ fn unavailable_message(
     pod: &Pod,
     load: &HashMap<Arc<str>, Load>,
     rules: Option<&PodRules<'_>>,
+    claims: &volumes::Claims,
 ) -> String {
-    if let Some(claim) = missing_claim(pod) {
-        return format!(
-            "0/{} nodes are available: persistentvolumeclaim \"{claim}\" not found.",
-            nodes.len()
-        );
+    if let volumes::Claims::Blocked(why) = claims {
+        return format!("0/{} nodes are available: {why}.", nodes.len());
     }
     let mut reasons: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for node in nodes {
@@ -186,6 +177,9 @@ fn unavailable_message(
             .map(|l| l.used)
             .unwrap_or_default();
         let mut found = misfits(node, pod, used);
+        if found.is_empty() {
+            found.extend(volumes::misfit(claims, node).map(str::to_owned));
+        }
         if found.is_empty() {
             found.extend(
                 rules
@@ -287,6 +281,32 @@ pub async fn run(
     .modify(|s| s.metadata.managed_fields = None)
     .reflect(service_writer)
     .for_each(|_| std::future::ready(()));
+    let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
+    let claim_events = watcher(
+        Api::<PersistentVolumeClaim>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|c| c.metadata.managed_fields = None)
+    .reflect(claim_writer)
+    .for_each(|_| std::future::ready(()));
+    let (volumes, volume_writer) = reflector::store::<PersistentVolume>();
+    let volume_events = watcher(
+        Api::<PersistentVolume>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|v| v.metadata.managed_fields = None)
+    .reflect(volume_writer)
+    .for_each(|_| std::future::ready(()));
+    let (classes, class_writer) = reflector::store::<StorageClass>();
+    let class_events = watcher(
+        Api::<StorageClass>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(class_writer)
+    .for_each(|_| std::future::ready(()));
 
     // Every pod change reaches the reconcile, which leaves bound pods alone;
     // the store holds every pod, the pending ones among them.
@@ -313,6 +333,9 @@ pub async fn run(
         nodes,
         pods,
         services,
+        claims,
+        volumes,
+        classes,
         assumed: Mutex::new(HashMap::new()),
         backoff,
         facts: Mutex::new(HashMap::new()),
@@ -325,6 +348,9 @@ pub async fn run(
     );
     tokio::join!(
         service_events,
+        claim_events,
+        volume_events,
+        class_events,
         crate::drive(results, "scheduling", &context.retries)
     );
 }
@@ -500,6 +526,14 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     let nodes = ctx.nodes.state();
     let app = ctx.app_of(&pod).await;
+    let claims = volumes::check(
+        &pod,
+        &volumes::Stores {
+            claims: &ctx.claims,
+            volumes: &ctx.volumes,
+            classes: &ctx.classes,
+        },
+    );
     // Choosing and assuming are one step: pods reconciled concurrently must
     // each see the others' choices.
     let (chosen, message) = {
@@ -517,8 +551,8 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         };
         let fitting: Vec<&Arc<Node>> = nodes
             .iter()
-            .filter(|_| missing_claim(&pod).is_none())
             .filter(|n| misfits(n, &pod, used(n)).is_empty())
+            .filter(|n| volumes::misfit(&claims, n).is_none())
             .filter(|n| rules.misfit(&n.name_any()).is_none())
             .collect();
         let chosen = choose(&pod, &fitting, &load, &rules);
@@ -533,7 +567,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         }
         let message = chosen
             .is_none()
-            .then(|| unavailable_message(&nodes, &pod, &load, Some(&rules)));
+            .then(|| unavailable_message(&nodes, &pod, &load, Some(&rules), &claims));
         (chosen, message)
     };
     let reference = ObjectReference {
@@ -570,6 +604,29 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::requeue(wait));
     };
     ctx.backoff.lock().remove(&key(&pod));
+    if let volumes::Claims::Ready { delayed, .. } = &claims {
+        if !delayed.is_empty() {
+            // Claims that bind on the first consumer learn its node; the
+            // pod is bound once they are (the store is polled, no calls).
+            ctx.assumed.lock().remove(&uid(&pod));
+            for claim in delayed {
+                if claim.annotations().get(volumes::SELECTED_NODE) != Some(&chosen) {
+                    let patch = serde_json::json!({"metadata": {"annotations": {volumes::SELECTED_NODE: chosen}}});
+                    Api::<PersistentVolumeClaim>::namespaced(
+                        ctx.client.clone(),
+                        &claim.namespace().unwrap_or_default(),
+                    )
+                    .patch(
+                        &claim.name_any(),
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await?;
+                }
+            }
+            return Ok(Action::requeue(Duration::from_millis(500)));
+        }
+    }
     let binding = serde_json::json!({
         "apiVersion": "v1", "kind": "Binding",
         "metadata": {"name": pod.name_any(), "namespace": pod.namespace()},
@@ -628,20 +685,26 @@ mod tests {
             .unwrap()
     }
 
+    fn ready() -> volumes::Claims {
+        volumes::Claims::Ready {
+            bound: Vec::new(),
+            delayed: Vec::new(),
+            selected: None,
+        }
+    }
+
     #[test]
     fn pods_wait_for_their_claims() {
         let nodes = vec![node("a", serde_json::json!({}))];
         let claiming = pod(serde_json::json!({"containers": [{"name": "c"}],
             "volumes": [{"name": "tmp", "emptyDir": {}},
                 {"name": "www", "persistentVolumeClaim": {"claimName": "www-web-0"}}]}));
-        assert_eq!(missing_claim(&claiming), Some("www-web-0"));
+        let blocked =
+            volumes::Claims::Blocked("persistentvolumeclaim \"www-web-0\" not found".into());
         assert_eq!(
-            unavailable_message(&nodes, &claiming, &HashMap::new(), None),
+            unavailable_message(&nodes, &claiming, &HashMap::new(), None, &blocked),
             "0/1 nodes are available: persistentvolumeclaim \"www-web-0\" not found."
         );
-        let mut projected = claiming.clone();
-        crate::pods::project(&mut projected);
-        assert_eq!(missing_claim(&projected), Some("www-web-0"));
     }
 
     #[test]
@@ -654,7 +717,7 @@ mod tests {
         ];
         let plain = pod(serde_json::json!({"containers": [{"name": "c"}]}));
         assert_eq!(
-            unavailable_message(&nodes, &plain, &HashMap::new(), None),
+            unavailable_message(&nodes, &plain, &HashMap::new(), None, &ready()),
             "0/3 nodes are available: 2 node(s) had untolerated taint {dedicated: db}, 1 node(s) were unschedulable."
         );
         let tolerant = pod(serde_json::json!({"containers": [{"name": "c"}],
@@ -707,7 +770,7 @@ mod tests {
             },
         );
         assert_eq!(
-            unavailable_message(&nodes, &big, &load, None),
+            unavailable_message(&nodes, &big, &load, None, &ready()),
             "0/2 nodes are available: 2 Insufficient cpu."
         );
     }

@@ -476,3 +476,24 @@ def test_a_second_agent_gets_a_pod_range_of_its_own(node, tmp_path):
             node.core.delete_node("node-2")
         except Exception:
             pass
+
+
+def test_host_port_reaches_the_pod_and_is_held_once(node):
+    """`hostPort` (issue 28): the pod's port at the node's address, DNAT in
+    the node's nftables; a second pod asking for the same port on the same
+    node stays Pending with Kubernetes' reason."""
+    core = node.core
+    ported = pod_manifest("ported", node.web, labels={"app": "ported"})
+    ported["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 18080}]
+    core.create_namespaced_pod(NS, ported)
+    node.wait_running("ported")
+    assert wait_for(lambda: http(f"http://{nodes.NODE_IP}:18080/name.txt"), "the host port to answer") == "ported\n"
+    clash = pod_manifest("clash", node.web)
+    clash["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 18080}]
+    core.create_namespaced_pod(NS, clash)
+    event = wait_for(lambda: [e for e in node.events("clash") if e[1] == "FailedScheduling"], "FailedScheduling")
+    assert "didn't have free ports for the requested pod ports" in event[0][2], event
+    assert node.pod("clash").status.phase == "Pending"
+    for name in ["clash", "ported"]:
+        core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    wait_for(lambda: http(f"http://{nodes.NODE_IP}:18080/name.txt", timeout=1) is None, "the mapping to go")

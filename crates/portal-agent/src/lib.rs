@@ -21,6 +21,7 @@ mod events;
 #[cfg(test)]
 mod fakes;
 pub mod files;
+pub mod host_ports;
 pub mod images;
 pub mod join;
 pub mod metrics;
@@ -273,6 +274,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         confirmed: parking_lot::Mutex::default(),
         pods_dir: data.join("pods"),
         logs_dir: data.join("logs"),
+        host_ports: host_ports::HostPorts::default(),
     });
     let tasks = portal_client::Supervisor::new();
     let (updates, received) = tokio::sync::mpsc::channel(8);

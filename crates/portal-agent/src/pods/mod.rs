@@ -102,6 +102,8 @@ pub(crate) struct Context<R: Runtime> {
     pub pods_dir: PathBuf,
     /// `DIR/logs/<ns>_<name>_<uid>/<container>/<attempt>.log`.
     pub logs_dir: PathBuf,
+    /// The running pods' host ports, programmed in the node's nftables.
+    pub host_ports: crate::host_ports::HostPorts,
 }
 
 impl<R: Runtime> std::fmt::Debug for Context<R> {

@@ -94,6 +94,7 @@ impl Bed {
             workers: Mutex::default(),
             pods_dir: dir.path().join("pods"),
             logs_dir: dir.path().join("logs"),
+            host_ports: crate::host_ports::HostPorts::default(),
         });
         let (updates, received) = mpsc::channel(8);
         tokio::spawn(super::merge_static(ctx.clone(), received));

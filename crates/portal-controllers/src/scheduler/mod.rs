@@ -2,7 +2,8 @@
 //! through the `binding` subresource, as kube-scheduler's default plugins
 //! decide. Filters: a Ready node, cordon, node selector and required node
 //! affinity, taints ([`crate::placement`]), requests against allocatable,
-//! claims and their volumes ([`volumes`]), topology spread constraints ([`spread`]) and inter-pod
+//! host ports ([`host_ports`]), claims and their volumes ([`volumes`]),
+//! topology spread constraints ([`spread`]) and inter-pod
 //! affinity and anti-affinity ([`pod_affinity`]). Scores ([`score`]):
 //! untolerated `PreferNoSchedule` taints, preferred node affinity, spread
 //! (by default over the pods of the pod's Services and controller, so what
@@ -11,6 +12,7 @@
 //! Pending with a `FailedScheduling` Event saying why, node by node.
 
 pub mod cluster;
+pub mod host_ports;
 pub mod pod_affinity;
 pub mod score;
 pub mod spread;
@@ -146,14 +148,16 @@ fn misfit(node: &Node, pod: &Pod) -> Option<String> {
 
 /// The rules that depend on the pods already placed.
 struct PodRules<'a> {
+    host_ports: Vec<host_ports::HostPort>,
+    placed: &'a [Placed],
     spread: Spread<'a>,
     affinity: PodAffinity<'a>,
 }
 
 impl PodRules<'_> {
     fn misfit(&self, node: &str) -> Option<&'static str> {
-        self.spread
-            .misfit(node)
+        host_ports::misfit(&self.host_ports, node, self.placed)
+            .or_else(|| self.spread.misfit(node))
             .or_else(|| self.affinity.misfit(node))
     }
 }
@@ -541,6 +545,8 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         let (load, placed) = load(&ctx, &mut assumed);
         let cluster = Cluster::new(&nodes, &placed);
         let rules = PodRules {
+            host_ports: host_ports::of(&pod),
+            placed: &placed,
             spread: Spread::new(&pod, &cluster, app),
             affinity: PodAffinity::new(&pod, &cluster),
         };

@@ -221,6 +221,11 @@ impl<R: Runtime> Worker<R> {
                 .await?;
             (Some(sandbox), Some(ip))
         };
+        let mappings = match (&sandbox, pod_ip.as_deref().map(str::parse)) {
+            (Some(_), Some(Ok(ip))) => crate::host_ports::of(pod, ip),
+            _ => Vec::new(),
+        };
+        self.ctx.host_ports.set(&self.uid, mappings).await;
         if let (Some(sandbox), Some(ip)) = (&sandbox, &pod_ip) {
             let files = self.ctx.write_pod_files(pod, ip).await?;
             // One reading of the objects per sync: configuration volumes

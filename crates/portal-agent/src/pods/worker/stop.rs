@@ -159,6 +159,7 @@ impl<R: Runtime> Worker<R> {
     /// The pod is no longer wanted: stop within its grace period, then
     /// remove everything that was made for it.
     pub(super) async fn terminate(&mut self) {
+        self.ctx.host_ports.set(&self.uid, Vec::new()).await;
         self.stop_gracefully(self.grace()).await;
         let containers = self.mine();
         if containers.is_empty()

@@ -18,6 +18,7 @@ mod handlers;
 mod loopback;
 mod registry;
 mod security;
+pub use security::encryption;
 mod server;
 
 use duties::{compaction, endpoint_leases, kubernetes_service};
@@ -92,6 +93,9 @@ pub struct Config {
     /// The cluster token, which opens the cluster identity kept in a shared
     /// datastore (none: the first server makes one, `DIR/server-token`).
     pub token: Option<String>,
+    /// Which resources are encrypted at rest, and how
+    /// (`--encryption-provider-config`).
+    pub encryption: Option<security::encryption::Encryption>,
 }
 
 /// Where the API server keeps objects.
@@ -259,6 +263,12 @@ impl ApiServer {
                 )?)
             }
             Datastore::Etcd(options) => Arc::new(EtcdStore::connect(options).await?),
+        };
+        let store: Arc<dyn Store> = match config.encryption.clone() {
+            Some(encryption) => {
+                Arc::new(security::encryption::EncryptedStore::new(store, encryption))
+            }
+            None => store,
         };
         if shared {
             // Before any credential is made or loaded: a server joining a

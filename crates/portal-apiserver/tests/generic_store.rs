@@ -29,6 +29,7 @@ async fn server() -> Server {
         connections: ConnectionLimits::default(),
         datastore: Default::default(),
         token: None,
+        encryption: None,
     };
     let mut api = ApiServer::start(config)
         .await

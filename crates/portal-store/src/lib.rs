@@ -171,4 +171,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Drops history up to and including `revision`.
     fn compact(&self, revision: Revision) -> BoxFuture<'_, Result<()>>;
+
+    /// Whether the value at `key` is kept in an outdated form (sealed with
+    /// a key that is no longer the one writes use), so that an update that
+    /// changes nothing must still write it. Plain stores: never.
+    fn outdated(&self, _key: &str) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(async { Ok(false) })
+    }
 }

@@ -40,6 +40,11 @@ pub(crate) struct ApiArgs {
     service_node_port_range: PortRange,
     #[command(flatten)]
     datastore: DatastoreArgs,
+    /// Encrypts the objects of the resources it names before they are
+    /// stored: a Kubernetes `EncryptionConfiguration` file (providers
+    /// `aescbc`, `secretbox`, `identity`).
+    #[arg(long)]
+    encryption_provider_config: Option<PathBuf>,
 }
 
 /// Where objects are kept.
@@ -166,6 +171,12 @@ impl ApiArgs {
             },
             datastore: self.datastore.datastore()?,
             token: self.datastore.token()?,
+            encryption: match &self.encryption_provider_config {
+                Some(path) => Some(
+                    portal_apiserver::encryption::Encryption::load(path).map_err(Error::Usage)?,
+                ),
+                None => None,
+            },
         })
     }
 }

@@ -4,6 +4,7 @@
 //! servers on one store (`identity`).
 
 pub(crate) mod auth;
+pub mod encryption;
 pub(crate) mod identity;
 pub mod join;
 pub mod pki;

@@ -49,7 +49,11 @@ pub(crate) async fn guaranteed_update(
         if !causes.is_empty() {
             return Err(invalid(scope, &new, causes));
         }
-        if strategy::unchanged(&new, &old) {
+        // A value sealed with a retired key is written again even when
+        // nothing changed: that is how keys rotate.
+        if strategy::unchanged(&new, &old)
+            && !state.store.outdated(&key).await.map_err(store_error)?
+        {
             return Ok((
                 CachedObject::from_value(key, new, current.mod_revision),
                 warnings,

@@ -133,3 +133,15 @@ def test_missing_keys_and_objects_are_reported(node):
     assert sh(node, "waits", "cat /later/k") == "v"
     for name in ["bad-key", "waits"]:
         core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def test_an_empty_dir_past_its_size_limit_evicts_the_pod(node):
+    core = node.core
+    hog = sleeper(node, "app", command=["sh", "-c", "dd if=/dev/zero of=/scratch/fill bs=1M count=4; exec sleep 100000"],
+                  volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}])
+    core.create_namespaced_pod(NS, pod_body("hog", [hog], [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]))
+    pod = wait_for(lambda: (p := node.pod("hog")).status.phase == "Failed" and p, "the pod to be evicted", timeout=60)
+    assert pod.status.reason == "Evicted"
+    assert pod.status.message == 'Usage of EmptyDir volume "scratch" exceeds the limit "1Mi". '
+    assert any(e[1] == "Evicted" for e in node.events("hog"))
+    core.delete_namespaced_pod("hog", NS, grace_period_seconds=0)

@@ -40,8 +40,9 @@ pub struct Observed<'a> {
     pub host_ip: String,
     /// When the agent first took the pod on.
     pub start_time: jiff::Timestamp,
-    /// It ran longer than its `activeDeadlineSeconds` (then it failed).
-    pub deadline_exceeded: bool,
+    /// The node ended it (then it failed): why, in a word and a sentence
+    /// (`DeadlineExceeded`, `Evicted`).
+    pub ended: Option<(String, String)>,
 }
 
 fn parse_time(text: &str) -> Option<Time> {
@@ -349,12 +350,8 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
             current.and_then(|s| s.reason.clone()),
             current.and_then(|s| s.message.clone()),
         )
-    } else if observed.deadline_exceeded {
-        (
-            "Failed",
-            Some("DeadlineExceeded".to_owned()),
-            Some("Pod was active on the node longer than the specified deadline".to_owned()),
-        )
+    } else if let Some((reason, message)) = &observed.ended {
+        ("Failed", Some(reason.clone()), Some(message.clone()))
     } else {
         (phase, None, None)
     };

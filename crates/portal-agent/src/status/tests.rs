@@ -66,7 +66,7 @@ fn observe<'a>(
         pod_ip: Some("10.244.0.5".into()),
         host_ip: "192.168.1.2".into(),
         start_time: jiff::Timestamp::UNIX_EPOCH,
-        deadline_exceeded: false,
+        ended: None,
     })
 }
 

@@ -327,6 +327,60 @@ fn ensure_tmpfs(path: &Path, size: Option<i64>, mode: u32) -> std::io::Result<()
     .map_err(std::io::Error::from)
 }
 
+/// Why the pod must be evicted for its local storage, if it must: an
+/// `emptyDir` on disk using more than its `sizeLimit`, in the eviction
+/// manager's words. (A `medium: Memory` one is bounded by its tmpfs.)
+pub fn over_limit(pod_dir: &Path, pod: &Pod) -> Option<String> {
+    let volumes = pod.spec.as_ref()?.volumes.as_ref()?;
+    for volume in volumes {
+        let Some(empty) = &volume.empty_dir else {
+            continue;
+        };
+        if empty.medium.as_deref() == Some("Memory") {
+            continue;
+        }
+        let Some(limit) = &empty.size_limit else {
+            continue;
+        };
+        let Some(bytes) = portal_api::quantity::bytes(&limit.0) else {
+            continue;
+        };
+        let dir = volumes_dir(pod_dir)
+            .join("kubernetes.io~empty-dir")
+            .join(&volume.name);
+        if usage(&dir) > u64::try_from(bytes).unwrap_or(0) {
+            return Some(format!(
+                "Usage of EmptyDir volume \"{}\" exceeds the limit \"{}\". ",
+                volume.name, limit.0
+            ));
+        }
+    }
+    None
+}
+
+/// The disk a directory tree uses (allocated blocks, as `du`), hard links
+/// counted once.
+fn usage(dir: &Path) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.nlink() > 1 && !seen.insert((meta.dev(), meta.ino())) {
+            continue;
+        }
+        total += meta.blocks() * 512;
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&path) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    total
+}
+
 /// Unmounts what [`set_up`] mounted for the pod whose directory is
 /// `pod_dir` (before the directory is removed).
 pub fn tear_down(pod_dir: &Path) {
@@ -395,6 +449,27 @@ mod tests {
 
     fn mounts_err(container: &Container, volumes: &PodVolumes) -> String {
         mounts(container, volumes, &Environment::default()).unwrap_err()
+    }
+
+    #[test]
+    fn an_empty_dir_past_its_limit_evicts_the_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let pod = pod(
+            json!([{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}},
+            {"name": "ram", "emptyDir": {"medium": "Memory", "sizeLimit": "1Ki"}}]),
+        );
+        let root = dir.path().join("volumes/kubernetes.io~empty-dir/scratch");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("small"), vec![1u8; 4096]).unwrap();
+        assert_eq!(over_limit(dir.path(), &pod), None);
+        std::fs::write(root.join("big"), vec![1u8; 2 << 20]).unwrap();
+        std::fs::hard_link(root.join("big"), root.join("same")).unwrap();
+        assert_eq!(
+            over_limit(dir.path(), &pod).as_deref(),
+            Some("Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ")
+        );
+        let used = usage(&root);
+        assert!(used < 3 << 20, "a hard link counts once: {used}");
     }
 
     #[test]

@@ -181,7 +181,26 @@ impl<R: Runtime> Worker<R> {
                 .await;
             self.stop_gracefully(self.grace()).await;
             let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
-            let status = self.status_now(pod, &self.mine(), false, pod_ip, true);
+            let ended = ("DeadlineExceeded".to_owned(), message.to_owned());
+            let status = self.status_now(pod, &self.mine(), false, pod_ip, Some(ended));
+            self.ctx.status.set(pod, status).await?;
+            return Ok(());
+        }
+        // An emptyDir past its sizeLimit: the pod is evicted (the kubelet's
+        // eviction manager, for local storage).
+        let over = if finished {
+            None
+        } else {
+            crate::volumes::over_limit(&self.ctx.pod_dir(&self.uid), pod)
+        };
+        if let Some(message) = over {
+            self.ctx
+                .event(pod, None, "Warning", "Evicted", &message)
+                .await;
+            self.stop_gracefully(self.grace()).await;
+            let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+            let ended = ("Evicted".to_owned(), message);
+            let status = self.status_now(pod, &self.mine(), false, pod_ip, Some(ended));
             self.ctx.status.set(pod, status).await?;
             return Ok(());
         }
@@ -259,7 +278,7 @@ impl<R: Runtime> Worker<R> {
         }
         self.prune(&containers).await;
         let containers = self.mine();
-        let status = self.status_now(pod, &containers, sandbox.is_some(), pod_ip, false);
+        let status = self.status_now(pod, &containers, sandbox.is_some(), pod_ip, None);
         let all_running = status
             .container_statuses
             .iter()
@@ -489,7 +508,7 @@ impl<R: Runtime> Worker<R> {
         containers: &[ContainerStatus],
         sandbox_ready: bool,
         pod_ip: Option<String>,
-        deadline_exceeded: bool,
+        ended: Option<(String, String)>,
     ) -> k8s_openapi::api::core::v1::PodStatus {
         let start_time = pod
             .status
@@ -505,7 +524,7 @@ impl<R: Runtime> Worker<R> {
             pod_ip,
             host_ip: self.ctx.me.ip.to_string(),
             start_time,
-            deadline_exceeded,
+            ended,
         })
     }
 

@@ -113,7 +113,7 @@ impl<R: Runtime> Worker<R> {
             .network
             .existing(&self.uid)
             .map(|s| s.ip.to_string());
-        let status = self.status_now(pod, &containers, false, pod_ip, false);
+        let status = self.status_now(pod, &containers, false, pod_ip, None);
         if let Err(error) = self.ctx.status.set(pod, status).await {
             tracing::debug!(%error, pod = %crate::pods::describe(pod), "final status");
         }

@@ -497,3 +497,22 @@ def test_host_port_reaches_the_pod_and_is_held_once(node):
     for name in ["clash", "ported"]:
         core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
     wait_for(lambda: http(f"http://{nodes.NODE_IP}:18080/name.txt", timeout=1) is None, "the mapping to go")
+
+
+def test_set_image_on_a_running_pod_restarts_its_container(node):
+    """`kubectl set image pod/…` (issue 28): the container is made again
+    from the new image, whatever the restart policy, with the kubelet's
+    event."""
+    newer = web_image(node, "web", "2")
+    pod = pod_manifest("swap", node.web, restartPolicy="Never")
+    node.core.create_namespaced_pod(NS, pod)
+    node.wait_running("swap")
+    node.kubectl("-n", NS, "set", "image", "pod/swap", f"swap={newer}")
+
+    def on_new_image():
+        statuses = node.pod("swap").status.container_statuses or []
+        return statuses and statuses[0].image == newer and statuses[0].state.running and statuses[0]
+    status = wait_for(on_new_image, "the container running the new image", timeout=60)
+    assert status.restart_count == 1
+    assert any(e[1] == "Killing" and "definition changed" in e[2] for e in node.events("swap"))
+    node.core.delete_namespaced_pod("swap", NS, grace_period_seconds=0)

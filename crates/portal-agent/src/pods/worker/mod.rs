@@ -40,6 +40,8 @@ pub(super) struct Worker<R: Runtime> {
     start_observed: bool,
     /// The last volume set-up failure reported (one event per new one).
     mount_error: Option<String>,
+    /// Containers killed because their image changed: made again next.
+    redefined: std::collections::HashSet<String>,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -53,6 +55,7 @@ impl<R: Runtime> Worker<R> {
             pulling: Duration::ZERO,
             start_observed: false,
             mount_error: None,
+            redefined: std::collections::HashSet::new(),
         }
     }
 
@@ -363,6 +366,18 @@ impl<R: Runtime> Worker<R> {
             Some(State::Running(started)) => {
                 self.waiting.remove(name);
                 let id = latest.map(|c| c.id.clone()).unwrap_or_default();
+                // A pod's containers may change only their image: a running
+                // one with another image is made again, whatever the
+                // restart policy (the kubelet's "definition changed").
+                let image = container.image.as_deref().unwrap_or_default();
+                if latest.is_some_and(|c| c.meta.image != image) {
+                    let message = format!("Container {name} definition changed, will be restarted");
+                    self.kill(pod, name, &id, ("Normal", "Killing"), &message)
+                        .await;
+                    self.ctx.prober.forget(&id);
+                    self.redefined.insert(name.to_owned());
+                    return Step::Waiting;
+                }
                 self.ctx.prober.ensure(pod, container, &id, place.pod_ip);
                 if let Some(kind) = self.ctx.prober.verdict(container, &id).failed {
                     // Restarted as its restart policy says, like any end.
@@ -392,11 +407,16 @@ impl<R: Runtime> Worker<R> {
                 if let Some(ended) = latest {
                     self.ctx.prober.forget(&ended.id);
                 }
-                let restart = match policy {
-                    "Never" => false,
-                    "OnFailure" => exit.exit_code != 0,
-                    _ => true,
-                };
+                let redefined = self.redefined.remove(name);
+                let restart = redefined
+                    || match policy {
+                        "Never" => false,
+                        "OnFailure" => exit.exit_code != 0,
+                        _ => true,
+                    };
+                if redefined {
+                    self.backoff.reset(name);
+                }
                 if !restart {
                     self.waiting.remove(name);
                     return if exit.exit_code == 0 {

@@ -129,3 +129,24 @@ def test_private_registry_needs_the_pods_pull_secret(node):
         node.wait_running("logged-in")
         for name in ["anonymous", "logged-in"]:
             node.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def test_unused_images_are_garbage_collected(tmp_path):
+    """Past the disk's high mark (0 % here, so always), images no container
+    uses go, least recently used first; one a pod runs stays."""
+    args = ["--image-gc-high-threshold", "0", "--image-gc-low-threshold", "0",
+            "--image-minimum-gc-age", "1s", "--image-gc-period", "1s"]
+    (tmp_path / "gc").mkdir()
+    with AgentNode(tmp_path / "gc", extra_args=args) as node:
+        registry.push_busybox(node.registry, "kept", "1")
+        registry.push_busybox(node.registry, "dropped", "1", files={"marker": b"dropped\n"})
+        for name in ["kept", "dropped"]:
+            node.core.create_namespaced_pod(NS, pod_manifest(name, f"{node.registry.host}/{name}:1", ["sleep", "100000"]))
+            node.wait_running(name)
+        unpacked = node.data_dir / "agent" / "images" / "unpacked"
+        assert len(list(unpacked.iterdir())) == 2
+        node.core.delete_namespaced_pod("dropped", NS, grace_period_seconds=0)
+        wait_for(lambda: len(list(unpacked.iterdir())) == 1, "the unused image to be collected", timeout=60)
+        remaining = next(unpacked.iterdir())
+        assert not (remaining / "rootfs" / "marker").exists(), "the image in use is kept"
+        assert node.kubectl("-n", NS, "exec", "kept", "--", "true") == ""

@@ -112,6 +112,8 @@ pub struct Config {
     pub static_pods: StaticPods,
     /// How long the node's Lease lasts (renewed every quarter of it).
     pub lease_seconds: i32,
+    /// When unused images are removed.
+    pub image_gc: images::GcPolicy,
 }
 
 /// Where static pods come from besides the API.
@@ -199,12 +201,12 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
     let network = network::Network::new(&tag, range, data.join("leases")).with_mtu(pod_mtu);
     network.prepare_node().await?;
     let runtime = runtime::runc::Runc::new(data.join("runtime"), &tag)?;
-    let images = images::ImageService::new(
+    let images = Arc::new(images::ImageService::new(
         data.join("images"),
         config.mirrors.clone(),
         config.insecure_registries.clone(),
         metrics.clone(),
-    )?;
+    )?);
     let (services, writer) = reflector::store::<Service>();
     // The cluster DNS: given, else learnt from the API (now if it answers
     // at once, else once it does), else what the last run learnt.
@@ -260,7 +262,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         client: client.clone(),
         me,
         runtime,
-        images: Arc::new(images),
+        images: images.clone(),
         network: Arc::new(network),
         dns: parking_lot::RwLock::new(dns),
         dns_known: std::sync::atomic::AtomicBool::new(cluster_dns.is_some() || client.is_none()),
@@ -277,6 +279,10 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         host_ports: host_ports::HostPorts::default(),
     });
     let tasks = portal_client::Supervisor::new();
+    tasks.critical(
+        "image garbage collection",
+        collect_images(images, context.runtime.clone(), config.image_gc),
+    );
     let (updates, received) = tokio::sync::mpsc::channel(8);
     // Ends when every static source is gone (none configured: at once).
     tasks.once("static pods", pods::merge_static(context.clone(), received));
@@ -397,4 +403,25 @@ pub async fn import_images(data_dir: PathBuf, archive: PathBuf) -> Result<Vec<St
         Metrics::new(),
     )?;
     Ok(images::import::import(&images, &archive).await?)
+}
+
+/// Checks the image filesystem every `policy.period` and removes unused
+/// images past the high mark (never one a container on the node uses).
+async fn collect_images<R: runtime::Runtime>(
+    images: Arc<images::ImageService>,
+    runtime: Arc<R>,
+    policy: images::GcPolicy,
+) {
+    let mut every = tokio::time::interval(policy.period);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let in_use: std::collections::HashSet<String> = runtime
+            .containers()
+            .into_iter()
+            .map(|c| c.meta.image_id)
+            .collect();
+        let images = images.clone();
+        let _ = tokio::task::spawn_blocking(move || images.collect_garbage(&policy, &in_use)).await;
+    }
 }

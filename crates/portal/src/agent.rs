@@ -61,6 +61,19 @@ pub(crate) struct AgentOptions {
     /// (keep that well below the controllers' --node-monitor-grace-period).
     #[arg(long, default_value_t = portal_agent::node::LEASE_SECONDS, value_parser = clap::value_parser!(i32).range(1..=3600))]
     pub node_lease_duration_seconds: i32,
+    /// Unused images are removed when the disk holding them is used at or
+    /// above this percentage…
+    #[arg(long, default_value_t = 85, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub image_gc_high_threshold: u8,
+    /// …until it is used at most this much.
+    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub image_gc_low_threshold: u8,
+    /// Images used more recently than this are kept.
+    #[arg(long, default_value = "2m", value_parser = crate::parse_period)]
+    pub image_minimum_gc_age: std::time::Duration,
+    /// How often the image disk is checked (the kubelet's is five minutes).
+    #[arg(long, default_value = "5m", value_parser = crate::parse_period)]
+    pub image_gc_period: std::time::Duration,
 }
 
 /// `--pod-network`.
@@ -109,6 +122,14 @@ impl AgentOptions {
             client_ca,
             pod_cidr: self.pod_cidr,
             lease_seconds: self.node_lease_duration_seconds,
+            image_gc: portal_agent::images::GcPolicy {
+                high_percent: self.image_gc_high_threshold,
+                low_percent: self
+                    .image_gc_low_threshold
+                    .min(self.image_gc_high_threshold),
+                minimum_age: self.image_minimum_gc_age,
+                period: self.image_gc_period,
+            },
             static_pods: portal_agent::StaticPods {
                 manifest_path: self.pod_manifest_path.clone(),
                 file_check_frequency: self.file_check_frequency,

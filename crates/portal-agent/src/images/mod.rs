@@ -8,10 +8,12 @@
 
 pub mod auth;
 mod config;
+pub mod gc;
 pub mod import;
 mod unpack;
 
 use futures_util::future::BoxFuture;
+use futures_util::{StreamExt, TryStreamExt};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,6 +28,10 @@ use sha2::Digest;
 
 pub use auth::PullSecret;
 pub use config::{resolve_user, ImageConfig};
+pub use gc::GcPolicy;
+
+/// Blobs of one image fetched at once (containerd's default too).
+const PARALLEL_FETCHES: usize = 3;
 
 /// The image a container is made from, as the image service resolved it.
 #[derive(Clone, Debug)]
@@ -267,9 +273,12 @@ impl ImageService {
     /// The image if this node has it (pulled or imported, and unpacked).
     pub fn present(&self, reference: &str) -> Option<Image> {
         let key = normalize(reference).ok()?;
-        let resolved: Resolved =
-            serde_json::from_slice(&std::fs::read(self.ref_path(&key)).ok()?).ok()?;
-        self.image(&resolved)
+        let path = self.ref_path(&key);
+        let resolved: Resolved = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+        let image = self.image(&resolved)?;
+        // Used now: garbage collection takes the least recently used first.
+        gc::touch(&path);
+        Some(image)
     }
 
     fn image(&self, resolved: &Resolved) -> Option<Image> {
@@ -329,11 +338,17 @@ impl ImageService {
             (None, Some(error)) => return Err(Error::Registry(registry_message(&error))),
             (None, None) => return Err(Error::Registry("no login to try".into())),
         };
+        // Blobs come in three at a time, as containerd fetches them.
         let mut descriptors: Vec<&OciDescriptor> = vec![&manifest.config];
         descriptors.extend(manifest.layers.iter());
-        for descriptor in descriptors {
-            self.fetch_blob(&client, &reference, descriptor).await?;
-        }
+        let fetches: Vec<_> = descriptors
+            .into_iter()
+            .map(|descriptor| self.fetch_blob(&client, &reference, descriptor))
+            .collect();
+        futures_util::stream::iter(fetches)
+            .buffer_unordered(PARALLEL_FETCHES)
+            .try_collect::<Vec<()>>()
+            .await?;
         let resolved = Resolved {
             repo_digest: format!(
                 "{}/{}@{manifest_digest}",

@@ -7,6 +7,7 @@ refused with nothing outside the root touched. Pods run for real in a node
 namespace the test makes."""
 
 import gzip
+import hashlib
 import io
 import json
 import pathlib
@@ -150,3 +151,36 @@ def test_unused_images_are_garbage_collected(tmp_path):
         remaining = next(unpacked.iterdir())
         assert not (remaining / "rootfs" / "marker").exists(), "the image in use is kept"
         assert node.kubectl("-n", NS, "exec", "kept", "--", "true") == ""
+
+
+def test_indexes_docker_manifests_and_digests(node):
+    """An OCI image index (linux/amd64 picked out of several platforms), a
+    Docker schema 2 manifest, and `image@sha256:` references all run."""
+    layer = registry.busybox_layer()
+    config = {"Env": ["PATH=/bin"], "Cmd": ["sleep", "100000"]}
+    amd64, size = node.registry.push_image("multi", "amd64-only", [layer], config)
+    # The other platform's manifest has a layer that is no layer: picking it would fail.
+    garbage = node.registry.push_blob("multi", b"not a layer")
+    config_blob = json.dumps({"architecture": "arm64", "os": "linux", "config": config,
+                              "rootfs": {"type": "layers", "diff_ids": [garbage]}}).encode()
+    arm64_manifest = json.dumps({"schemaVersion": 2, "mediaType": registry.MANIFEST_TYPE,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": node.registry.push_blob("multi", config_blob), "size": len(config_blob)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": garbage, "size": 11}]}).encode()
+    node.registry._request("PUT", "/v2/multi/manifests/arm64-only", data=arm64_manifest,
+                           headers={"Content-Type": registry.MANIFEST_TYPE}).read()
+    arm64 = "sha256:" + hashlib.sha256(arm64_manifest).hexdigest()
+    node.registry.push_index("multi", "1", [(arm64, len(arm64_manifest), "linux", "arm64"), (amd64, size, "linux", "amd64")])
+    docker_digest, _ = node.registry.push_image("dockerish", "1", [layer], config, docker=True)
+    images = {
+        "from-index": f"{node.registry.host}/multi:1",
+        "docker-v2": f"{node.registry.host}/dockerish:1",
+        "by-digest": f"{node.registry.host}/dockerish@{docker_digest}",
+    }
+    for name, image in images.items():
+        node.core.create_namespaced_pod(NS, pod_manifest(name, image))
+    ids = {name: node.wait_running(name).status.container_statuses[0].image_id for name in images}
+    assert ids["from-index"].startswith(f"{node.registry.host}/multi@sha256:"), ids
+    assert ids["docker-v2"] == ids["by-digest"] == f"{node.registry.host}/dockerish@{docker_digest}", ids
+    for name in images:
+        node.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)

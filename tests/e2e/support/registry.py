@@ -21,6 +21,8 @@ import urllib.request
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 
 
 def free_port():
@@ -110,13 +112,16 @@ class Registry:
         urllib.request.urlopen(request, timeout=30).read()
         return digest
 
-    def push_image(self, repository, tag, layers, config):
-        """Pushes gzip layers and a config document; returns the manifest digest."""
+    def push_image(self, repository, tag, layers, config, docker=False):
+        """Pushes gzip layers and a config document as an OCI manifest (or
+        Docker's schema 2 with `docker`); returns the manifest digest."""
+        layer_type = ("application/vnd.docker.image.rootfs.diff.tar.gzip" if docker
+                      else "application/vnd.oci.image.layer.v1.tar+gzip")
         layer_descriptors = []
         diff_ids = []
         for layer in layers:
             digest = self.push_blob(repository, layer)
-            layer_descriptors.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest, "size": len(layer)})
+            layer_descriptors.append({"mediaType": layer_type, "digest": digest, "size": len(layer)})
             diff_ids.append("sha256:" + hashlib.sha256(gzip.decompress(layer)).hexdigest())
         document = {
             "architecture": "amd64",
@@ -126,14 +131,29 @@ class Registry:
         }
         config_blob = json.dumps(document).encode()
         config_digest = self.push_blob(repository, config_blob)
+        manifest_type = DOCKER_MANIFEST_TYPE if docker else MANIFEST_TYPE
+        config_type = ("application/vnd.docker.container.image.v1+json" if docker
+                       else "application/vnd.oci.image.config.v1+json")
         manifest = json.dumps({
             "schemaVersion": 2,
-            "mediaType": MANIFEST_TYPE,
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": len(config_blob)},
+            "mediaType": manifest_type,
+            "config": {"mediaType": config_type, "digest": config_digest, "size": len(config_blob)},
             "layers": layer_descriptors,
         }).encode()
-        self._request("PUT", f"/v2/{repository}/manifests/{tag}", data=manifest, headers={"Content-Type": MANIFEST_TYPE}).read()
-        return "sha256:" + hashlib.sha256(manifest).hexdigest()
+        self._request("PUT", f"/v2/{repository}/manifests/{tag}", data=manifest, headers={"Content-Type": manifest_type}).read()
+        return "sha256:" + hashlib.sha256(manifest).hexdigest(), len(manifest)
+
+    def push_index(self, repository, tag, manifests):
+        """Pushes an OCI image index of (manifest digest, size, os, arch)."""
+        index = json.dumps({
+            "schemaVersion": 2,
+            "mediaType": INDEX_TYPE,
+            "manifests": [{"mediaType": MANIFEST_TYPE, "digest": digest, "size": size,
+                           "platform": {"os": os_name, "architecture": arch}}
+                          for digest, size, os_name, arch in manifests],
+        }).encode()
+        self._request("PUT", f"/v2/{repository}/manifests/{tag}", data=index, headers={"Content-Type": INDEX_TYPE}).read()
+        return "sha256:" + hashlib.sha256(index).hexdigest()
 
 
 def _add(archive, name, data=b"", mode=0o644, kind=tarfile.REGTYPE, target=None):
@@ -169,7 +189,8 @@ def busybox_layer(files=None):
     return gzip.compress(raw.getvalue(), compresslevel=1, mtime=0)
 
 
-def push_busybox(registry, repository="busybox", tag="1.36", entrypoint=None, cmd=None, env=None, files=None, workdir=""):
+def push_busybox(registry, repository="busybox", tag="1.36", entrypoint=None, cmd=None, env=None, files=None, workdir="",
+                 docker=False):
     config = {
         "Env": env or ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         "Cmd": cmd if cmd is not None else ["sh"],
@@ -177,4 +198,4 @@ def push_busybox(registry, repository="busybox", tag="1.36", entrypoint=None, cm
     }
     if entrypoint is not None:
         config["Entrypoint"] = entrypoint
-    return registry.push_image(repository, tag, [busybox_layer(files)], config)
+    return registry.push_image(repository, tag, [busybox_layer(files)], config, docker=docker)[0]

@@ -224,7 +224,7 @@ mod tests {
             ..GcPolicy::default()
         };
         let removed = service.collect_garbage(&always, &HashSet::from([used.clone()]));
-        assert_eq!(removed, [old.clone()]);
+        assert_eq!(removed, vec![old]);
         assert!(!service.ref_path("old").exists());
         assert!(!service
             .unpacked(&format!("sha256:{:064x}", 2))

@@ -678,6 +678,48 @@ def test_a_stateful_set_goes_one_pod_per_node_by_anti_affinity(bed):
         wait_for(lambda: not bed.core.list_namespaced_pod(NS, label_selector="app=db").items, "the db pods gone", timeout=60)
 
 
+def test_joined_nodes_read_only_what_their_pods_name(bed):
+    """Configuration and storage on a joined node (issue 28), through its
+    own credential: a pod on node-2 gets its Secret as a variable, its
+    ConfigMap as files and a local-path claim provisioned on node-2; the
+    node may read those objects and no others (the Node authorizer's
+    rule), and node-3 may not read them at all."""
+    core = bed.core
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "site"}, "data": {"greeting": "hello"}})
+    core.create_namespaced_secret(NS, {"metadata": {"name": "login"}, "stringData": {"password": "s3cret"}})
+    core.create_namespaced_secret(NS, {"metadata": {"name": "unrelated"}, "stringData": {"x": "y"}})
+    core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": "notes"}, "spec": {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Mi"}}}})
+    script = "echo \"$PASSWORD\" > /data/pw; cat /site/greeting > /data/greeting; exec sleep 100000"
+    core.create_namespaced_pod(NS, {"metadata": {"name": "configured", "labels": {"app": "configured"}}, "spec": {
+        "terminationGracePeriodSeconds": 1, "nodeSelector": {"kubernetes.io/hostname": NAMES[2]},
+        "containers": [{"name": "app", "image": bed.image, "command": ["sh", "-c", script],
+                        "env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "login", "key": "password"}}}],
+                        "volumeMounts": [{"name": "site", "mountPath": "/site"}, {"name": "data", "mountPath": "/data"}]}],
+        "volumes": [{"name": "site", "configMap": {"name": "site"}},
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "notes"}}]}})
+    try:
+        wait_for(lambda: bed.running("app=configured", 1), "the pod running on node-2", timeout=120)
+        out = bed.kubectl("-n", NS, "exec", "configured", "--", "cat", "/data/pw", "/data/greeting").stdout
+        assert out == "s3cret\nhello", out
+        claim = core.read_namespaced_persistent_volume_claim("notes", NS)
+        volume = core.read_persistent_volume(claim.spec.volume_name)
+        assert volume.spec.host_path.path.startswith(str(bed.agent_dir(2).resolve() / "storage")), volume.spec.host_path.path
+        node2, node3 = bed.tmp / "n2" / "node.kubeconfig", bed.tmp / "n3" / "node.kubeconfig"
+        assert bed.kubectl("-n", NS, "get", "secret", "login", kubeconfig=node2).returncode == 0
+        for config, name in [(node2, "unrelated"), (node3, "login")]:
+            result = bed.kubectl("-n", NS, "get", "secret", name, kubeconfig=config, check=False)
+            assert "no relationship found between node" in result.stderr, result.stderr
+        assert bed.kubectl("-n", NS, "get", "secrets", kubeconfig=node2, check=False).returncode != 0
+    finally:
+        core.delete_namespaced_pod("configured", NS, grace_period_seconds=0)
+        wait_for(lambda: not bed.pods("app=configured"), "the pod gone", timeout=60)
+        core.delete_namespaced_persistent_volume_claim("notes", NS)
+        for name in ["login", "unrelated"]:
+            core.delete_namespaced_secret(name, NS)
+        core.delete_namespaced_config_map("site", NS)
+
+
 def test_vxlan_overlay_across_subnets(tmp_path):
     """Nodes on three subnets (no shared link, host-gw cannot route): with
     `--pod-network vxlan` the same client-to-Service test passes, through

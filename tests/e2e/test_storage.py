@@ -144,3 +144,28 @@ def test_stateful_set_claims_get_volumes(node):
     assert read_claim(node, "store-db-0").status.phase == "Bound"
     for ordinal in range(2):
         node.core.delete_namespaced_persistent_volume_claim(f"store-db-{ordinal}", NS)
+
+
+def test_stateful_set_claims_go_as_the_retention_policy_says(node):
+    """`persistentVolumeClaimRetentionPolicy` Delete/Delete: a scale-down
+    takes the removed pod's claim, deleting the set takes the rest."""
+    apps = kubernetes.client.AppsV1Api(node.portal.api_client())
+    apps.create_namespaced_stateful_set(NS, {"metadata": {"name": "cache"}, "spec": {
+        "serviceName": "cache", "replicas": 2, "selector": {"matchLabels": {"app": "cache"}},
+        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Delete"},
+        "template": {"metadata": {"labels": {"app": "cache"}}, "spec": {"terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "c", "image": node.busybox, "command": ["sleep", "100000"],
+             "volumeMounts": [{"name": "slab", "mountPath": "/slab"}]}]}},
+        "volumeClaimTemplates": [{"metadata": {"name": "slab"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Mi"}}}}]}})
+    for ordinal in range(2):
+        wait_for(lambda: node.core.list_namespaced_pod(NS, field_selector=f"metadata.name=cache-{ordinal}").items,
+                 f"pod cache-{ordinal} to be made", timeout=120)
+        node.wait_running(f"cache-{ordinal}", timeout=120)
+    owners = read_claim(node, "slab-cache-0").metadata.owner_references
+    assert [(o.kind, o.name) for o in owners] == [("StatefulSet", "cache")]
+    apps.patch_namespaced_stateful_set_scale("cache", NS, {"spec": {"replicas": 1}})
+    wait_for(lambda: gone(lambda: read_claim(node, "slab-cache-1")), "the scaled-down pod's claim to go", timeout=90)
+    assert read_claim(node, "slab-cache-0").status.phase == "Bound"
+    apps.delete_namespaced_stateful_set("cache", NS)
+    wait_for(lambda: gone(lambda: read_claim(node, "slab-cache-0")), "the set's claims to go with it", timeout=90)

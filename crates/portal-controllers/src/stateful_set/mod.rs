@@ -414,7 +414,10 @@ impl Sync<'_> {
                 }
                 // Failed and succeeded pods are deleted without an event
                 // of their own, as since Kubernetes 1.31.
-                Step::Delete { name, .. } => {
+                Step::Delete { name, why } => {
+                    if *why == plan::Why::Condemned {
+                        self.hand_claims_to(name).await?;
+                    }
                     match api.delete(name, &DeleteParams::default()).await {
                         Ok(_) => {
                             let message = format!(
@@ -446,8 +449,14 @@ impl Sync<'_> {
     async fn ensure_claims(&self, ordinal: i32, pod: &str, report: bool) -> Result<(), Error> {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        // `whenDeleted: Delete`: the set owns its claims (not as their
+        // controller), so the garbage collector takes them with it.
+        let owned_by_set = self.retention().0 == "Delete";
         for (template, name) in identity::claims(self.set, ordinal) {
-            let claim = identity::claim(self.set, &template, &name);
+            let mut claim = identity::claim(self.set, &template, &name);
+            if owned_by_set {
+                claim.metadata.owner_references = Some(vec![self.claim_owner()]);
+            }
             match api.create(&PostParams::default(), &claim).await {
                 Ok(_) => {
                     let message = format!(
@@ -457,25 +466,91 @@ impl Sync<'_> {
                     self.event("Normal", "SuccessfulCreate", &message).await;
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {
+                Err(e) => {
                     if report {
                         let message = format!(
-                            "create Claim {name} for Pod {pod} in StatefulSet {} failed error: \
-                             persistentvolumeclaims are not served by this cluster yet",
+                            "create Claim {name} for Pod {pod} in StatefulSet {} failed error: {e}",
                             self.name
                         );
                         self.event("Warning", "FailedCreate", &message).await;
                     }
-                }
-                Err(e) => {
-                    let message = format!(
-                        "create Claim {name} for Pod {pod} in StatefulSet {} failed error: {e}",
-                        self.name
-                    );
-                    self.event("Warning", "FailedCreate", &message).await;
                     return Err(e.into());
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The claim retention policy: (whenDeleted, whenScaled).
+    fn retention(&self) -> (String, String) {
+        let policy = self
+            .set
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_claim_retention_policy.as_ref());
+        let of = |value: Option<&String>| value.cloned().unwrap_or_else(|| "Retain".into());
+        (
+            of(policy.and_then(|p| p.when_deleted.as_ref())),
+            of(policy.and_then(|p| p.when_scaled.as_ref())),
+        )
+    }
+
+    /// The set as a claim's owner (not its controller).
+    fn claim_owner(&self) -> OwnerReference {
+        OwnerReference {
+            controller: None,
+            ..self.owner()
+        }
+    }
+
+    /// `whenScaled: Delete`: a pod removed by a scale-down takes its claims
+    /// with it (it becomes their owner, in the set's place, before it is
+    /// deleted).
+    async fn hand_claims_to(&self, pod_name: &str) -> Result<(), Error> {
+        if self.retention().1 != "Delete" {
+            return Ok(());
+        }
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        let Some(pod) = pods.get_opt(pod_name).await? else {
+            return Ok(());
+        };
+        let Some(ordinal) = identity::parent_and_ordinal(pod_name)
+            .filter(|(parent, _)| *parent == self.name)
+            .map(|(_, ordinal)| ordinal)
+        else {
+            return Ok(());
+        };
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: pod_name.to_owned(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            controller: None,
+            block_owner_deletion: Some(true),
+        };
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        for (_, name) in identity::claims(self.set, ordinal) {
+            let Some(claim) = claims.get_opt(&name).await? else {
+                continue;
+            };
+            // The pod replaces the set as owner (upstream's
+            // `updateClaimOwnerRefForSetAndPod`): the claim goes with it.
+            let mut owners = claim.metadata.owner_references.clone().unwrap_or_default();
+            if owners.iter().any(|o| o.uid == owner.uid) {
+                continue;
+            }
+            owners.retain(|o| o.uid != self.uid);
+            owners.push(owner.clone());
+            let patch = serde_json::json!({"metadata": {"ownerReferences": owners,
+                "resourceVersion": claim.metadata.resource_version}});
+            claims
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await?;
         }
         Ok(())
     }

@@ -375,33 +375,39 @@ impl<R: Runtime> Worker<R> {
                     self.kill(pod, name, &id, ("Normal", "Killing"), &message)
                         .await;
                     self.ctx.prober.forget(&id);
+                    // Made again at once, so no status shows the pod ended
+                    // in between (with `restartPolicy: Never` it would
+                    // stay ended); should the start fail, the next sync
+                    // still makes it.
                     self.redefined.insert(name.to_owned());
-                    return Step::Waiting;
-                }
-                self.ctx.prober.ensure(pod, container, &id, place.pod_ip);
-                if let Some(kind) = self.ctx.prober.verdict(container, &id).failed {
-                    // Restarted as its restart policy says, like any end.
-                    let what = if kind == crate::probe_results::Kind::Startup {
-                        "startup"
-                    } else {
-                        "liveness"
-                    };
-                    let message =
-                        format!("Container {name} failed {what} probe, will be restarted");
-                    self.kill(pod, name, &id, ("Normal", "Killing"), &message)
-                        .await;
-                    self.ctx.prober.forget(&id);
-                    return Step::Waiting;
-                }
-                let ran = started
-                    .started_at
-                    .parse::<jiff::Timestamp>()
-                    .ok()
-                    .and_then(|t| (jiff::Timestamp::now() - t).try_into().ok());
-                if ran.is_some_and(|d: std::time::Duration| d >= crate::backoff::RESET_AFTER) {
                     self.backoff.reset(name);
+                    latest.map_or(0, |c| c.meta.attempt + 1)
+                } else {
+                    self.ctx.prober.ensure(pod, container, &id, place.pod_ip);
+                    if let Some(kind) = self.ctx.prober.verdict(container, &id).failed {
+                        // Restarted as its restart policy says, like any end.
+                        let what = if kind == crate::probe_results::Kind::Startup {
+                            "startup"
+                        } else {
+                            "liveness"
+                        };
+                        let message =
+                            format!("Container {name} failed {what} probe, will be restarted");
+                        self.kill(pod, name, &id, ("Normal", "Killing"), &message)
+                            .await;
+                        self.ctx.prober.forget(&id);
+                        return Step::Waiting;
+                    }
+                    let ran = started
+                        .started_at
+                        .parse::<jiff::Timestamp>()
+                        .ok()
+                        .and_then(|t| (jiff::Timestamp::now() - t).try_into().ok());
+                    if ran.is_some_and(|d: std::time::Duration| d >= crate::backoff::RESET_AFTER) {
+                        self.backoff.reset(name);
+                    }
+                    return Step::Running;
                 }
-                return Step::Running;
             }
             Some(State::Exited { exit, .. }) => {
                 if let Some(ended) = latest {
@@ -439,6 +445,7 @@ impl<R: Runtime> Worker<R> {
             Ok((pulling, id)) => {
                 self.pulling += pulling;
                 self.waiting.remove(name);
+                self.redefined.remove(name);
                 if self.post_start(pod, container, &id, place.pod_ip).await {
                     Step::Running
                 } else {

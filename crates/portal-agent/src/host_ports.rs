@@ -112,38 +112,9 @@ impl HostPorts {
             by_pod.insert(uid.to_owned(), mappings);
         }
         let all: Vec<Mapping> = by_pod.values().flatten().cloned().collect();
-        if let Err(error) = apply(&rules(&all)).await {
+        if let Err(error) = crate::routes::apply_nft(&rules(&all)).await {
             tracing::warn!(%error, "programming host ports");
         }
-    }
-}
-
-async fn apply(rules: &str) -> Result<(), String> {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("nft: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(rules.as_bytes())
-            .await
-            .map_err(|e| format!("nft: {e}"))?;
-    }
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|e| format!("nft: {e}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "nft: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
     }
 }
 

@@ -354,6 +354,11 @@ pub fn egress_rules(ranges: &[Ipv4Cidr]) -> String {
 
 /// Replaces the egress table in one nft transaction.
 async fn masquerade(ranges: &[Ipv4Cidr]) -> Result<(), String> {
+    apply_nft(&egress_rules(ranges)).await
+}
+
+/// Runs `nft -f -` with `rules`: one transaction, all or nothing.
+pub(crate) async fn apply_nft(rules: &str) -> Result<(), String> {
     use tokio::io::AsyncWriteExt;
     let mut child = Command::new("nft")
         .args(["-f", "-"])
@@ -364,7 +369,7 @@ async fn masquerade(ranges: &[Ipv4Cidr]) -> Result<(), String> {
         .map_err(|e| format!("nft: {e}"))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
-            .write_all(egress_rules(ranges).as_bytes())
+            .write_all(rules.as_bytes())
             .await
             .map_err(|e| format!("nft: {e}"))?;
     }

@@ -29,6 +29,7 @@ ROOTS = [
     "io.k8s.api.core.v1.Node",
     "io.k8s.api.core.v1.ConfigMap",
     "io.k8s.api.core.v1.Secret",
+    "io.k8s.api.core.v1.ServiceAccount",
     "io.k8s.api.core.v1.PersistentVolume",
     "io.k8s.api.core.v1.PersistentVolumeClaim",
     "io.k8s.api.storage.v1.StorageClass",
@@ -44,6 +45,19 @@ ROOTS = [
     "io.k8s.api.batch.v1.CronJob",
     "io.k8s.api.policy.v1.PodDisruptionBudget",
     "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler",
+    "io.k8s.api.rbac.v1.Role",
+    "io.k8s.api.rbac.v1.ClusterRole",
+    "io.k8s.api.rbac.v1.RoleBinding",
+    "io.k8s.api.rbac.v1.ClusterRoleBinding",
+    "io.k8s.api.certificates.v1.CertificateSigningRequest",
+    # Request bodies that are not stored.
+    "io.k8s.api.authentication.v1.TokenRequest",
+    "io.k8s.api.authentication.v1.TokenReview",
+    "io.k8s.api.authentication.v1.SelfSubjectReview",
+    "io.k8s.api.authorization.v1.SubjectAccessReview",
+    "io.k8s.api.authorization.v1.SelfSubjectAccessReview",
+    "io.k8s.api.authorization.v1.LocalSubjectAccessReview",
+    "io.k8s.api.authorization.v1.SelfSubjectRulesReview",
 ]
 # Messages with a JSON form of their own, decoded by hand in `protobuf/mod.rs`.
 SPECIAL = {

@@ -262,12 +262,24 @@ def test_malformed_bodies_are_400(portal, body):
     assert status["kind"] == "Status"
 
 
-def test_unauthenticated_requests_are_refused(portal):
+def test_requests_without_credentials_are_anonymous_and_wrong_ones_refused(portal):
+    # No credential: system:anonymous, allowed only what RBAC grants it
+    # (the bootstrap policy: /healthz, /version; not discovery, not objects).
     code, body = raw(portal, "GET", "/api/v1/namespaces/default/services", token=False)
-    assert code == 401 and body["reason"] == "Unauthorized"
+    assert code == 403 and body["reason"] == "Forbidden", body
+    assert body["message"] == (
+        'services is forbidden: User "system:anonymous" cannot list resource "services" '
+        'in API group "" in the namespace "default"'
+    )
+    code, version = raw(portal, "GET", "/version", token=False)
+    assert code == 200 and version["major"] == "1"
+    code, body = raw(portal, "GET", "/apis", token=False)
+    assert code == 403 and 'cannot get path "/apis"' in body["message"]
+    # A credential that is wrong is 401, never anonymous.
     configuration = client.Configuration()
     configuration.host = portal.server
     configuration.verify_ssl = False
+    configuration.api_key = {"authorization": "Bearer not-a-token"}
     with pytest.raises(ApiException) as exc:
         client.CoreV1Api(client.ApiClient(configuration)).list_namespaced_service("default")
     assert exc.value.status == 401

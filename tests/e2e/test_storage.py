@@ -114,7 +114,8 @@ def test_static_volumes_bind_by_class_and_size_and_retain(node, tmp_path):
     core.create_namespaced_persistent_volume_claim(NS, claim("manual", "1Gi", storageClassName="manual"))
     bound = wait_for(lambda: (c := read_claim(node, "manual")).status.phase == "Bound" and c, "the claim to bind")
     assert bound.spec.volume_name == "static-big", "the smallest volume that fits"
-    assert core.read_persistent_volume("static-big").status.phase == "Bound"
+    # The claim's phase and the volume's are two writes: wait for the second.
+    wait_for(lambda: core.read_persistent_volume("static-big").status.phase == "Bound", "the volume Bound")
     core.delete_namespaced_persistent_volume_claim("manual", NS)
     wait_for(lambda: core.read_persistent_volume("static-big").status.phase == "Released", "Released, and kept")
     assert core.read_persistent_volume("static-small").status.phase == "Available"

@@ -40,6 +40,7 @@ pub mod shim;
 pub mod sources;
 pub mod status;
 pub mod storage;
+pub mod tokens;
 pub mod volumes;
 pub mod vxlan;
 mod wake;
@@ -277,6 +278,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         pods_dir: data.join("pods"),
         logs_dir: data.join("logs"),
         host_ports: host_ports::HostPorts::default(),
+        tokens: tokens::Tokens::default(),
     });
     let tasks = portal_client::Supervisor::new();
     tasks.critical(

@@ -1,4 +1,4 @@
-//! The ConfigMaps and Secrets a pod refers to (its environment's
+//! The ConfigMaps, Secrets, claims and service-account tokens a pod refers to (its environment's
 //! `configMapKeyRef`/`secretKeyRef`/`envFrom`, its volumes, its
 //! `imagePullSecrets`), read from the
 //! API once per sync of the pod: environment variables and volume files are
@@ -23,6 +23,9 @@ pub struct Objects {
     /// The claims its volumes name, and the volumes bound to them.
     pub claims: ByName<PersistentVolumeClaim>,
     pub volumes: ByName<PersistentVolume>,
+    /// The service-account tokens its projected volumes ask for, by the
+    /// projection's path: the token, or why there is none.
+    pub tokens: BTreeMap<String, Result<String, String>>,
 }
 
 /// Why the objects could not be read (the API did not answer as it
@@ -65,7 +68,11 @@ impl Objects {
 
     /// Reads what `pod` refers to. Without an API server (a static pod on
     /// a standalone node) nothing can be read: every reference is missing.
-    pub async fn read(client: Option<&Client>, pod: &Pod) -> Result<Objects, ReadError> {
+    pub async fn read(
+        client: Option<&Client>,
+        pod: &Pod,
+        tokens: &crate::tokens::Tokens,
+    ) -> Result<Objects, ReadError> {
         let (config_maps, secrets) = references(pod);
         let mut objects = Objects::default();
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -132,6 +139,17 @@ impl Objects {
                 objects.volumes.insert(volume, found);
             }
             objects.claims.insert(name, claim);
+        }
+        let projections = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| v.projected.as_ref())
+            .flat_map(|p| p.sources.iter().flatten())
+            .filter_map(|source| source.service_account_token.as_ref());
+        for projection in projections {
+            let token = tokens.get(client, pod, projection).await;
+            objects.tokens.insert(projection.path.clone(), token);
         }
         Ok(objects)
     }

@@ -47,6 +47,7 @@ fn validate_name(rule: NameRule, value: &str) -> Vec<String> {
         NameRule::Subdomain => name::dns1123_subdomain(value),
         NameRule::Label1123 => name::dns1123_label(value),
         NameRule::Label1035 => name::dns1035_label(value),
+        NameRule::PathSegment => name::path_segment(value),
     }
 }
 

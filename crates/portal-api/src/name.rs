@@ -112,6 +112,23 @@ pub fn label_value(value: &str) -> Vec<String> {
     errs
 }
 
+/// Upstream's `IsValidPathSegmentName`: a name that is one path segment
+/// (RBAC names such as `system:node:n1` may hold colons).
+pub fn path_segment(value: &str) -> Vec<String> {
+    match value {
+        "." => return vec!["may not be '.'".into()],
+        ".." => return vec!["may not be '..'".into()],
+        _ => {}
+    }
+    let mut problems = Vec::new();
+    for bad in ["/", "%"] {
+        if value.contains(bad) {
+            problems.push(format!("may not contain '{bad}'"));
+        }
+    }
+    problems
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

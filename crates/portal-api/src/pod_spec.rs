@@ -192,6 +192,8 @@ fn validate_volume_source(volume: &Value, at: &str, causes: &mut Vec<Cause>) {
                 };
                 if matches!(what.as_str(), "configMap" | "secret" | "downwardAPI") {
                     files(inner, &format!("{at}.{what}"), causes);
+                } else if what == "serviceAccountToken" {
+                    token_projection(inner, &format!("{at}.{what}"), causes);
                 } else {
                     causes.push(Cause::forbidden(
                         &format!("{at}.{what}"),
@@ -201,6 +203,31 @@ fn validate_volume_source(volume: &Value, at: &str, causes: &mut Vec<Cause>) {
             }
         }
         _ => {}
+    }
+}
+
+/// Upstream's `validateProjectionSources` for a token: a path, and a life
+/// of ten minutes to 2^32 seconds.
+fn token_projection(source: &Value, at: &str, causes: &mut Vec<Cause>) {
+    if source["path"].as_str().unwrap_or("").is_empty() {
+        causes.push(Cause::required(&format!("{at}.path"), ""));
+    } else {
+        file_path(&source["path"], &format!("{at}.path"), causes);
+    }
+    if let Some(seconds) = source["expirationSeconds"].as_i64() {
+        if seconds < 600 {
+            causes.push(Cause::invalid(
+                &format!("{at}.expirationSeconds"),
+                seconds,
+                "may not specify a duration less than 10 minutes",
+            ));
+        } else if seconds > 1 << 32 {
+            causes.push(Cause::invalid(
+                &format!("{at}.expirationSeconds"),
+                seconds,
+                "may not specify a duration larger than 2^32 seconds",
+            ));
+        }
     }
 }
 
@@ -689,7 +716,7 @@ mod tests {
         s["volumes"] = json!([
             {"name": "nfs", "nfs": {"server": "s", "path": "/"}},
             {"name": "cfg", "configMap": {"name": "", "defaultMode": 512, "items": [{"key": "k", "path": "..a"}]}},
-            {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
+            {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t", "expirationSeconds": 60}}]}},
         ]);
         assert_eq!(
             messages(&s),
@@ -698,7 +725,7 @@ mod tests {
                 "spec.volumes[1].configMap.name: Required value",
                 "spec.volumes[1].configMap.defaultMode: Invalid value: 512: must be a number between 0 and 0777 (octal), both inclusive",
                 "spec.volumes[1].configMap.items[0].path: Invalid value: \"..a\": must not start with '..'",
-                "spec.volumes[2].projected.sources[0].serviceAccountToken: Forbidden: serviceAccountToken projections are not supported by this cluster's nodes",
+                "spec.volumes[2].projected.sources[0].serviceAccountToken.expirationSeconds: Invalid value: 60: may not specify a duration less than 10 minutes",
                 "spec.containers[0].volumeMounts[0].subPath: Invalid value: \"../x\": must not contain '..'",
             ]
         );

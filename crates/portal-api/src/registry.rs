@@ -34,12 +34,18 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::node::RESOURCE,
     &kinds::config_map::RESOURCE,
     &kinds::secret::RESOURCE,
+    &kinds::service_account::RESOURCE,
     &kinds::persistent_volume::RESOURCE,
     &kinds::persistent_volume_claim::RESOURCE,
     &kinds::storage_class::RESOURCE,
     &kinds::event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,
     &kinds::lease::RESOURCE,
+    &kinds::role::RESOURCE,
+    &kinds::cluster_role::RESOURCE,
+    &kinds::role_binding::RESOURCE,
+    &kinds::cluster_role_binding::RESOURCE,
+    &kinds::certificate_signing_request::RESOURCE,
 ];
 
 /// Why a kind could not be found or added.
@@ -183,10 +189,10 @@ mod tests {
     #[test]
     fn lookups_that_miss_are_errors() {
         let registry = Registry::built_in();
-        let missing = Kind::new("certificates.k8s.io", "CertificateSigningRequest");
+        let missing = Kind::new("networking.k8s.io", "Ingress");
         assert_eq!(registry.of(missing), Err(RegistryError::NotServed(missing)));
         assert!(registry
-            .find("certificates.k8s.io", "v1", "certificatesigningrequests")
+            .find("networking.k8s.io", "v1", "ingresses")
             .is_none());
         assert!(registry.find("", "v1", "endpointslices").is_none());
     }

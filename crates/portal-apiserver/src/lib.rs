@@ -13,6 +13,8 @@
 //!
 //! This file wires them: the store, the cache, the listener and its drain.
 
+mod admission;
+pub mod audit;
 mod duties;
 mod handlers;
 mod loopback;
@@ -26,7 +28,9 @@ use handlers::routes;
 use loopback::Loopback;
 use registry::write::namespace;
 use registry::{allocator, cache};
-use security::{auth, identity};
+use security::identity;
+pub use security::tokens::DEFAULT_ISSUER;
+pub use security::user::read_token_file;
 pub use security::{join, pki};
 use server::http::from_connection;
 
@@ -96,6 +100,35 @@ pub struct Config {
     /// Which resources are encrypted at rest, and how
     /// (`--encryption-provider-config`).
     pub encryption: Option<security::encryption::Encryption>,
+    /// Who may sign in and how.
+    pub authentication: Authentication,
+    /// The audit log (`--audit-policy-file`, `--audit-log-path`).
+    pub audit: Option<audit::AuditConfig>,
+}
+
+/// How users sign in beyond the admin token and certificates.
+#[derive(Clone, Debug)]
+pub struct Authentication {
+    /// `--token-auth-file`: static bearer tokens.
+    pub static_tokens: std::collections::HashMap<String, security::user::TokenUser>,
+    /// `--anonymous-auth`: requests without credentials are served as
+    /// `system:anonymous` (allowed only what RBAC grants it).
+    pub anonymous: bool,
+    /// `--service-account-issuer`.
+    pub issuer: String,
+    /// `--api-audiences` (none: the issuer).
+    pub audiences: Vec<String>,
+}
+
+impl Default for Authentication {
+    fn default() -> Self {
+        Authentication {
+            static_tokens: Default::default(),
+            anonymous: true,
+            issuer: security::tokens::DEFAULT_ISSUER.to_owned(),
+            audiences: Vec::new(),
+        }
+    }
 }
 
 /// Where the API server keeps objects.
@@ -140,8 +173,9 @@ impl Default for ConnectionLimits {
 /// How often the allocation repair pass runs.
 const REPAIR_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Work done once per cluster: mending allocations (load-balancer
-/// addresses are the controllers' work, through the API).
+/// Work done once per cluster: mending allocations and signing approved
+/// certificate requests (load-balancer addresses are the controllers'
+/// work, through the API).
 #[derive(Clone)]
 struct ClusterDuties {
     state: Arc<ApiState>,
@@ -149,13 +183,16 @@ struct ClusterDuties {
 
 impl ClusterDuties {
     async fn run(self) {
-        allocator::repair::run(
-            self.state.store.clone(),
-            self.state.allocators.clone(),
-            REPAIR_PERIOD,
-            Mend::Yes,
-        )
-        .await;
+        tokio::join!(
+            allocator::repair::run(
+                self.state.store.clone(),
+                self.state.allocators.clone(),
+                REPAIR_PERIOD,
+                Mend::Yes,
+            ),
+            duties::certificate_signer::run(self.state.clone()),
+            duties::legacy_tokens::run(self.state.clone()),
+        );
     }
 }
 
@@ -165,7 +202,14 @@ pub(crate) struct ApiState {
     pub(crate) cache: Arc<cache::WatchCache>,
     pub(crate) allocators: Arc<allocator::Allocators>,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) token: String,
+    /// Who requests are made as.
+    pub(crate) authn: security::user::Authenticator,
+    /// What users other than superusers and nodes may do.
+    pub(crate) rbac: security::rbac::Rbac,
+    /// The audit log, when asked for.
+    pub(crate) auditor: Option<Arc<audit::Auditor>>,
+    /// What writes are admitted by beyond their kind's strategy.
+    pub(crate) admission: Arc<dyn registry::write::Admission>,
     pub(crate) address: SocketAddr,
     /// TLS to node agents (`connect`), with this server's client certificate.
     pub(crate) agents: Arc<rustls::ClientConfig>,
@@ -342,17 +386,57 @@ impl ApiServer {
             pinning: tokio::sync::Mutex::new(()),
         });
         let (stop, stopping) = tokio::sync::watch::channel(false);
+        let jwks_host = match advertise {
+            Some(ip) if ip.is_ipv6() => format!("[{ip}]"),
+            Some(ip) => ip.to_string(),
+            None => address.ip().to_string(),
+        };
+        let signer = security::tokens::Signer::load_or_create(
+            &config.data_dir,
+            &config.authentication.issuer,
+            &config.authentication.audiences,
+            format!("https://{jwks_host}:{}/openid/v1/jwks", address.port()),
+        )?;
+        let authn = security::user::Authenticator {
+            admin_token: credentials.token.clone(),
+            static_tokens: config
+                .authentication
+                .static_tokens
+                .iter()
+                .map(|(token, user)| (token.clone(), user.clone().into()))
+                .collect(),
+            signer,
+            anonymous: config.authentication.anonymous,
+        };
+        let auditor = match &config.audit {
+            Some(audit) => Some(Arc::new(audit::Auditor::open(audit).map_err(|source| {
+                pki::Error::Io {
+                    path: audit.path.clone(),
+                    source,
+                }
+            })?)),
+            None => None,
+        };
         let state = Arc::new(ApiState {
+            rbac: security::rbac::Rbac::new(cache.clone()),
+            auditor,
+            admission: Arc::new(admission::Admitter),
             store,
             cache,
             allocators,
             metrics: metrics.clone(),
-            token: credentials.token.clone(),
+            authn,
             address,
             agents: agents.tls,
             joining: joining.clone(),
             stopping: stopping.clone(),
         });
+        // The roles and bindings every cluster has, before anyone asks.
+        security::rbac::bootstrap::reconcile(&state)
+            .await
+            .map_err(|status| {
+                Error::Write(format!("the RBAC bootstrap policy: {}", status.message))
+            })?;
         // The server's own objects, through the registry like any write.
         kubernetes_service::ensure(&state, address.port())
             .await
@@ -432,7 +516,11 @@ impl ApiServer {
         let mut duties_election = None;
         if shared {
             // Work one server of the cluster does, the elected one.
-            let client = Loopback::client(weak_state.clone(), "portal-apiserver");
+            let client = Loopback::client(
+                weak_state.clone(),
+                "portal-apiserver",
+                security::user::User::loopback(),
+            );
             let election = portal_client::leader::Election::new("kube-system", "portal-apiserver");
             duties_election = Some((client.clone(), election.clone()));
             tasks.restarting("cluster duties election", move || {
@@ -456,11 +544,31 @@ impl ApiServer {
         })
     }
 
+    /// The cluster CA, as PEM: what clients verify this server with.
+    pub fn ca_pem(&self) -> &str {
+        &self.joining.ca_pem
+    }
+
     /// A client of this server for components in its own process: requests
     /// are answered in memory, as the admin, and record `user_agent` (up to
     /// its first `/`) as the field manager of their writes.
     pub fn loopback_client(&self, user_agent: &str) -> kube::Client {
-        Loopback::client(self.state.clone(), user_agent)
+        Loopback::client(
+            self.state.clone(),
+            user_agent,
+            security::user::User::loopback(),
+        )
+    }
+
+    /// As [`ApiServer::loopback_client`], but as the user `user` (in no
+    /// group but `system:authenticated`): a component with a
+    /// least-privilege identity that RBAC grants what it needs.
+    pub fn loopback_client_as(&self, user_agent: &str, user: &str) -> kube::Client {
+        Loopback::client(
+            self.state.clone(),
+            user_agent,
+            security::user::User::new(user, &[]),
+        )
     }
 
     /// Writes `path`, a kubeconfig with a fresh node certificate for
@@ -573,14 +681,17 @@ async fn serve(
                 .1
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .and_then(|cert| auth::user_of_certificate(cert, &state.joining))
+                .and_then(|cert| security::user::user_of_certificate(cert, &state.joining))
                 .map(Arc::new);
             let service = hyper::service::service_fn(move |request| {
                 let state = state.clone();
                 let user = user.clone();
                 async move {
+                    let mut request = from_connection(request);
+                    // The client's address, for the audit log.
+                    request.extensions_mut().insert(peer);
                     Ok::<_, std::convert::Infallible>(
-                        routes::handle(state, from_connection(request), user.as_deref()).await,
+                        routes::handle(state, request, user.as_deref()).await,
                     )
                 }
             });

@@ -3,7 +3,8 @@
 //! go straight to the request handler in memory — no socket, no TLS, no
 //! kubeconfig file read back — and go through everything else a request
 //! goes through (authorization, admission, the registry, metrics), as the
-//! `system:apiserver` user of Kubernetes' loopback client (an admin).
+//! `system:apiserver` user of Kubernetes' loopback client (in
+//! `system:masters`).
 //!
 //! It holds the server weakly: once the server has stopped, requests fail
 //! with a clear error instead of keeping its state alive.
@@ -18,7 +19,7 @@ use http::{header, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
 use crate::handlers::routes;
-use crate::security::auth::User;
+use crate::security::user::User;
 use crate::server::http::{status_response, Body, BodyError, RequestBody};
 use crate::ApiState;
 
@@ -30,13 +31,23 @@ pub(crate) struct Loopback {
     /// component's writes (Kubernetes' controllers send
     /// `kube-controller-manager/…`).
     user_agent: HeaderValue,
+    /// Who the component is (a superuser unless given a least-privilege
+    /// identity of its own).
+    user: User,
 }
 
 impl Loopback {
-    pub(crate) fn client(state: Weak<ApiState>, user_agent: &str) -> kube::Client {
+    pub(crate) fn client(state: Weak<ApiState>, user_agent: &str, user: User) -> kube::Client {
         let user_agent = HeaderValue::from_str(user_agent)
             .unwrap_or_else(|_| HeaderValue::from_static("portal"));
-        kube::Client::new(Loopback { state, user_agent }, "default")
+        kube::Client::new(
+            Loopback {
+                state,
+                user_agent,
+                user,
+            },
+            "default",
+        )
     }
 }
 
@@ -52,6 +63,7 @@ impl tower::Service<Request<kube::client::Body>> for Loopback {
     fn call(&mut self, request: Request<kube::client::Body>) -> Self::Future {
         let state = self.state.upgrade();
         let user_agent = self.user_agent.clone();
+        let user = self.user.clone();
         Box::pin(async move {
             let Some(state) = state else {
                 let stopped = portal_api::Status::service_unavailable("the API server has stopped");
@@ -64,7 +76,7 @@ impl tower::Service<Request<kube::client::Body>> for Loopback {
                 .or_insert(user_agent);
             let body: RequestBody = body.map_err(BodyError::new).boxed_unsync();
             let request = Request::from_parts(parts, body);
-            Ok(routes::handle(state, request, Some(&User::Admin)).await)
+            Ok(routes::handle(state, request, Some(&user)).await)
         })
     }
 }

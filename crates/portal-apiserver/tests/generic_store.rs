@@ -30,6 +30,8 @@ async fn server() -> Server {
         datastore: Default::default(),
         token: None,
         encryption: None,
+        authentication: Default::default(),
+        audit: None,
     };
     let mut api = ApiServer::start(config)
         .await

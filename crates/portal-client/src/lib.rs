@@ -50,3 +50,37 @@ pub async fn client_from_kubeconfig(path: &Path, component: &str) -> Result<Clie
     }
     Ok(Client::try_from(config)?)
 }
+
+/// The CA a kubeconfig's current cluster is verified with, as PEM (the
+/// controllers publish it for pods): its `certificate-authority-data` or
+/// the file `certificate-authority` names.
+pub fn kubeconfig_ca(path: &Path) -> Result<String, String> {
+    use base64::Engine as _;
+    let at = |message: String| format!("kubeconfig {}: {message}", path.display());
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| at(e.to_string()))?;
+    let context_name = kubeconfig.current_context.clone().unwrap_or_default();
+    let cluster_name = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone())
+        .or_else(|| kubeconfig.clusters.first().map(|c| c.name.clone()))
+        .ok_or_else(|| at("no cluster".into()))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster_name)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or_else(|| at(format!("no cluster {cluster_name:?}")))?;
+    if let Some(data) = &cluster.certificate_authority_data {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| at(format!("certificate-authority-data: {e}")))?;
+        return String::from_utf8(bytes).map_err(|e| at(e.to_string()));
+    }
+    if let Some(file) = &cluster.certificate_authority {
+        return std::fs::read_to_string(file).map_err(|e| at(format!("{file}: {e}")));
+    }
+    Err(at("the cluster names no certificate authority".into()))
+}

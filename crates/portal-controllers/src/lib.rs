@@ -24,9 +24,11 @@ pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod placement;
 pub mod pods;
+pub mod rbac_aggregation;
 pub mod replication;
 pub mod requests;
 pub mod scheduler;
+pub mod service_accounts;
 pub mod stateful_set;
 pub mod volumes;
 
@@ -226,6 +228,8 @@ impl Retries {
 /// What the controllers are told.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The cluster CA, published in every namespace for pods.
+    pub root_ca_pem: String,
     pub ipam: node_ipam::Config,
     pub lifecycle: node_lifecycle::Config,
     pub load_balancer: load_balancer::Config,
@@ -285,6 +289,8 @@ pub async fn run(client: Client, config: Config) {
         volumes,
         load_balancer::run(client.clone(), config.load_balancer),
         garbage_collector::run(client.clone()),
+        service_accounts::run(client.clone(), config.root_ca_pem),
+        rbac_aggregation::run(client.clone()),
         namespace::run(client)
     );
 }

@@ -45,6 +45,35 @@ pub(crate) struct ApiArgs {
     /// `aescbc`, `secretbox`, `identity`).
     #[arg(long)]
     encryption_provider_config: Option<PathBuf>,
+    /// Static bearer tokens: a CSV file of `token,user,uid[,"group1,group2"]`
+    /// lines, as Kubernetes' `--token-auth-file`.
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+    /// Serve requests without credentials as `system:anonymous` (allowed
+    /// only what RBAC grants: `/healthz`, `/version`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    anonymous_auth: bool,
+    /// The `iss` of service-account tokens.
+    #[arg(long, default_value = portal_apiserver::DEFAULT_ISSUER)]
+    service_account_issuer: String,
+    /// Who tokens are for unless a request names others (default: the issuer).
+    #[arg(long, value_delimiter = ',')]
+    api_audiences: Vec<String>,
+    /// Records requests as its audit `Policy` (`audit.k8s.io/v1`) says.
+    #[arg(long, requires = "audit_log_path")]
+    audit_policy_file: Option<PathBuf>,
+    /// Where the audit log goes (`-`: standard output).
+    #[arg(long)]
+    audit_log_path: Option<PathBuf>,
+    /// Megabytes before the audit log is rotated (0: never).
+    #[arg(long, default_value_t = 0)]
+    audit_log_maxsize: u64,
+    /// Rotated audit logs kept (0: all).
+    #[arg(long, default_value_t = 0)]
+    audit_log_maxbackup: usize,
+    /// Days a rotated audit log is kept (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    audit_log_maxage: u64,
 }
 
 /// Where objects are kept.
@@ -176,6 +205,28 @@ impl ApiArgs {
                     portal_apiserver::encryption::Encryption::load(path).map_err(Error::Usage)?,
                 ),
                 None => None,
+            },
+            authentication: portal_apiserver::Authentication {
+                static_tokens: match &self.token_auth_file {
+                    Some(path) => portal_apiserver::read_token_file(path).map_err(Error::Usage)?,
+                    None => Default::default(),
+                },
+                anonymous: self.anonymous_auth,
+                issuer: self.service_account_issuer.clone(),
+                audiences: self.api_audiences.clone(),
+            },
+            audit: match (&self.audit_policy_file, &self.audit_log_path) {
+                (Some(policy), Some(path)) => Some(portal_apiserver::audit::AuditConfig {
+                    policy: portal_apiserver::audit::policy::Policy::load(policy)
+                        .map_err(Error::Usage)?,
+                    path: path.clone(),
+                    rotation: portal_apiserver::audit::Rotation {
+                        max_megabytes: self.audit_log_maxsize,
+                        max_backups: self.audit_log_maxbackup,
+                        max_age_days: self.audit_log_maxage,
+                    },
+                }),
+                _ => None,
             },
         })
     }

@@ -219,8 +219,10 @@ struct ControllerOptions {
 }
 
 impl ControllerOptions {
-    fn config(&self) -> Result<portal_controllers::Config, Error> {
+    /// `root_ca_pem`: the CA pods verify the API server with.
+    fn config(&self, root_ca_pem: String) -> Result<portal_controllers::Config, Error> {
         Ok(portal_controllers::Config {
+            root_ca_pem,
             ipam: self.ipam.config()?,
             lifecycle: self.lifecycle.config(),
             load_balancer: portal_controllers::load_balancer::Config {
@@ -348,7 +350,6 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         None => None,
     };
     let reachable_node_ip = node_ip.filter(|ip| !ip.is_loopback());
-    let controllers = args.controllers.config()?;
     let data_dir = args.api.data_dir.clone();
     let agent_data = data_dir.join("agent");
     let client_ca = data_dir.join("pki").join("kubelet-client-ca.crt");
@@ -361,6 +362,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     let config = args.api.config(node_ip)?;
     let mut api = portal_apiserver::ApiServer::start(config).await?;
     api.write_node_kubeconfig(&node_name, &node_kubeconfig)?;
+    let controllers = args.controllers.config(api.ca_pem().to_owned())?;
     tracing::info!(
         "other nodes join with: portal node --server https://<this node's address>:{} --token-file {}",
         api.address.port(),
@@ -395,7 +397,9 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         .or(default_dns)
         .filter(|_| !disabled.contains(&Component::Dns))
     {
-        let client = api.loopback_client("portal-dns");
+        // The DNS reads Services and slices and publishes its own
+        // Endpoints: RBAC's `system:portal-dns` grants that, no more.
+        let client = api.loopback_client_as("portal-dns", "system:portal-dns");
         match portal_dns::start(client.clone(), args.dns.config(bind)).await {
             Ok(dns) => {
                 let tasks = dns.tasks.clone();
@@ -548,7 +552,9 @@ pub(crate) async fn wait_for_signal(what_stays: &str) -> Result<(), Error> {
 }
 
 async fn controllers(args: ControllersArgs) -> Result<(), Error> {
-    let config = args.controllers.config()?;
+    let config = args
+        .controllers
+        .config(portal_client::kubeconfig_ca(&args.kubeconfig).map_err(Error::Usage)?)?;
     let election = args.leader.election()?;
     let client =
         portal_client::client_from_kubeconfig(&args.kubeconfig, "portal-controllers").await?;

@@ -22,6 +22,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CACHE = ROOT / ".cache" / "images"
 NGINX = CACHE / "debian-nginx-v2"
+PYTHON = CACHE / "debian-python-kubernetes-v1"
 TAG = "nginx"
 # Reproducible trees: files both runs share are the same bytes and times,
 # so the nginx layer holds only what the install changed.
@@ -35,26 +36,40 @@ def run(*args, **kwargs):
 
 def nginx_layout():
     """The OCI layout of the image (tag `nginx`), built once."""
+    return cached(NGINX, lambda out: build(out, ["nginx-light"], site_layer(), [
+        "--config.cmd", "nginx", "--config.cmd", "-g", "--config.cmd", "daemon off;",
+        "--config.exposedports", "80/tcp"]))
+
+
+def python_layout():
+    """A Debian image with Python and its Kubernetes client (`python3-kubernetes`),
+    as an in-cluster client's image is made (tag `nginx` too: one tag per layout)."""
+    return cached(PYTHON, lambda out: build(out, ["python3-kubernetes"], None, ["--config.cmd", "python3"]))
+
+
+def cached(layout, make):
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (NGINX / "index.json").exists():
-            build(NGINX)
-    return NGINX
+        if not (layout / "index.json").exists():
+            make(layout)
+    return layout
 
 
-def build(out):
+def build(out, packages, top_layer, config):
+    """A minbase layer, a layer with `packages` installed, then `top_layer`
+    (tar bytes) if any."""
     with tempfile.TemporaryDirectory(prefix="portal-debian-", dir=CACHE) as tmp:
         tmp = pathlib.Path(tmp)
         env = {**os.environ, "SOURCE_DATE_EPOCH": EPOCH}
         run("mmdebstrap", "--variant=minbase", "--quiet", "bookworm", str(tmp / "base.tar"), MIRROR, env=env)
-        run("mmdebstrap", "--variant=minbase", "--quiet", "--include=nginx-light", "bookworm", str(tmp / "nginx.tar"),
-            MIRROR, env=env)
+        run("mmdebstrap", "--variant=minbase", "--quiet", "--include=" + ",".join(packages), "bookworm",
+            str(tmp / "packages.tar"), MIRROR, env=env)
         layout = tmp / "oci"
         image = f"{layout}:{TAG}"
         run("umoci", "init", "--layout", str(layout))
         run("umoci", "new", "--image", image)
-        for tree in ["base.tar", "nginx.tar"]:
+        for tree in ["base.tar", "packages.tar"]:
             bundle = tmp / "bundle"
             run("umoci", "unpack", "--image", image, str(bundle))
             rootfs = bundle / "rootfs"
@@ -63,10 +78,10 @@ def build(out):
             run("tar", "-C", str(rootfs), "-xf", str(tmp / tree))
             run("umoci", "repack", "--image", image, str(bundle))
             shutil.rmtree(bundle)
-        (tmp / "site.tar").write_bytes(site_layer())
-        run("umoci", "raw", "add-layer", "--image", image, str(tmp / "site.tar"))
-        run("umoci", "config", "--image", image, "--config.cmd", "nginx", "--config.cmd", "-g",
-            "--config.cmd", "daemon off;", "--config.exposedports", "80/tcp",
+        if top_layer is not None:
+            (tmp / "top.tar").write_bytes(top_layer)
+            run("umoci", "raw", "add-layer", "--image", image, str(tmp / "top.tar"))
+        run("umoci", "config", "--image", image, *config,
             "--config.env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "--architecture", "amd64", "--os", "linux")
         run("umoci", "gc", "--layout", str(layout))

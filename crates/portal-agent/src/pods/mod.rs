@@ -104,6 +104,8 @@ pub(crate) struct Context<R: Runtime> {
     pub logs_dir: PathBuf,
     /// The running pods' host ports, programmed in the node's nftables.
     pub host_ports: crate::host_ports::HostPorts,
+    /// Service-account tokens kept for the pods' projected volumes.
+    pub tokens: crate::tokens::Tokens,
 }
 
 impl<R: Runtime> std::fmt::Debug for Context<R> {
@@ -231,6 +233,7 @@ impl<R: Runtime> Context<R> {
     }
 
     pub(crate) fn remove_pod_files(&self, uid: &str, pod: Option<&Pod>) {
+        self.tokens.retain(|kept| kept != uid);
         crate::volumes::tear_down(&self.pod_dir(uid));
         let _ = std::fs::remove_dir_all(self.pod_dir(uid));
         if let Some(pod) = pod {

@@ -95,6 +95,7 @@ impl Bed {
             pods_dir: dir.path().join("pods"),
             logs_dir: dir.path().join("logs"),
             host_ports: crate::host_ports::HostPorts::default(),
+            tokens: crate::tokens::Tokens::default(),
         });
         let (updates, received) = mpsc::channel(8);
         tokio::spawn(super::merge_static(ctx.clone(), received));

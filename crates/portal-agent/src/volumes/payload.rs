@@ -76,6 +76,18 @@ pub fn of(volume: &Volume, pod: &Pod, objects: &Objects) -> Option<Result<Payloa
                 )
             } else if let Some(downward) = &source.downward_api {
                 downward_files(&mut payload, pod, downward.items.as_deref(), mode)
+            } else if let Some(token) = &source.service_account_token {
+                let text = match objects.tokens.get(&token.path) {
+                    Some(Ok(text)) => text.clone(),
+                    Some(Err(why)) => return Err(why.clone()),
+                    None => return Err("no service account token was asked for".into()),
+                };
+                let file = File {
+                    contents: text.into_bytes(),
+                    mode: u32::try_from(mode & 0o777).unwrap_or(0o644),
+                };
+                payload.insert(PathBuf::from(&token.path), file);
+                Ok(())
             } else {
                 // Refused at admission; a pod stored before that rule
                 // gets this.

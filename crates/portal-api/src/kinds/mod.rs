@@ -8,6 +8,9 @@
 //! Adding a kind: a module here with its `KIND` and `RESOURCE`, and its
 //! line in [`crate::registry`]'s built-in list. Nothing else names it.
 
+pub mod certificate_signing_request;
+pub mod cluster_role;
+pub mod cluster_role_binding;
 pub mod config_map;
 pub mod controller_revision;
 pub mod cron_job;
@@ -27,8 +30,11 @@ pub mod pod;
 pub mod pod_disruption_budget;
 pub mod replica_set;
 pub mod replication_controller;
+pub mod role;
+pub mod role_binding;
 pub mod secret;
 pub mod service;
+pub mod service_account;
 pub mod stateful_set;
 pub mod storage_class;
 

@@ -46,6 +46,8 @@ pub(crate) struct Field {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Type {
     String,
+    /// `bytes`: base64 in JSON (a CSR's `request`).
+    Bytes,
     Bool,
     Int32,
     Int64,
@@ -60,6 +62,23 @@ pub(crate) enum Type {
 
 /// Decodes a protobuf body as an object of `resource`.
 pub fn decode(resource: &Resource, body: &[u8]) -> Result<Value, DecodeError> {
+    decode_message(
+        &resource.openapi_name(),
+        resource.kind_name,
+        &resource.api_version(),
+        body,
+    )
+}
+
+/// Decodes a protobuf body as the message `openapi_name` (of `kind` at
+/// `api_version`): also the bodies of what is not stored (a TokenRequest,
+/// the reviews).
+pub fn decode_message(
+    openapi_name: &str,
+    kind_name: &str,
+    api_version: &str,
+    body: &[u8],
+) -> Result<Value, DecodeError> {
     let envelope = body.strip_prefix(MAGIC).ok_or_else(|| {
         DecodeError::Malformed("protobuf body does not start with the k8s magic".into())
     })?;
@@ -76,24 +95,21 @@ pub fn decode(resource: &Resource, body: &[u8]) -> Result<Value, DecodeError> {
     }
     let type_meta = unknown.type_meta.unwrap_or_default();
     let kind = type_meta.kind.unwrap_or_default();
-    if !kind.is_empty() && kind != resource.kind_name {
+    if !kind.is_empty() && kind != kind_name {
         return Err(DecodeError::WrongKind(format!(
-            "the kind in the data ({kind}) does not match the expected kind ({})",
-            resource.kind_name
+            "the kind in the data ({kind}) does not match the expected kind ({kind_name})"
         )));
     }
-    let name = resource.openapi_name();
-    let Some(&(_, index)) = schema::KINDS.iter().find(|(n, _)| *n == name) else {
+    let Some(&(_, index)) = schema::KINDS.iter().find(|(n, _)| *n == openapi_name) else {
         return Err(DecodeError::Unsupported(format!(
-            "protobuf bodies for {} are not supported; send JSON",
-            resource.kind_name
+            "protobuf bodies for {kind_name} are not supported; send JSON"
         )));
     };
     let raw = unknown.raw.unwrap_or_default();
     let mut object = message(&raw, index, 0)
-        .map_err(|e| DecodeError::Malformed(format!("protobuf {}: {e}", resource.kind_name)))?;
-    object["apiVersion"] = json!(resource.api_version());
-    object["kind"] = json!(resource.kind_name);
+        .map_err(|e| DecodeError::Malformed(format!("protobuf {kind_name}: {e}")))?;
+    object["apiVersion"] = json!(api_version);
+    object["kind"] = json!(kind_name);
     Ok(object)
 }
 
@@ -216,6 +232,7 @@ fn field_value(field: &Field, wire: Wire<'_>, depth: usize) -> Result<Value, Str
     let mismatch = || format!("field {} has the wrong wire type", field.tag);
     Ok(match (field.ty, wire) {
         (Type::String, Wire::Bytes(b)) => Value::String(text(b)?),
+        (Type::Bytes, Wire::Bytes(b)) => Value::String(BASE64.encode(b)),
         (Type::Bool, Wire::Varint(v)) => Value::Bool(v != 0),
         // Two's complement on the wire, as Go writes negative int32s.
         (Type::Int32, Wire::Varint(v)) => json!(v as i64 as i32),
@@ -475,6 +492,7 @@ fn encode_single(
 ) -> Result<(), String> {
     match (field.ty, value) {
         (Type::String, Value::String(text)) => put_bytes(out, field.tag, text.as_bytes()),
+        (Type::Bytes, Value::String(text)) => put_bytes(out, field.tag, &unbase64(field, text)?),
         (Type::Bool, Value::Bool(b)) => put_int(out, field.tag, i64::from(*b)),
         (Type::Int32 | Type::Int64, Value::Number(n)) => {
             let n = n

@@ -41,6 +41,9 @@ pub enum NameRule {
     Label1123,
     /// RFC 1035 label (Service).
     Label1035,
+    /// Anything that can be one path segment (RBAC roles and bindings:
+    /// `system:node`).
+    PathSegment,
 }
 
 /// How a list field merges in a strategic merge patch (`patchStrategy` and
@@ -185,9 +188,11 @@ impl Resource {
     /// The kind's schema name in OpenAPI and protobuf:
     /// `io.k8s.api.core.v1.Service`, `io.k8s.api.discovery.v1.EndpointSlice`.
     pub fn openapi_name(&self) -> String {
+        // The Go package: the group's first label (`rbac` of
+        // `rbac.authorization.k8s.io`).
         let group = match self.group {
             "" => "core",
-            group => group.trim_end_matches(".k8s.io"),
+            group => group.split('.').next().unwrap_or(group),
         };
         format!("io.k8s.api.{group}.{}.{}", self.version, self.kind_name)
     }

@@ -2,6 +2,8 @@
 //! and `/version`, derived from the resource table.
 
 use portal_api::resources;
+
+use crate::handlers::review::REVIEWS;
 use serde_json::{json, Value};
 
 const VERBS: [&str; 8] = [
@@ -28,11 +30,15 @@ pub(crate) fn core_versions(server_address: &str) -> Value {
 /// the order their first kind was registered.
 fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
     let mut groups: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
-    for r in resources().filter(|r| !r.group.is_empty()) {
-        match groups.iter_mut().find(|(g, _)| *g == r.group) {
-            Some((_, versions)) if !versions.contains(&r.version) => versions.push(r.version),
+    let served = resources()
+        .filter(|r| !r.group.is_empty())
+        .map(|r| (r.group, r.version))
+        .chain(REVIEWS.iter().map(|(group, ..)| (*group, "v1")));
+    for (group, version) in served {
+        match groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, versions)) if !versions.contains(&version) => versions.push(version),
             Some(_) => {}
-            None => groups.push((r.group, vec![r.version])),
+            None => groups.push((group, vec![version])),
         }
     }
     groups
@@ -105,6 +111,17 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
             resources.push(entry);
         }
     }
+    if version == "v1" {
+        for (_, plural, kind, namespaced) in REVIEWS.iter().filter(|(g, ..)| *g == group) {
+            resources.push(json!({
+                "name": plural,
+                "singularName": plural.trim_end_matches('s'),
+                "namespaced": namespaced,
+                "kind": kind,
+                "verbs": ["create"],
+            }));
+        }
+    }
     if resources.is_empty() {
         return None;
     }
@@ -150,15 +167,18 @@ mod tests {
         assert!(resource_list("discovery.k8s.io", "v1").is_some());
         assert!(resource_list("apps", "v1").is_some());
         assert!(
-            resource_list("rbac.authorization.k8s.io", "v1").is_none(),
+            resource_list("networking.k8s.io", "v1").is_none(),
             "a group not served"
         );
+        let reviews = resource_list("authorization.k8s.io", "v1").unwrap();
+        assert_eq!(reviews["resources"][0]["verbs"], json!(["create"]));
         assert_eq!(group_list()["groups"][0]["name"], "apps");
         let autoscaling = group("autoscaling").unwrap();
         assert_eq!(
             autoscaling["preferredVersion"]["groupVersion"],
             "autoscaling/v2"
         );
-        assert!(group("rbac.authorization.k8s.io").is_none());
+        assert!(group("rbac.authorization.k8s.io").is_some());
+        assert!(group("networking.k8s.io").is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! The REST handlers: routing a request to the handler of its verb and
 //! resource (`routes`), reads and watches served from the watch cache,
-//! discovery and OpenAPI, the subresources (binding, eviction, scale), and
+//! discovery and OpenAPI, the subresources (binding, eviction, scale,
+//! token), the review APIs (who am I, may I), and
 //! the streams and proxies that reach nodes and pods. Writes go through
 //! the registry.
 
@@ -11,6 +12,8 @@ pub(crate) mod eviction;
 pub(crate) mod openapi;
 pub(crate) mod proxy;
 pub(crate) mod read;
+pub(crate) mod review;
 pub(crate) mod routes;
 pub(crate) mod scale;
+pub(crate) mod token;
 pub(crate) mod watch;

@@ -8,6 +8,7 @@ use http::{header, Method, Request, Response, StatusCode};
 use portal_api::patch::PatchType;
 use portal_api::{kinds, path, Resource, Status};
 
+use crate::audit::{self, policy::Level};
 use crate::handlers::binding;
 use crate::handlers::connect;
 use crate::handlers::discovery;
@@ -15,13 +16,16 @@ use crate::handlers::eviction;
 use crate::handlers::openapi;
 use crate::handlers::proxy;
 use crate::handlers::read;
+use crate::handlers::review;
 use crate::handlers::scale;
+use crate::handlers::token;
 use crate::handlers::watch;
 use crate::registry::write;
 use crate::registry::write::Part;
 use crate::security::auth;
-use crate::security::auth::User;
 use crate::security::join;
+use crate::security::node;
+use crate::security::user::{self, User};
 use crate::server::http::{
     json_response, read_body, status_response, text_response, Body, Output, Query, RequestBody,
 };
@@ -38,6 +42,7 @@ pub(crate) async fn handle(
     use tracing::Instrument;
     let started = Instant::now();
     let mut labels = ("", String::new());
+    let mut record: Option<audit::Record> = None;
     // Verb and resource are recorded once the path is understood.
     let span = tracing::debug_span!(
         "request",
@@ -49,12 +54,21 @@ pub(crate) async fn handle(
         name = tracing::field::Empty,
         code = tracing::field::Empty,
     );
-    let response = match route(&state, request, peer, &mut labels)
+    let response = match route(&state, request, peer, &mut labels, &mut record)
         .instrument(span.clone())
         .await
     {
         Ok(response) => response,
-        Err(status) => status_response(&status),
+        Err(status) => {
+            if let Some(record) = record.as_mut() {
+                record.responded(status.code, Some(&status));
+            }
+            status_response(&status)
+        }
+    };
+    let response = match record {
+        Some(record) => audit::complete(record, response).await,
+        None => response,
     };
     let (verb, resource) = labels;
     span.record("verb", verb);
@@ -110,6 +124,7 @@ async fn route(
     request: Request<RequestBody>,
     peer: Option<&User>,
     labels: &mut (&'static str, String),
+    record: &mut Option<audit::Record>,
 ) -> Result<Response<Body>, Status> {
     let uri_path = request.uri().path().to_owned();
     if PUBLIC.contains(&uri_path.as_str()) {
@@ -138,14 +153,67 @@ async fn route(
         }
         _ => {}
     }
-    let user =
-        auth::authenticate(state, request.headers(), peer).ok_or_else(Status::unauthorized)?;
+    let mut user = user::authenticate(state, request.headers(), peer)?;
+    let mut impersonator = None;
+    if let Some(asked) = user::impersonation(request.headers())? {
+        let acting = auth::authorize_impersonation(state, &user, &asked)?;
+        impersonator = Some(std::mem::replace(&mut user, acting));
+    }
+    let mut request = request;
+    if let Some(auditor) = &state.auditor {
+        *record = audit::Record::begin(auditor, &request, &user, impersonator.as_ref());
+        // The object sent is recorded from the body, read here once.
+        let writes = matches!(
+            *request.method(),
+            Method::POST | Method::PUT | Method::PATCH
+        );
+        if let Some(record) = record
+            .as_mut()
+            .filter(|r| r.level >= Level::Request && writes)
+        {
+            let content_type = content_type(&request);
+            let (parts, body) = request.into_parts();
+            let bytes = read_body(body).await?;
+            record.request_object(&bytes, &content_type);
+            request = Request::from_parts(parts, crate::server::http::request_body(bytes));
+        }
+    }
+    user::REQUESTER
+        .scope(user.clone(), serve(state, request, user, uri_path, labels))
+        .await
+}
+
+/// Serves an authenticated request as `user`.
+async fn serve(
+    state: &ApiState,
+    request: Request<RequestBody>,
+    user: User,
+    uri_path: String,
+    labels: &mut (&'static str, String),
+) -> Result<Response<Body>, Status> {
     let method = request.method().clone();
     if method == Method::GET {
         labels.0 = "GET";
         let parts: Vec<&str> = uri_path.trim_matches('/').split('/').collect();
+        // Discovery, OpenAPI, metrics and the issuer's documents are
+        // paths, authorized as such (`nonResourceURLs`).
+        let non_resource = matches!(
+            parts.as_slice(),
+            ["metrics" | "version" | "api" | "apis"]
+                | ["api" | "apis", _]
+                | ["apis", _, _]
+                | ["openapi", ..]
+                | [".well-known", "openid-configuration"]
+                | ["openid", "v1", "jwks"]
+        );
+        if non_resource {
+            auth::authorize_path(state, &user, "get", &uri_path)?;
+        }
         match parts.as_slice() {
-            ["metrics"] if !user.is_admin() => return Err(auth::forbidden_path(&user, &uri_path)),
+            [".well-known", "openid-configuration"] => {
+                return Ok(json_value(&state.authn.signer.discovery()))
+            }
+            ["openid", "v1", "jwks"] => return Ok(json_value(&state.authn.signer.jwks())),
             ["metrics"] => return Ok(text_response(StatusCode::OK, state.metrics.encode())),
             ["version"] => return Ok(json_value(&discovery::version())),
             ["api"] => {
@@ -187,12 +255,36 @@ async fn route(
         }
     }
     if let Some(target) = proxy::parse(&uri_path) {
-        if !user.is_admin() {
-            return Err(auth::forbidden_path(&user, &uri_path));
-        }
+        let resource = match target.1 {
+            "pods" => &kinds::pod::RESOURCE,
+            _ => &kinds::service::RESOURCE,
+        };
+        let asked = auth::Attributes {
+            verb: proxy_verb(&method),
+            resource,
+            subresource: Some("proxy"),
+            namespace: Some(&target.0),
+            name: Some(&target.2),
+        };
+        // No node rule is conditional on a proxy: allowed is allowed.
+        let _allowed = auth::authorize(state, &user, &asked)?;
         labels.0 = "PROXY";
         labels.1 = format!("{}/proxy", target.1);
         return proxy::serve(state, target, request).await;
+    }
+    if let Some(review) = review::parse(&uri_path) {
+        labels.0 = "POST";
+        labels.1 = review.1.to_owned();
+        let content_type = content_type(&request);
+        return review::serve(
+            state,
+            &user,
+            &method,
+            review,
+            &content_type,
+            request.into_body(),
+        )
+        .await;
     }
     let api_path = path::parse(&uri_path).ok_or_else(Status::no_route)?;
     let span = tracing::Span::current();
@@ -228,26 +320,23 @@ async fn route(
         namespace: api_path.namespace.as_deref(),
         name: api_path.name.as_deref(),
     };
-    // Logs, exec, attach and port-forward are the admin's only.
-    let allowed = if connect::Connect::parse(asked.subresource.unwrap_or_default()).is_some() {
-        if user.is_admin() {
-            auth::Allowed::Yes
-        } else {
-            let verb = if method == Method::GET {
-                "get"
-            } else {
-                "create"
-            };
-            return Err(auth::forbidden(&user, &auth::Attributes { verb, ..asked }));
-        }
-    } else {
-        auth::authorize(&user, &asked)?
+    // Exec, attach and port-forward are `create` even over a websocket's
+    // GET (as Kubernetes requires since 1.30); logs are `get`.
+    let connecting = connect::Connect::parse(asked.subresource.unwrap_or_default())
+        .filter(|c| *c != connect::Connect::Log && resource.kind() == kinds::pod::KIND);
+    let asked = match connecting {
+        Some(_) => auth::Attributes {
+            verb: "create",
+            ..asked
+        },
+        None => asked,
     };
+    let allowed = auth::authorize(state, &user, &asked)?;
     if allowed == auth::Allowed::IfPodOnNode {
-        auth::check_stored_pod(state, &user, &asked).await?;
+        node::check_stored_pod(state, &user, &asked).await?;
     }
     if allowed == auth::Allowed::IfReferencedOnNode {
-        auth::check_referenced(state, &user, &asked)?;
+        node::check_referenced(state, &user, &asked)?;
     }
     if let (Some(connect), Some(name), Some(namespace)) = (
         api_path
@@ -275,21 +364,20 @@ async fn route(
         Some("finalize") if resource.kind() == kinds::namespace::KIND => {
             Target::Part(Part::Finalize)
         }
+        Some("approval") if resource.kind() == kinds::certificate_signing_request::KIND => {
+            Target::Part(Part::Approval)
+        }
         Some("scale") if scale::supports(&scope) => Target::Scale,
         Some("binding") if resource.kind() == kinds::pod::KIND => Target::Binding,
         Some("eviction") if resource.kind() == kinds::pod::KIND => Target::Eviction,
+        Some("token") if resource.kind() == kinds::service_account::KIND => Target::Token,
         Some(_) => return Err(Status::no_route()),
     };
     let output = Output::negotiate(request.headers(), &query)?;
     let name = api_path.name.as_deref();
     // A write to a namespaced resource names its namespace.
     let needs_namespace = resource.namespaced && scope.namespace.is_none();
-    let content_type = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let content_type = content_type(&request);
 
     match (&method, name, part) {
         (&Method::GET, Some(name), Target::Scale) => scale::get(state, &scope, name, &query).await,
@@ -313,6 +401,12 @@ async fn route(
             eviction::evict(state, &scope, name, &body, &query).await
         }
         (_, _, Target::Eviction) => Err(not_allowed(&method, &uri_path)),
+        (&Method::POST, Some(name), Target::Token) => {
+            let body = read_body(request.into_body()).await?;
+            let namespace = scope.namespace.unwrap_or_default();
+            token::create(state, namespace, name, &body, &content_type).await
+        }
+        (_, _, Target::Token) => Err(not_allowed(&method, &uri_path)),
         (&Method::GET, Some(name), _) => read::get(state, &scope, name, &query, output).await,
         (&Method::GET, None, _) if watching => watch::watch(state, &scope, &query, output).await,
         (&Method::GET, None, _) => read::list(state, &scope, &query, output).await,
@@ -320,14 +414,14 @@ async fn route(
             let body = read_body(request.into_body()).await?;
             let body = write::decode_body(resource, &body, &content_type, &query)?;
             if allowed == auth::Allowed::IfOwnObject {
-                auth::admit_create(&user, &asked, body.object())?;
+                node::admit_create(&user, &asked, body.object())?;
             }
             write::create(state, &scope, body, &query).await
         }
         (&Method::PUT, Some(name), Target::Part(part)) if !needs_namespace => {
             let body = read_body(request.into_body()).await?;
             if allowed == auth::Allowed::IfTaintsKept {
-                auth::check_taints_kept(state, &user, &asked, &body).await?;
+                node::check_taints_kept(state, &user, &asked, &body).await?;
             }
             let body = write::decode_body(resource, &body, &content_type, &query)?;
             write::update(state, &scope, name, part, body, &query).await
@@ -337,7 +431,7 @@ async fn route(
                 .ok_or_else(|| Status::unsupported_media_type(&content_type))?;
             let body = read_body(request.into_body()).await?;
             if allowed == auth::Allowed::IfTaintsKept {
-                auth::check_taints_kept(state, &user, &asked, &body).await?;
+                node::check_taints_kept(state, &user, &asked, &body).await?;
             }
             if patch_type == PatchType::Apply {
                 return write::apply(state, &scope, name, part, &body, &query).await;
@@ -360,6 +454,28 @@ async fn route(
     }
 }
 
+/// The request's `Content-Type` ("" when none).
+fn content_type<B>(request: &Request<B>) -> String {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// The verb of a proxy request (`get` for `GET`, …).
+fn proxy_verb(method: &Method) -> &'static str {
+    match *method {
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        _ => "get",
+    }
+}
+
 /// What a resource path's subresource addresses.
 #[derive(Clone, Copy, Debug)]
 enum Target {
@@ -367,6 +483,7 @@ enum Target {
     Scale,
     Binding,
     Eviction,
+    Token,
 }
 
 fn not_allowed(method: &Method, path: &str) -> Status {

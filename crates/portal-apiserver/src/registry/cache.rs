@@ -77,6 +77,9 @@ struct ResourceState {
     events: VecDeque<Arc<CacheEvent>>,
     /// The ring holds every event of this resource after this revision.
     floor: Revision,
+    /// The revision of its latest change (or of the last re-list): what
+    /// derived views (the RBAC index) compare to know they are current.
+    changed: Revision,
 }
 
 #[derive(Debug, Default)]
@@ -168,6 +171,7 @@ impl WatchCache {
                     r.kind(),
                     ResourceState {
                         floor: revision,
+                        changed: revision,
                         ..ResourceState::default()
                     },
                 )
@@ -233,6 +237,7 @@ impl WatchCache {
             };
             let key = &event.kv.key;
             let revision = event.revision();
+            resource.changed = revision;
             let prev = resource.objects.get(key).cloned();
             let object = match object {
                 Some(object) => {
@@ -363,6 +368,17 @@ impl WatchCache {
 
     pub(crate) fn revision(&self) -> Revision {
         self.state.read().revision
+    }
+
+    /// The latest revision at which an object of one of `kinds` changed.
+    pub(crate) fn changed(&self, kinds: &[Kind]) -> Revision {
+        let state = self.state.read();
+        kinds
+            .iter()
+            .filter_map(|kind| state.resources.get(kind))
+            .map(|r| r.changed)
+            .max()
+            .unwrap_or(0)
     }
 }
 

@@ -51,6 +51,9 @@ pub(crate) enum Part {
     Status,
     /// A Namespace's `finalize` subresource (only `spec.finalizers`).
     Finalize,
+    /// A CertificateSigningRequest's `approval` subresource (only
+    /// `status.conditions`).
+    Approval,
 }
 
 impl Part {
@@ -60,6 +63,7 @@ impl Part {
             Part::Main => None,
             Part::Status => Some("status"),
             Part::Finalize => Some("finalize"),
+            Part::Approval => Some("approval"),
         }
     }
 }
@@ -78,6 +82,19 @@ pub(crate) fn prepare_update(resource: &Resource, new: &mut Value, old: &Value, 
                 new.get_mut("spec")
                     .and_then(Value::as_object_mut)
                     .map(|spec| spec.remove("finalizers")),
+            ),
+        }
+        return;
+    }
+    if part == Part::Approval {
+        let conditions = new.pointer("/status/conditions").cloned();
+        *new = old.clone();
+        match conditions {
+            Some(conditions) => new["status"]["conditions"] = conditions,
+            None => drop(
+                new.get_mut("status")
+                    .and_then(Value::as_object_mut)
+                    .map(|status| status.remove("conditions")),
             ),
         }
         return;

@@ -1,680 +1,169 @@
-//! Who is asking, and whether they may.
-//!
-//! A request is made by the admin (the bearer token, or a client
-//! certificate of the cluster CA in group `system:masters`), by a node (a
-//! certificate for `system:node:NAME` in `system:nodes`, see [`crate::security::join`])
-//! or by another certificate user, who may do nothing: Portal serves no
-//! RBAC. A node gets, in small, what Kubernetes' Node authorizer and
-//! NodeRestriction admission give a kubelet and kube-proxy: it reads pods,
-//! Services, Endpoints, EndpointSlices and Nodes; it writes its own Node
-//! and Lease, the status of pods bound to it, its mirror pods and Events;
-//! nothing else (it cannot delete a Service, read a ReplicationController
-//! or exec into a pod).
+//! Whether the user a request is made as may make it. As Kubernetes'
+//! authorizer chain: superusers (`system:masters`) may do anything; a
+//! node's requests go to the node rules ([`crate::security::node`]) first;
+//! then RBAC ([`crate::security::rbac`]); what none allows is forbidden,
+//! in Kubernetes' words.
 
-use http::{header, HeaderMap};
-use portal_api::{kinds, Resource, Status};
-use rustls_pki_types::CertificateDer;
-use serde_json::Value;
+use portal_api::Status;
 
-use portal_api::join::{NODES_GROUP, NODE_USER_PREFIX};
-
-use crate::security::join::same_secret;
+pub(crate) use crate::security::attributes::{forbidden, forbidden_path, Allowed, Attributes};
+use crate::security::node;
+use crate::security::rbac::Request;
+use crate::security::user::{Impersonation, User};
 use crate::ApiState;
 
-/// The namespace of node Leases.
-const NODE_LEASES: &str = "kube-node-lease";
-/// The annotation that makes a pod a mirror pod.
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
-/// An authenticated user.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum User {
-    Admin,
-    /// A node, by its name.
-    Node(String),
-    /// Any other certificate user: authenticated, allowed nothing.
-    Other(String),
-}
-
-impl User {
-    fn name(&self) -> String {
-        match self {
-            User::Admin => "admin".to_owned(),
-            User::Node(node) => format!("{NODE_USER_PREFIX}{node}"),
-            User::Other(name) => name.clone(),
-        }
-    }
-
-    pub(crate) fn is_admin(&self) -> bool {
-        *self == User::Admin
-    }
-}
-
-/// The user a verified client certificate names (CN user, O groups). A
-/// node's certificate counts only while its key is the one the node
-/// joined with (`joining`): re-joined or revoked nodes' older ones do not.
-pub(crate) fn user_of_certificate(
-    der: &CertificateDer<'_>,
-    joining: &crate::security::join::Joining,
-) -> Option<User> {
-    let user = certificate_user(der)?;
-    if let User::Node(node) = &user {
-        let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
-        let key = &cert.public_key().subject_public_key.data;
-        if !joining.current(node, key) {
-            tracing::info!(%node, "a node certificate that is no longer current: refused");
-            return None;
-        }
-    }
-    Some(user)
-}
-
-fn certificate_user(der: &CertificateDer<'_>) -> Option<User> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
-    let subject = cert.subject();
-    let name = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-    let groups: Vec<&str> = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok())
-        .collect();
-    if groups.contains(&"system:masters") {
-        return Some(User::Admin);
-    }
-    match name.strip_prefix(NODE_USER_PREFIX) {
-        Some(node) if groups.contains(&NODES_GROUP) && !node.is_empty() => {
-            Some(User::Node(node.to_owned()))
-        }
-        _ => Some(User::Other(name)),
-    }
-}
-
-/// The connection's certificate user, else the admin token's.
-pub(crate) fn authenticate(
-    state: &ApiState,
-    headers: &HeaderMap,
-    peer: Option<&User>,
-) -> Option<User> {
-    if let Some(user) = peer {
-        return Some(user.clone());
-    }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))?;
-    same_secret(given.trim().as_bytes(), state.token.as_bytes()).then_some(User::Admin)
-}
-
-/// What a resource request asks, in Kubernetes' authorization terms.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Attributes<'a> {
-    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
-    /// `deletecollection`.
-    pub(crate) verb: &'static str,
-    pub(crate) resource: &'static Resource,
-    pub(crate) subresource: Option<&'a str>,
-    pub(crate) namespace: Option<&'a str>,
-    pub(crate) name: Option<&'a str>,
-}
-
-/// Allowed, given what is left to check once more is known.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use]
-pub(crate) enum Allowed {
-    Yes,
-    /// A node's create: the object must be its own (its Node, its Lease,
-    /// a mirror pod bound to it); see [`admit_create`].
-    IfOwnObject,
-    /// A node's pod delete or status write: the stored pod must be bound
-    /// to it; see [`check_stored_pod`].
-    IfPodOnNode,
-    /// A node's write of its own Node: its taints are not its to change
-    /// (they keep pods away from it); see [`check_taints_kept`].
-    IfTaintsKept,
-    /// A node's read of a ConfigMap or Secret: a pod bound to it must
-    /// refer to it; see [`check_referenced`].
-    IfReferencedOnNode,
-}
-
 /// Whether `user` may make the request.
-pub(crate) fn authorize(user: &User, request: &Attributes<'_>) -> Result<Allowed, Status> {
-    let allowed = match user {
-        User::Admin => Some(Allowed::Yes),
-        User::Node(node) => node_rules(node, request),
-        User::Other(_) => None,
-    };
-    allowed.ok_or_else(|| forbidden(user, request))
-}
-
-/// Kubernetes' Node authorizer and RBAC `system:node`/`system:node-proxier`
-/// rules, for the resources Portal serves.
-fn node_rules(node: &str, r: &Attributes<'_>) -> Option<Allowed> {
-    let reading = matches!(r.verb, "get" | "list" | "watch");
-    let own = r.name == Some(node);
-    let kind = r.resource.kind();
-    match (kind, r.subresource) {
-        (
-            kinds::pod::KIND
-            | kinds::service::KIND
-            | kinds::endpoints::KIND
-            | kinds::endpoint_slice::KIND
-            | kinds::node::KIND
-            // Volumes name no secrets; the agent mounts the ones bound to
-            // its pods' claims and removes the data of deleted ones.
-            | kinds::persistent_volume::KIND,
-            None | Some("status"),
-        ) if reading => Some(Allowed::Yes),
-        (kinds::node::KIND, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
-        (kinds::node::KIND, Some("status")) if own && matches!(r.verb, "update" | "patch") => {
-            Some(Allowed::Yes)
-        }
-        (kinds::node::KIND, None) if own && matches!(r.verb, "update" | "patch") => {
-            Some(Allowed::IfTaintsKept)
-        }
-        (kinds::lease::KIND, None) if r.namespace == Some(NODE_LEASES) => match r.verb {
-            "create" => Some(Allowed::IfOwnObject),
-            "get" | "update" | "patch" if own => Some(Allowed::Yes),
-            _ => None,
-        },
-        (kinds::event::KIND, None) if matches!(r.verb, "create" | "update" | "patch") => {
-            Some(Allowed::Yes)
-        }
-        (
-            kinds::config_map::KIND | kinds::secret::KIND | kinds::persistent_volume_claim::KIND,
-            None,
-        ) if r.verb == "get" && r.name.is_some() =>
-        {
-            Some(Allowed::IfReferencedOnNode)
-        }
-        (kinds::pod::KIND, None) if r.verb == "create" => Some(Allowed::IfOwnObject),
-        (kinds::pod::KIND, None) if r.verb == "delete" => Some(Allowed::IfPodOnNode),
-        (kinds::pod::KIND, Some("status")) if matches!(r.verb, "update" | "patch") => {
-            Some(Allowed::IfPodOnNode)
-        }
-        _ => None,
-    }
-}
-
-/// Kubernetes' message: `services "web" is forbidden: User
-/// "system:node:n2" cannot delete resource "services" in API group "" in
-/// the namespace "default"`.
-pub(crate) fn forbidden(user: &User, r: &Attributes<'_>) -> Status {
-    let plural = r.resource.plural;
-    let what = match r.name {
-        Some(name) => format!("{plural} {name:?}"),
-        None => plural.to_owned(),
-    };
-    let resource = match r.subresource {
-        Some(sub) => format!("{plural}/{sub}"),
-        None => plural.to_owned(),
-    };
-    let scope = match r.namespace {
-        Some(namespace) => format!("in the namespace {namespace:?}"),
-        None => "at the cluster scope".to_owned(),
-    };
-    let mut status = Status::forbidden(format!(
-        "{what} is forbidden: User {:?} cannot {} resource {resource:?} in API group {:?} {scope}",
-        user.name(),
-        r.verb,
-        r.resource.group,
-    ));
-    status.details = Some(Box::new(portal_api::status::Details {
-        name: r.name.map(str::to_owned),
-        group: (!r.resource.group.is_empty()).then(|| r.resource.group.to_owned()),
-        kind: Some(plural.to_owned()),
-        ..Default::default()
-    }));
-    status
-}
-
-/// For a non-resource path (`/metrics`): only the admin.
-pub(crate) fn forbidden_path(user: &User, path: &str) -> Status {
-    Status::forbidden(format!(
-        "forbidden: User {:?} cannot get path {path:?}",
-        user.name()
-    ))
-}
-
-/// NodeRestriction for a node's create: its own Node or Lease, or a
-/// mirror pod bound to it and owned by nothing but its Node.
-pub(crate) fn admit_create(user: &User, r: &Attributes<'_>, object: &Value) -> Result<(), Status> {
-    let User::Node(node) = user else {
-        return Ok(());
-    };
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let refuse = |why: String| {
-        let mut status = Status::forbidden(format!(
-            "{} {name:?} is forbidden: {why}",
-            r.resource.plural
-        ));
-        status.details = Some(Box::new(portal_api::status::Details {
-            name: Some(name.to_owned()),
-            kind: Some(r.resource.plural.to_owned()),
-            ..Default::default()
-        }));
-        status
-    };
-    match r.resource.kind() {
-        kinds::node::KIND | kinds::lease::KIND if name == node => Ok(()),
-        kinds::node::KIND | kinds::lease::KIND => Err(refuse(format!(
-            "node {node:?} can only create its own {}",
-            r.resource.kind_name
-        ))),
-        kinds::pod::KIND => {
-            if object
-                .pointer("/metadata/annotations")
-                .and_then(|a| a.get(MIRROR_ANNOTATION))
-                .is_none()
-            {
-                return Err(refuse(format!(
-                    "pod does not have {MIRROR_ANNOTATION:?} annotation, node {node:?} can only create mirror pods"
-                )));
-            }
-            if object.pointer("/spec/nodeName").and_then(Value::as_str) != Some(node) {
-                return Err(refuse(format!(
-                    "node {node:?} can only create pods with spec.nodeName set to itself"
-                )));
-            }
-            let owners = object
-                .pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-                .map_or(&[][..], Vec::as_slice);
-            let own_node = |o: &Value| {
-                o.get("kind").and_then(Value::as_str) == Some("Node")
-                    && o.get("name").and_then(Value::as_str) == Some(node)
-            };
-            if owners.len() > 1 || !owners.iter().all(own_node) {
-                return Err(refuse(format!(
-                    "node {node:?} can only create pods with a single owner reference set to itself"
-                )));
-            }
-            Ok(())
-        }
-        _ => Err(forbidden(user, r)),
-    }
-}
-
-/// NodeRestriction for a node's write of its own Node: a patch may not
-/// mention its taints, and a replacement must carry the stored ones.
-pub(crate) async fn check_taints_kept(
+pub(crate) fn authorize(
     state: &ApiState,
     user: &User,
-    r: &Attributes<'_>,
-    body: &[u8],
-) -> Result<(), Status> {
-    let (User::Node(node), Some(name)) = (user, r.name) else {
-        return Ok(());
-    };
-    let refuse = || {
-        Status::forbidden(format!(
-            "nodes {name:?} is forbidden: node {node:?} is not allowed to modify taints"
-        ))
-    };
-    let Ok(sent) = serde_json::from_slice::<Value>(body) else {
-        // Not JSON (YAML, protobuf): decoded later; a node sends JSON.
-        return Err(refuse());
-    };
-    let touches = match (&sent, r.verb) {
-        // JSON patch: any operation on the taints.
-        (Value::Array(ops), "patch") => ops.iter().any(|op| {
-            ["path", "from"].iter().any(|field| {
-                op.get(*field)
-                    .and_then(Value::as_str)
-                    .is_some_and(|p| p == "/spec" || p.starts_with("/spec/taints"))
-            })
-        }),
-        // Merge and strategic merge patches.
-        (object, "patch") => {
-            object.pointer("/spec/taints").is_some()
-                || object.get("spec").is_some_and(Value::is_null)
-        }
-        // A replacement: the stored taints, unchanged.
-        (object, _) => {
-            let key = r.resource.key(None, name);
-            let stored = crate::registry::lookup::stored(state, &key).await?;
-            let had = stored
-                .as_ref()
-                .and_then(|s| s.value.pointer("/spec/taints"))
-                .cloned();
-            let has = object.pointer("/spec/taints").cloned();
-            let empty = |t: &Option<Value>| {
-                t.as_ref()
-                    .is_none_or(|v| v.as_array().is_some_and(Vec::is_empty) || v.is_null())
-            };
-            had != has && !(empty(&had) && empty(&has))
-        }
-    };
-    if touches {
-        Err(refuse())
-    } else {
-        Ok(())
+    request: &Attributes<'_>,
+) -> Result<Allowed, Status> {
+    if user.is_admin() {
+        return Ok(Allowed::Yes);
     }
-}
-
-/// The Node authorizer's graph, in small: a node may read a ConfigMap or
-/// Secret only while a pod bound to it refers to it (environment, volumes,
-/// image pull secrets).
-pub(crate) fn check_referenced(
-    state: &ApiState,
-    user: &User,
-    r: &Attributes<'_>,
-) -> Result<(), Status> {
-    let (User::Node(node), Some(name), Some(namespace)) = (user, r.name, r.namespace) else {
-        return Ok(());
-    };
-    let kind = r.resource.kind();
-    let pods = &kinds::pod::RESOURCE;
-    let prefix = pods.list_prefix(Some(namespace));
-    let (found, _, _) = state.cache.list(pods, &prefix, None, 1, |pod| {
-        pod.value.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node.as_str())
-            && refers_to(&pod.value["spec"], kind, name)
-    });
-    if found.is_empty() {
-        let mut status = forbidden(user, r);
-        status.message = format!(
-            "{}: no relationship found between node '{node}' and this object",
-            status.message
-        );
-        return Err(status);
+    if let Some(allowed) = user.node().and_then(|n| node::node_rules(n, request)) {
+        return Ok(allowed);
     }
-    Ok(())
-}
-
-/// Whether a pod spec refers to the Secret, ConfigMap or claim `name`.
-fn refers_to(spec: &Value, kind: portal_api::Kind, name: &str) -> bool {
-    let list = |value: &Value| value.as_array().cloned().unwrap_or_default();
-    if kind == kinds::persistent_volume_claim::KIND {
-        return list(&spec["volumes"])
-            .iter()
-            .any(|v| v["persistentVolumeClaim"]["claimName"] == name);
-    }
-    let secret = kind == kinds::secret::KIND;
-    let (key_ref, from_ref, volume, volume_name, projection) = if secret {
-        (
-            "secretKeyRef",
-            "secretRef",
-            "secret",
-            "secretName",
-            "secret",
-        )
-    } else {
-        (
-            "configMapKeyRef",
-            "configMapRef",
-            "configMap",
-            "name",
-            "configMap",
-        )
-    };
-    let containers = list(&spec["containers"])
-        .into_iter()
-        .chain(list(&spec["initContainers"]));
-    for container in containers {
-        if list(&container["env"])
-            .iter()
-            .any(|var| var["valueFrom"][key_ref]["name"] == name)
-            || list(&container["envFrom"])
-                .iter()
-                .any(|from| from[from_ref]["name"] == name)
-        {
-            return true;
-        }
-    }
-    if secret
-        && list(&spec["imagePullSecrets"])
-            .iter()
-            .any(|s| s["name"] == name)
+    if state
+        .rbac
+        .allows(user, request.namespace, &request.request())
     {
+        return Ok(Allowed::Yes);
+    }
+    Err(forbidden(user, request))
+}
+
+/// The whole chain's answer to any request, also of resources this server
+/// does not serve (the access reviews ask about anything). A node's
+/// conditional answers count as yes.
+pub(crate) fn allowed(
+    state: &ApiState,
+    user: &User,
+    namespace: Option<&str>,
+    request: &Request<'_>,
+) -> bool {
+    if user.is_admin() {
         return true;
     }
-    list(&spec["volumes"]).iter().any(|v| {
-        v[volume][volume_name] == name
-            || list(&v["projected"]["sources"])
-                .iter()
-                .any(|source| source[projection]["name"] == name)
-    })
+    if let (
+        Some(node),
+        Request::Resource {
+            verb,
+            group,
+            resource,
+            subresource,
+            name,
+        },
+    ) = (user.node(), request)
+    {
+        let served = portal_api::resources().find(|r| r.group == *group && r.plural == *resource);
+        if let Some(served) = served {
+            let attributes = Attributes {
+                verb,
+                resource: served,
+                subresource: *subresource,
+                namespace,
+                name: *name,
+            };
+            if node::node_rules(node, &attributes).is_some() {
+                return true;
+            }
+        }
+    }
+    state.rbac.allows(user, namespace, request)
 }
 
-/// NodeRestriction for a node's pod delete or status write: the pod must
-/// be bound to it. A pod that is not there is left to the handler (404).
-pub(crate) async fn check_stored_pod(
+/// Whether `user` may `verb` a non-resource path (`/metrics`, `/healthz`,
+/// discovery).
+pub(crate) fn authorize_path(
     state: &ApiState,
     user: &User,
-    r: &Attributes<'_>,
+    verb: &str,
+    path: &str,
 ) -> Result<(), Status> {
-    let (User::Node(node), Some(name)) = (user, r.name) else {
-        return Ok(());
-    };
-    let key = r.resource.key(r.namespace, name);
-    let Some(pod) = crate::registry::lookup::stored(state, &key).await? else {
-        return Ok(());
-    };
-    let bound = pod.value.pointer("/spec/nodeName").and_then(Value::as_str);
-    if bound == Some(node.as_str()) {
+    if user.is_admin() || state.rbac.allows(user, None, &Request::Path { verb, path }) {
         return Ok(());
     }
-    let action = if r.verb == "delete" {
-        "delete"
-    } else {
-        "update pod status for"
-    };
-    Err(Status::forbidden(format!(
-        "pods {name:?} is forbidden: node {node:?} can only {action} pods with spec.nodeName set to itself"
-    )))
+    Err(forbidden_path(user, verb, path))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ask<'a>(
-        verb: &'static str,
-        resource: &'static Resource,
-        namespace: Option<&'a str>,
-        name: Option<&'a str>,
-    ) -> Attributes<'a> {
-        Attributes {
-            verb,
-            resource,
-            subresource: None,
-            namespace,
-            name,
-        }
-    }
-
-    #[test]
-    fn a_node_reads_only_the_configuration_its_pods_name() {
-        let node = User::Node("n2".into());
-        let allowed = |r: Attributes<'_>| authorize(&node, &r).ok();
-        let secrets = &kinds::secret::RESOURCE;
-        assert_eq!(
-            allowed(ask("get", secrets, Some("default"), Some("db"))),
-            Some(Allowed::IfReferencedOnNode)
-        );
-        assert_eq!(allowed(ask("list", secrets, Some("default"), None)), None);
-        assert_eq!(
-            allowed(ask(
-                "update",
-                &kinds::config_map::RESOURCE,
-                Some("default"),
-                Some("c")
-            )),
-            None
-        );
-        let spec = serde_json::json!({
-            "containers": [{"name": "c", "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "env-cm", "key": "k"}}}],
-                            "envFrom": [{"secretRef": {"name": "env-secret"}}]}],
-            "imagePullSecrets": [{"name": "pull"}],
-            "volumes": [{"name": "v", "secret": {"secretName": "vol-secret"}},
-                        {"name": "p", "projected": {"sources": [{"configMap": {"name": "proj-cm"}}]}}]});
-        let (secret, config_map) = (kinds::secret::KIND, kinds::config_map::KIND);
-        for name in ["env-secret", "pull", "vol-secret"] {
-            assert!(refers_to(&spec, secret, name), "{name}");
-        }
-        for name in ["env-cm", "proj-cm"] {
-            assert!(refers_to(&spec, config_map, name), "{name}");
-        }
-        assert!(!refers_to(&spec, secret, "env-cm"));
-        assert!(!refers_to(&spec, config_map, "other"));
-        let claims = serde_json::json!({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]});
-        assert!(refers_to(
-            &claims,
-            kinds::persistent_volume_claim::KIND,
-            "data"
-        ));
-    }
-
-    #[test]
-    fn a_node_reads_what_it_needs_and_writes_only_its_own() {
-        let node = User::Node("n2".into());
-        let allowed = |r: Attributes<'_>| authorize(&node, &r).ok();
-        assert_eq!(
-            allowed(ask("watch", &kinds::pod::RESOURCE, None, None)),
-            Some(Allowed::Yes)
-        );
-        assert_eq!(
-            allowed(ask("list", &kinds::service::RESOURCE, None, None)),
-            Some(Allowed::Yes)
-        );
-        assert_eq!(
-            allowed(ask("patch", &kinds::node::RESOURCE, None, Some("n2"))),
-            Some(Allowed::IfTaintsKept)
-        );
-        assert_eq!(
-            allowed(ask("patch", &kinds::node::RESOURCE, None, Some("n1"))),
-            None
-        );
-        assert_eq!(
-            allowed(ask(
-                "delete",
-                &kinds::service::RESOURCE,
-                Some("default"),
-                Some("web")
-            )),
-            None
-        );
-        assert_eq!(
-            allowed(ask(
-                "list",
-                &kinds::replication_controller::RESOURCE,
-                None,
-                None
-            )),
-            None
-        );
-        assert_eq!(
-            allowed(ask("create", &kinds::pod::RESOURCE, Some("default"), None)),
-            Some(Allowed::IfOwnObject)
-        );
-        assert_eq!(
-            allowed(ask(
-                "delete",
-                &kinds::pod::RESOURCE,
-                Some("default"),
-                Some("p")
-            )),
-            Some(Allowed::IfPodOnNode)
-        );
-        assert_eq!(
-            allowed(ask(
-                "update",
-                &kinds::lease::RESOURCE,
-                Some("kube-node-lease"),
-                Some("n2")
-            )),
-            Some(Allowed::Yes)
-        );
-        assert_eq!(
-            allowed(ask(
-                "update",
-                &kinds::lease::RESOURCE,
-                Some("kube-node-lease"),
-                Some("n1")
-            )),
-            None
-        );
-        assert_eq!(
-            allowed(ask(
-                "update",
-                &kinds::lease::RESOURCE,
-                Some("default"),
-                Some("n2")
-            )),
-            None
-        );
-        assert_eq!(
-            authorize(
-                &User::Other("bob".into()),
-                &ask("get", &kinds::pod::RESOURCE, Some("default"), Some("p"))
+/// Whether `user` may act as the impersonated user, its groups, uid and
+/// extra (the `impersonate` verb on `users`, `groups`, `serviceaccounts`,
+/// `uids` and `userextras/KEY`), as Kubernetes' impersonation filter.
+pub(crate) fn authorize_impersonation(
+    state: &ApiState,
+    user: &User,
+    asked: &Impersonation,
+) -> Result<User, Status> {
+    let may = |group: &str,
+               resource: &str,
+               subresource: Option<&str>,
+               namespace: Option<&str>,
+               name: &str| {
+        user.is_admin()
+            || state.rbac.allows(
+                user,
+                namespace,
+                &Request::Resource {
+                    verb: "impersonate",
+                    group,
+                    resource,
+                    subresource,
+                    name: Some(name),
+                },
             )
-            .ok(),
-            None
-        );
+    };
+    // `users "alice" is forbidden: User "bob" cannot impersonate resource
+    // "users" in API group "" at the cluster scope`.
+    let refuse = |resource: &str, group: &str, namespace: Option<&str>, name: &str| {
+        let scope = match namespace {
+            Some(ns) => format!("in the namespace {ns:?}"),
+            None => "at the cluster scope".to_owned(),
+        };
+        Status::forbidden(format!(
+            "{resource} {name:?} is forbidden: User {:?} cannot impersonate resource {resource:?} in API group {group:?} {scope}",
+            user.name
+        ))
+    };
+    match portal_api::kinds::service_account::parse_user_name(&asked.user) {
+        Some((namespace, name)) => {
+            if !may("", "serviceaccounts", None, Some(namespace), name) {
+                return Err(refuse("serviceaccounts", "", Some(namespace), name));
+            }
+        }
+        None => {
+            if !may("", "users", None, None, &asked.user) {
+                return Err(refuse("users", "", None, &asked.user));
+            }
+        }
     }
-
-    #[test]
-    fn forbidden_reads_as_kubernetes_says_it() {
-        let status = forbidden(
-            &User::Node("n2".into()),
-            &ask(
-                "delete",
-                &kinds::service::RESOURCE,
-                Some("default"),
-                Some("web"),
-            ),
-        );
-        assert_eq!(status.code, 403);
-        assert_eq!(
-            status.message,
-            r#"services "web" is forbidden: User "system:node:n2" cannot delete resource "services" in API group "" in the namespace "default""#
-        );
-        let status = forbidden(
-            &User::Node("n2".into()),
-            &ask("list", &kinds::replication_controller::RESOURCE, None, None),
-        );
-        assert_eq!(
-            status.message,
-            r#"replicationcontrollers is forbidden: User "system:node:n2" cannot list resource "replicationcontrollers" in API group "" at the cluster scope"#
-        );
+    for group in &asked.groups {
+        if !may("", "groups", None, None, group) {
+            return Err(refuse("groups", "", None, group));
+        }
     }
-
-    #[test]
-    fn a_node_creates_only_its_own_mirror_pods() {
-        let node = User::Node("n2".into());
-        let r = ask("create", &kinds::pod::RESOURCE, Some("default"), None);
-        let mirror = serde_json::json!({
-            "metadata": {"name": "web-n2", "annotations": {MIRROR_ANNOTATION: "h"},
-                         "ownerReferences": [{"kind": "Node", "name": "n2"}]},
-            "spec": {"nodeName": "n2"}});
-        assert!(admit_create(&node, &r, &mirror).is_ok());
-        let mut plain = mirror.clone();
-        plain["metadata"]["annotations"] = serde_json::json!({});
-        assert!(admit_create(&node, &r, &plain).is_err());
-        let mut elsewhere = mirror.clone();
-        elsewhere["spec"]["nodeName"] = "n1".into();
-        assert!(admit_create(&node, &r, &elsewhere).is_err());
-        let mut owned = mirror;
-        owned["metadata"]["ownerReferences"] = serde_json::json!([{"kind": "Node", "name": "n1"}]);
-        assert!(admit_create(&node, &r, &owned).is_err());
-        let lease = ask(
-            "create",
-            &kinds::lease::RESOURCE,
-            Some("kube-node-lease"),
-            None,
-        );
-        assert!(admit_create(
-            &node,
-            &lease,
-            &serde_json::json!({"metadata": {"name": "n2"}})
-        )
-        .is_ok());
-        assert!(admit_create(
-            &node,
-            &lease,
-            &serde_json::json!({"metadata": {"name": "n1"}})
-        )
-        .is_err());
+    if let Some(uid) = &asked.uid {
+        if !may("authentication.k8s.io", "uids", None, None, uid) {
+            return Err(refuse("uids", "authentication.k8s.io", None, uid));
+        }
     }
+    for (key, values) in &asked.extra {
+        for value in values {
+            if !may(
+                "authentication.k8s.io",
+                "userextras",
+                Some(key),
+                None,
+                value,
+            ) {
+                return Err(refuse(
+                    &format!("userextras/{key}"),
+                    "authentication.k8s.io",
+                    None,
+                    value,
+                ));
+            }
+        }
+    }
+    Ok(asked.user())
 }

@@ -24,19 +24,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::security::join;
 use crate::security::pki;
+use crate::security::tokens;
 
 /// Where the sealed identity lives (under the registry prefix, so every
 /// server's watch cache sees its revision go by).
 pub(crate) const KEY: &str = "/registry/portal/identity";
 
 /// The files that make up the identity, relative to the data directory.
-const FILES: [&str; 6] = [
+const FILES: [&str; 7] = [
     "pki/ca.crt",
     "pki/ca.key",
     "pki/kubelet-client-ca.crt",
     "pki/kubelet-client-ca.key",
     "admin.token",
     "node-token",
+    tokens::KEY_FILE,
 ];
 
 const PBKDF2_ROUNDS: u32 = 100_000;
@@ -156,6 +158,7 @@ fn local_files(dir: &Path) -> Result<Files, Error> {
         let credentials = pki::load_or_create(&scratch, &[], &[])?;
         pki::agent_client(&scratch)?;
         join::load_or_create_token(&scratch, &credentials.ca_pem)?;
+        new_service_account_key(&scratch)?;
         let mut files = Vec::new();
         for name in FILES {
             let path = scratch.join(name);
@@ -166,6 +169,19 @@ fn local_files(dir: &Path) -> Result<Files, Error> {
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     made
+}
+
+/// Makes the service-account signing key in `dir` unless it has one.
+fn new_service_account_key(dir: &Path) -> Result<(), pki::Error> {
+    let path = dir.join(tokens::KEY_FILE);
+    if path.exists() {
+        return Ok(());
+    }
+    let pem = tokens::new_key_pem().map_err(|why| pki::Error::Io {
+        path: path.clone(),
+        source: std::io::Error::other(why),
+    })?;
+    pki::write_private(&path, pem.as_bytes())
 }
 
 /// Writes the cluster's files into `dir`. A file already there must be the
@@ -216,9 +232,9 @@ fn token_for_first_server(dir: &Path, given: Option<&str>) -> Result<String, Err
 /// Makes `dir` hold the cluster's identity: taken from the store, or (the
 /// first server) put there.
 pub(crate) async fn share(store: &dyn Store, dir: &Path, token: Option<&str>) -> Result<(), Error> {
-    // Twice at most: a server that loses the race to be first takes the
-    // winner's identity.
-    for _ in 0..2 {
+    // A few times at most: a server that loses the race to be first (or to
+    // add the service-account key) takes the winner's identity.
+    for _ in 0..3 {
         if let Some(stored) = store.get(KEY).await? {
             let token = match token {
                 Some(token) => token.to_owned(),
@@ -227,7 +243,24 @@ pub(crate) async fn share(store: &dyn Store, dir: &Path, token: Option<&str>) ->
                     Err(_) => return Err(Error::TokenNeeded),
                 },
             };
-            let files = open(&stored.value, &token)?;
+            let mut files = open(&stored.value, &token)?;
+            // An identity stored before the service-account key was part
+            // of it gains one, once, for every server.
+            if !files.0.iter().any(|(name, _)| name == tokens::KEY_FILE) {
+                let pem = tokens::new_key_pem().map_err(Error::Corrupt)?;
+                files.0.push((tokens::KEY_FILE.to_owned(), pem));
+                let op = Op::Update {
+                    key: KEY.into(),
+                    value: Bytes::from(seal(&files, &token)?),
+                    expected_revision: stored.mod_revision,
+                };
+                match store.txn(vec![op]).await {
+                    Ok(_) => {}
+                    // Another server added one first: take it.
+                    Err(StoreError::Conflict { .. }) => continue,
+                    Err(error) => return Err(error.into()),
+                }
+            }
             adopt(dir, &files)?;
             pki::write_private(&dir.join("server-token"), format!("{token}\n").as_bytes())?;
             return Ok(());

@@ -287,17 +287,17 @@ mod tests {
         };
         // Not pinned: not a user.
         assert_eq!(
-            crate::security::auth::user_of_certificate(&der, &joining),
+            crate::security::user::user_of_certificate(&der, &joining),
             None
         );
         let hash = portal_api::join::ca_hash_bytes(node_key.public_key_raw());
         joining.write_pin("n2", &hash).unwrap();
-        let user = crate::security::auth::user_of_certificate(&der, &joining).unwrap();
-        assert_eq!(user, crate::security::auth::User::Node("n2".into()));
+        let user = crate::security::user::user_of_certificate(&der, &joining).unwrap();
+        assert_eq!(user.node(), Some("n2"));
         // Joined again with another key: the old certificate is done.
         joining.write_pin("n2", "another").unwrap();
         assert_eq!(
-            crate::security::auth::user_of_certificate(&der, &joining),
+            crate::security::user::user_of_certificate(&der, &joining),
             None
         );
     }

@@ -41,6 +41,13 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }
 
+/// A request body already read (to be read again by the handler).
+pub(crate) fn request_body(bytes: Bytes) -> RequestBody {
+    Full::new(bytes)
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
 pub(crate) fn json_response(code: StatusCode, json: impl Into<Bytes>) -> Response<Body> {
     let mut response = Response::new(full(json));
     *response.status_mut() = code;

@@ -252,7 +252,7 @@ impl<R: Runtime> Worker<R> {
             let files = self.ctx.write_pod_files(pod, ip).await?;
             // One reading of the objects per sync: configuration volumes
             // are brought up to date even while everything runs.
-            let objects = Objects::read(self.ctx.client.as_ref(), pod).await?;
+            let objects = Objects::read(self.ctx.client.as_ref(), pod, &self.ctx.tokens).await?;
             let pod_dir = self.ctx.pod_dir(&self.uid);
             match crate::volumes::set_up(&pod_dir, pod, &objects) {
                 Ok(volumes) => {

@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn random_suffix() -> String {
+pub(crate) fn random_suffix() -> String {
     // Kubernetes' alphabet: no vowels (no words), no look-alike characters.
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
@@ -39,10 +39,15 @@ pub(crate) async fn create_object(
         managed,
     } = body;
     check_body_namespace(scope, &object)?;
+    state
+        .admission
+        .admit_create(state, *scope, &mut object)
+        .await?;
     let causes = problems(resource, &object, None);
     if !causes.is_empty() {
         return Err(invalid(scope, &object, causes));
     }
+    state.admission.validate(state, scope, &object, None)?;
     if let Some(ns) = scope.namespace {
         check_namespace(state, ns).await?;
     }

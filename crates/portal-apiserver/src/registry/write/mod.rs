@@ -10,7 +10,7 @@ pub(crate) mod namespace;
 mod update;
 
 pub(crate) use apply::apply;
-pub(crate) use create::{create, create_object};
+pub(crate) use create::{create, create_object, random_suffix};
 pub(crate) use delete::{delete, delete_collection};
 pub(crate) use update::{guaranteed_update, patch, patch_error, update};
 
@@ -31,6 +31,29 @@ use crate::registry::lookup::{fresh, parse_revision, stored, Filter};
 use crate::registry::strategy;
 use crate::server::http::{json_response, Body, FieldValidation, Query};
 use crate::{store_error, ApiState, Scope};
+
+/// What the write path asks of admission (the server's `admission`
+/// module) beyond a kind's own strategy: held by the server, so that the
+/// registry does not depend on what admission reads.
+pub(crate) trait Admission: Send + Sync {
+    /// Mutating admission of a new object (after defaults, before
+    /// validation).
+    fn admit_create<'a>(
+        &'a self,
+        state: &'a ApiState,
+        scope: Scope<'a>,
+        object: &'a mut Value,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), Status>>;
+
+    /// Validating admission (after validation); `old` on update.
+    fn validate(
+        &self,
+        state: &ApiState,
+        scope: &Scope<'_>,
+        object: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), Status>;
+}
 
 /// Conflicting writers retry an unconditional update this many times.
 const MAX_ATTEMPTS: usize = 16;

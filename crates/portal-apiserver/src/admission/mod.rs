@@ -1,0 +1,67 @@
+//! Admission: what the API server changes in (`admit`) or checks of
+//! (`validate`) an object about to be stored, beyond the kind's own
+//! defaults and validation, because it depends on other objects or on who
+//! asks: a pod's service account and its token volume, who asked for a
+//! certificate and who may approve it, and RBAC's no escalation rule.
+
+mod certificates;
+mod service_account;
+
+use portal_api::Status;
+use serde_json::Value;
+
+use crate::{ApiState, Scope};
+
+/// The server's admission, as the write path calls it.
+pub(crate) struct Admitter;
+
+impl crate::registry::write::Admission for Admitter {
+    fn admit_create<'a>(
+        &'a self,
+        state: &'a ApiState,
+        scope: Scope<'a>,
+        object: &'a mut Value,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), Status>> {
+        Box::pin(admit_create(state, scope, object))
+    }
+
+    fn validate(
+        &self,
+        state: &ApiState,
+        scope: &Scope<'_>,
+        object: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), Status> {
+        validate(state, scope, object, old)
+    }
+}
+
+/// Mutating admission of a new object (after defaults, before validation).
+async fn admit_create(
+    state: &ApiState,
+    scope: Scope<'_>,
+    object: &mut Value,
+) -> Result<(), Status> {
+    let kind = scope.resource.kind();
+    if kind == portal_api::kinds::pod::KIND {
+        service_account::admit(state, scope.namespace.unwrap_or("default"), object).await?;
+    }
+    if kind == portal_api::kinds::certificate_signing_request::KIND {
+        certificates::admit(object);
+    }
+    Ok(())
+}
+
+/// Validating admission (after validation): `old` is the stored object on
+/// update.
+fn validate(
+    state: &ApiState,
+    scope: &Scope<'_>,
+    object: &Value,
+    old: Option<&Value>,
+) -> Result<(), Status> {
+    if scope.resource.kind() == portal_api::kinds::certificate_signing_request::KIND {
+        certificates::validate(state, object, old)?;
+    }
+    crate::security::rbac::escalation::check(state, scope.resource, scope.namespace, object, old)
+}

@@ -33,9 +33,19 @@ def test_without_nodes_pods_stay_pending(portal):
 
     wait_for(failed_scheduling, "a FailedScheduling event while no node fits", timeout=WAIT)
     assert all(not p.spec.node_name for p in owned_pods(core, "waiting")), "no node, no binding"
-    # A node appearing later gets them.
+
+    def scheduled_conditions():
+        conditions = [next((c for c in p.status.conditions or [] if c.type == "PodScheduled"), None)
+                      for p in owned_pods(core, "waiting")]
+        return all(conditions) and conditions
+    # The pods say why they wait, as the kube-scheduler writes it.
+    for condition in wait_for(scheduled_conditions, "PodScheduled conditions", timeout=WAIT):
+        assert (condition.status, condition.reason) == ("False", "Unschedulable")
+        assert condition.message.startswith("0/0 nodes are available"), condition.message
+    # A node appearing later gets them, and they are scheduled.
     make_node(core, "late")
     wait_for(lambda: all(p.spec.node_name == "late" for p in owned_pods(core, "waiting")), "binding once a node is ready", timeout=WAIT)
+    assert all(c.status == "True" for c in scheduled_conditions())
 
 
 def test_pods_spread_over_ready_nodes(portal):

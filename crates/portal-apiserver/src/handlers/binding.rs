@@ -49,14 +49,33 @@ pub(crate) async fn bind(
             managed: None,
         })
     };
-    guaranteed_update(
-        state,
-        scope,
-        name,
-        Part::Main,
-        &WriteOptions::from_query(query)?,
-        propose,
-    )
-    .await?;
+    let options = WriteOptions::from_query(query)?;
+    guaranteed_update(state, scope, name, Part::Main, &options, propose).await?;
+    // As upstream's binding: the pod is scheduled now (replacing an
+    // `Unschedulable` condition the scheduler wrote before).
+    let scheduled = |pod: &Value| {
+        let mut object = pod.clone();
+        let mut conditions: Vec<Value> = pod["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        conditions.retain(|c| c["type"] != "PodScheduled");
+        conditions.push(json!({"type": "PodScheduled", "status": "True",
+            "lastProbeTime": null, "lastTransitionTime": crate::registry::strategy::now()}));
+        object["status"]["conditions"] = json!(conditions);
+        Ok(Proposal {
+            object,
+            expected: None,
+            warnings: Vec::new(),
+            managed: None,
+        })
+    };
+    // The pod is bound whatever happens to this second write (a racing
+    // delete): the binding is what the scheduler asked.
+    if let Err(status) =
+        guaranteed_update(state, scope, name, Part::Status, &options, scheduled).await
+    {
+        tracing::debug!(pod = %name, error = %status.message, "PodScheduled not recorded");
+    }
     Ok(created_success())
 }

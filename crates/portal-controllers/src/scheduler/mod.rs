@@ -101,6 +101,40 @@ fn key(pod: &Pod) -> String {
 }
 
 /// Why the pod cannot go to the node (empty: it fits), in the words of
+/// The pod's `PodScheduled` condition says why it waits, as the
+/// kube-scheduler writes it (`False`, `Unschedulable`, the event's
+/// message); written only when it changes.
+async fn mark_unschedulable(client: &Client, pod: &Pod, message: &str) -> Result<(), Error> {
+    let current = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+    if current.is_some_and(|c| c.status == "False" && c.message.as_deref() == Some(message)) {
+        return Ok(());
+    }
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let patch = serde_json::json!({"status": {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": message, "lastProbeTime": null, "lastTransitionTime": now}]}});
+    let api = Api::<Pod>::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    match api
+        .patch_status(
+            &pod.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone or bound meanwhile: nothing to say.
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// Kubernetes' `FailedScheduling` messages: the first check that fails
 /// gives its reasons, as Kubernetes' filter plugins do.
 fn misfits(node: &Node, pod: &Pod, used: Resources) -> Vec<String> {
@@ -606,6 +640,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         ctx.events
             .record(&reference, "Warning", "FailedScheduling", &message)
             .await;
+        mark_unschedulable(&ctx.client, &pod, &message).await?;
         let wait = ctx.backoff.lock().get(&key(&pod)).map_or(RETRY, |b| b.1);
         return Ok(Action::requeue(wait));
     };

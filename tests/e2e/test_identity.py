@@ -395,3 +395,29 @@ def test_legacy_token_secrets_are_filled_only_when_asked_for(api):
     # It lives as long as its Secret.
     kubectl(api, "-n", ns, "delete", "secret", "robot-token")
     wait_for(lambda: https(api, "/version", token)[0] == 401, "the legacy token refused")
+
+
+def test_pods_get_their_account_and_token_volume_unless_told_not_to(api):
+    ns = f"mount-{uuid.uuid4().hex[:6]}"
+    kubectl(api, "create", "namespace", ns)
+    core = api.core()
+
+    def pod(name, **spec):
+        body = {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "busybox"}], **spec}}
+        return core.create_namespaced_pod(ns, body)
+
+    def token_volumes(p):
+        return [v for v in p.spec.volumes or [] if v.name.startswith("kube-api-access-")]
+    plain = pod("plain")
+    assert plain.spec.service_account_name == "default" and len(token_volumes(plain)) == 1
+    mount = plain.spec.containers[0].volume_mounts[0]
+    assert (mount.mount_path, mount.read_only) == (MOUNT, True)
+    assert token_volumes(pod("opted-out", automountServiceAccountToken=False)) == []
+    kubectl(api, "-n", ns, "create", "serviceaccount", "quiet")
+    kubectl(api, "-n", ns, "patch", "serviceaccount", "quiet", "-p", '{"automountServiceAccountToken": false}')
+    assert token_volumes(pod("quiet", serviceAccountName="quiet")) == []
+    assert len(token_volumes(pod("loud", serviceAccountName="quiet", automountServiceAccountToken=True))) == 1
+    missing = kubectl(api, "-n", ns, "run", "nobody", "--image=busybox", "--overrides",
+                      '{"spec": {"serviceAccountName": "ghost"}}', check=False)
+    assert missing.returncode != 0
+    assert f'error looking up service account {ns}/ghost: serviceaccount "ghost" not found' in missing.stderr

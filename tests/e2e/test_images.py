@@ -109,7 +109,7 @@ def test_malicious_layers_are_refused(node, entries):
 def test_private_registry_needs_the_pods_pull_secret(node):
     """A registry that requires a login: without `imagePullSecrets` the
     pull fails with the registry's reason; with a `docker-registry` Secret
-    made by kubectl it works."""
+    made by kubectl it works, named by the pod or by its service account."""
     with registry.Registry(users={"deployer": "s3cret-pass"}) as private:
         registry.push_busybox(private, "private", "1")
         image = f"{private.host}/private:1"
@@ -128,7 +128,16 @@ def test_private_registry_needs_the_pods_pull_secret(node):
         node.core.create_namespaced_pod(NS, pod_manifest("logged-in", image, ["sleep", "100000"],
                                                          imagePullSecrets=[{"name": "private-login"}]))
         node.wait_running("logged-in")
-        for name in ["anonymous", "logged-in"]:
+        # Or through the pod's service account: its pull secrets are the
+        # pod's when the pod names none (ServiceAccount admission).
+        node.kubectl("-n", NS, "create", "serviceaccount", "deployer")
+        node.kubectl("-n", NS, "patch", "serviceaccount", "deployer", "-p",
+                     '{"imagePullSecrets": [{"name": "private-login"}]}')
+        node.core.create_namespaced_pod(NS, pod_manifest("by-account", image, ["sleep", "100000"],
+                                                         serviceAccountName="deployer"))
+        assert [s.name for s in node.pod("by-account").spec.image_pull_secrets] == ["private-login"]
+        node.wait_running("by-account")
+        for name in ["anonymous", "logged-in", "by-account"]:
             node.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
 
 

@@ -193,9 +193,10 @@ def test_generate_name(portal):
 
 def test_status_subresource_is_separate(portal):
     core = portal.core()
+    # Bound already: the scheduler has nothing to write to it meanwhile.
     pod = client.V1Pod(
         metadata=client.V1ObjectMeta(name="p"),
-        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="none")]),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="none")], node_name="elsewhere"),
         status=client.V1PodStatus(phase="Running"),
     )
     created = core.create_namespaced_pod("default", pod)

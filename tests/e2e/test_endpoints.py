@@ -16,9 +16,11 @@ WAIT = 10
 
 
 def make_pod(core, name, labels, port_name="web", port=8080):
+    # Placed by hand, as a kubelet's pod: the tests write its status, and
+    # the scheduler has nothing to say about it meanwhile.
     pod = client.V1Pod(
         metadata=client.V1ObjectMeta(name=name, labels=labels),
-        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="registry.local/app:1", ports=[client.V1ContainerPort(name=port_name, container_port=port)])]),
+        spec=client.V1PodSpec(node_name="test-node", containers=[client.V1Container(name="c", image="registry.local/app:1", ports=[client.V1ContainerPort(name=port_name, container_port=port)])]),
     )
     return core.create_namespaced_pod(NS, pod)
 

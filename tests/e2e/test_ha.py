@@ -201,7 +201,8 @@ def test_losing_an_etcd_member_under_sixteen_writers(cluster):
 
 def make_ready_pod(core, ns, name, ip):
     core.create_namespaced_pod(ns, {"metadata": {"name": name, "labels": {"app": "fo"}},
-                                    "spec": {"containers": [{"name": "c", "image": "registry.local/app:1", "ports": [{"containerPort": 8080}]}]}})
+                                    "spec": {"nodeName": "test-node",  # placed: the scheduler leaves it
+                                             "containers": [{"name": "c", "image": "registry.local/app:1", "ports": [{"containerPort": 8080}]}]}})
     pod = core.read_namespaced_pod(name, ns)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     pod.status = client.V1PodStatus(phase="Running", pod_ip=ip, conditions=[client.V1PodCondition(type="Ready", status="True", last_transition_time=now)])

@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
 use crate::ReconcileError as Error;
 
@@ -24,6 +23,8 @@ pub const MANAGER: &str = "portal-service-account-controller";
 const DEFAULT_ACCOUNT: &str = "default";
 /// The ConfigMap with the cluster's CA.
 pub const ROOT_CA: &str = "kube-root-ca.crt";
+/// What the ConfigMap says of itself, as upstream's.
+const DESCRIPTION: &str = "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters.";
 
 struct Context {
     client: Client,
@@ -101,15 +102,36 @@ async fn reconcile(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Result<Actio
         .and_then(|d| d.get("ca.crt"))
         .is_some_and(|ca| *ca == ctx.ca_pem);
     if !has_ca {
-        let map = json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": ROOT_CA, "annotations": {
-                "kubernetes.io/description": "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters."}},
-            "data": {"ca.crt": ctx.ca_pem},
-        });
-        let params = PatchParams::apply(MANAGER).force();
-        match maps.patch(ROOT_CA, &params, &Patch::Apply(&map)).await {
-            Ok(_) => {}
+        // Create or update, the verbs the root CA publisher's role grants.
+        let params = PostParams {
+            field_manager: Some(MANAGER.into()),
+            ..PostParams::default()
+        };
+        let written = match current {
+            Some(mut map) => {
+                map.data
+                    .get_or_insert_with(Default::default)
+                    .insert("ca.crt".into(), ctx.ca_pem.clone());
+                maps.replace(ROOT_CA, &params, &map).await.map(drop)
+            }
+            None => {
+                let mut map = ConfigMap::default();
+                map.metadata.name = Some(ROOT_CA.into());
+                map.metadata.annotations = Some(
+                    [(
+                        "kubernetes.io/description".to_owned(),
+                        DESCRIPTION.to_owned(),
+                    )]
+                    .into(),
+                );
+                map.data = Some([("ca.crt".to_owned(), ctx.ca_pem.clone())].into());
+                maps.create(&params, &map).await.map(drop)
+            }
+        };
+        match written {
+            Ok(()) => {}
+            // Changed or made meanwhile: the change brings us back.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(kube::Error::Api(e)) if e.code == 403 => return Ok(Action::await_change()),
             Err(e) => return Err(e.into()),
         }

@@ -375,7 +375,9 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     if !disabled.contains(&Component::Controllers) {
         // The controllers are API clients like any other, answered in
         // memory (`portal controllers` runs them against a remote server).
-        let client = api.loopback_client("portal-controllers");
+        // As kube-controller-manager (with every controller's role and the
+        // scheduler's, ADR 0027), not as a superuser.
+        let client = api.loopback_client_as("portal-controllers", "system:kube-controller-manager");
         // With other servers on the same store, one runs the controllers.
         let election = args
             .api

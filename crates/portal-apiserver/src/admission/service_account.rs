@@ -10,6 +10,7 @@ use portal_api::kinds::{self, service_account};
 use portal_api::Status;
 use serde_json::{json, Value};
 
+use crate::registry::lookup::current;
 use crate::registry::write::internal::Writer;
 use crate::registry::write::random_suffix;
 use crate::ApiState;
@@ -77,12 +78,8 @@ pub(crate) async fn admit(
 /// namespace), so that such pods do not fail on the order of events.
 async fn account(state: &ApiState, namespace: &str, name: &str) -> Result<Value, Status> {
     let resource = &kinds::service_account::RESOURCE;
-    let key = resource.key(Some(namespace), name);
-    if let Some(cached) = state.cache.get(resource, &key) {
-        return Ok(cached.value.clone());
-    }
-    if let Some(stored) = crate::registry::lookup::stored(state, &key).await? {
-        return Ok(stored.value);
+    if let Some(account) = current(state, resource, Some(namespace), name).await? {
+        return Ok(account);
     }
     if name == service_account::DEFAULT_NAME {
         let writer = Writer::new(state, resource, "portal-apiserver");
@@ -92,8 +89,8 @@ async fn account(state: &ApiState, namespace: &str, name: &str) -> Result<Value,
         match Box::pin(writer.create(Some(namespace), made)).await {
             Ok(created) => return Ok(created.value),
             Err(status) if status.code == 409 => {
-                if let Some(stored) = crate::registry::lookup::stored(state, &key).await? {
-                    return Ok(stored.value);
+                if let Some(account) = current(state, resource, Some(namespace), name).await? {
+                    return Ok(account);
                 }
             }
             Err(status) => return Err(status),

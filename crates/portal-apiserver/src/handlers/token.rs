@@ -6,9 +6,10 @@
 
 use http::{Response, StatusCode};
 use portal_api::kinds::{node, pod, secret, service_account};
-use portal_api::{Cause, Resource, Status, Target};
+use portal_api::{Cause, Status, Target};
 use serde_json::{json, Value};
 
+use crate::registry::lookup::current;
 use crate::security::tokens::{Claims, Private, Ref};
 use crate::security::user::requester;
 use crate::server::http::{json_response, Body};
@@ -66,8 +67,8 @@ pub(crate) async fn create(
     if !causes.is_empty() {
         return Err(Status::invalid(TOKEN_REQUEST, name, causes));
     }
-    let account = live(state, &service_account::RESOURCE, Some(namespace), name)
-        .await
+    let account = current(state, &service_account::RESOURCE, Some(namespace), name)
+        .await?
         .ok_or_else(|| {
             Status::not_found(
                 crate::Scope {
@@ -98,16 +99,18 @@ pub(crate) async fn create(
                 "Secret" => (&secret::RESOURCE, Some(namespace)),
                 _ => (&node::RESOURCE, None),
             };
-            let object = live(state, resource, ns, bound_name).await.ok_or_else(|| {
-                Status::not_found(
-                    crate::Scope {
-                        resource,
-                        namespace: ns,
-                    }
-                    .target(),
-                    bound_name,
-                )
-            })?;
+            let object = current(state, resource, ns, bound_name)
+                .await?
+                .ok_or_else(|| {
+                    Status::not_found(
+                        crate::Scope {
+                            resource,
+                            namespace: ns,
+                        }
+                        .target(),
+                        bound_name,
+                    )
+                })?;
             let object_uid = uid(&object);
             if !bound_uid.is_empty() && bound_uid != object_uid {
                 let mut status = Status::conflict(TOKEN_REQUEST, name);
@@ -132,8 +135,8 @@ pub(crate) async fn create(
                         .as_str()
                         .filter(|n| !n.is_empty())
                     {
-                        let node_uid = live(state, &node::RESOURCE, None, node_name)
-                            .await
+                        let node_uid = current(state, &node::RESOURCE, None, node_name)
+                            .await?
                             .map(|n| uid(&n))
                             .unwrap_or_default();
                         private.node = Some(Ref {
@@ -198,24 +201,6 @@ pub(crate) async fn create(
         StatusCode::CREATED,
         serde_json::to_vec(&request).unwrap_or_default(),
     ))
-}
-
-/// The object as the cache has it, else as stored (one just made).
-async fn live(
-    state: &ApiState,
-    resource: &'static Resource,
-    namespace: Option<&str>,
-    name: &str,
-) -> Option<Value> {
-    let key = resource.key(namespace, name);
-    match state.cache.get(resource, &key) {
-        Some(cached) => Some(cached.value.clone()),
-        None => crate::registry::lookup::stored(state, &key)
-            .await
-            .ok()
-            .flatten()
-            .map(|stored| stored.value),
-    }
 }
 
 fn uid(object: &Value) -> String {

@@ -56,6 +56,21 @@ pub(crate) async fn stored(state: &ApiState, key: &str) -> Result<Option<CachedO
         .map_err(|e| Status::internal(format!("stored object {key}: {e}")))
 }
 
+/// The object of `resource` named `name`: as the watch cache has it, else
+/// as stored (one written a moment ago the cache has not shown yet).
+pub(crate) async fn current(
+    state: &ApiState,
+    resource: &'static portal_api::Resource,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Option<serde_json::Value>, Status> {
+    let key = resource.key(namespace, name);
+    match state.cache.get(resource, &key) {
+        Some(cached) => Ok(Some(cached.value.clone())),
+        None => Ok(stored(state, &key).await?.map(|stored| stored.value)),
+    }
+}
+
 pub(crate) fn parse_revision(value: Option<&str>) -> Result<Option<Revision>, Status> {
     match value {
         None | Some("") => Ok(None),

@@ -253,13 +253,24 @@ def test_queries_are_counted_in_metrics(cluster):
 
 def test_standalone_dns_forwards_to_an_upstream(cluster, tmp_path):
     """`portal dns --upstream`: a second server, for another domain, answers
-    what the first is not authoritative for."""
+    what the first is not authoritative for. It runs as `system:portal-dns`
+    with a kubeconfig from `portal kubeconfig`: its role is all it needs."""
     server, dig = cluster
     svc = create_service(server.core(), "web", {"ports": [{"port": 80}]})
+    own_identity = tmp_path / "dns.kubeconfig"
+    own_identity.write_text(subprocess.run(
+        [BINARY, "kubeconfig", "--data-dir", str(server.data_dir), "--user", "system:portal-dns"],
+        check=True, capture_output=True, text=True, timeout=30).stdout)
+    as_dns = ["kubectl", "--kubeconfig", str(own_identity)]
+    whoami = subprocess.run([*as_dns, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"],
+                            capture_output=True, text=True, timeout=30)
+    assert whoami.stdout == "system:portal-dns", whoami.stderr
+    secrets = subprocess.run([*as_dns, "get", "secrets", "-A"], capture_output=True, text=True, timeout=30)
+    assert secrets.returncode != 0 and "forbidden" in secrets.stderr, secrets.stderr
     log = tmp_path / "dns.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [BINARY, "dns", "--kubeconfig", server.kubeconfig, "--bind", "127.0.0.1:0",
+            [BINARY, "dns", "--kubeconfig", str(own_identity), "--bind", "127.0.0.1:0",
              "--cluster-domain", "edge.test", "--upstream", f"{dig.host}:{dig.port}", "--dns-threads", "1"],
             stdout=out, stderr=out,
         )

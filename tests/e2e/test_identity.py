@@ -275,7 +275,7 @@ def test_an_in_cluster_client_lists_pods_once_bound(tmp_path_factory, python_lay
 def test_an_approved_request_gives_a_certificate_kubectl_signs_in_with(api, tmp_path):
     key, request = tmp_path / "bob.key", tmp_path / "bob.csr"
     subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(request), "-subj", "/CN=bob/O=devs"],
+                    "-keyout", str(key), "-out", str(request), "-subj", "/CN=bob/O=devs/O=ops"],
                    check=True, capture_output=True, timeout=60)
     csr = {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
            "metadata": {"name": "bob"},
@@ -311,7 +311,14 @@ def test_an_approved_request_gives_a_certificate_kubectl_signs_in_with(api, tmp_
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)["status"]["userInfo"]
-    assert info["username"] == "bob" and info["groups"] == ["devs", "system:authenticated"]
+    assert info["username"] == "bob" and info["groups"] == ["devs", "ops", "system:authenticated"]
+    # Rights granted to a group reach its members by their certificates.
+    as_bob = ["kubectl", "--kubeconfig", str(config), "get", "pods", "-A"]
+    refused = subprocess.run(as_bob, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and 'User "bob" cannot list resource "pods"' in refused.stderr, refused.stderr
+    kubectl(api, "create", "clusterrolebinding", "ops-view", "--clusterrole=view", "--group=ops")
+    wait_for(lambda: subprocess.run(as_bob, capture_output=True, timeout=60).returncode == 0,
+             "the group's binding to apply to bob")
     # A request for a server certificate from this signer fails, as upstream.
     csr["metadata"]["name"] = "bob-server"
     csr["spec"]["usages"] = ["server auth"]
@@ -421,3 +428,32 @@ def test_pods_get_their_account_and_token_volume_unless_told_not_to(api):
                       '{"spec": {"serviceAccountName": "ghost"}}', check=False)
     assert missing.returncode != 0
     assert f'error looking up service account {ns}/ghost: serviceaccount "ghost" not found' in missing.stderr
+
+
+def test_the_bootstrap_policy_is_reconciled_at_every_start(data_dir, start_portal):
+    portal = start_portal()
+    # A deleted bootstrap role, a binding made again with another role, a
+    # rule a user added, and a binding its owner pinned.
+    kubectl(portal, "delete", "clusterrole", "system:discovery")
+    kubectl(portal, "delete", "clusterrolebinding", "system:basic-user")
+    kubectl(portal, "create", "clusterrolebinding", "system:basic-user", "--clusterrole=view", "--user=carol")
+    extra = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}
+    kubectl(portal, "patch", "clusterrole", "system:public-info-viewer", "--type=json",
+            "-p", json.dumps([{"op": "add", "path": "/rules/-", "value": extra}]))
+    kubectl(portal, "annotate", "clusterrolebinding", "system:public-info-viewer", "--overwrite",
+            "rbac.authorization.kubernetes.io/autoupdate=false")
+    kubectl(portal, "patch", "clusterrolebinding", "system:public-info-viewer", "--type=json",
+            "-p", json.dumps([{"op": "remove", "path": "/subjects/1"}]))
+    portal.stop()
+    portal = start_portal()
+
+    def get(kind, name):
+        return json.loads(kubectl(portal, "get", kind, name, "-o", "json").stdout)
+    assert get("clusterrole", "system:discovery")["rules"], "a deleted role is made again"
+    binding = get("clusterrolebinding", "system:basic-user")
+    assert binding["roleRef"]["name"] == "system:basic-user", "the policy's role, in a binding made again"
+    assert {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "carol"} in binding["subjects"]
+    assert any(s["name"] == "system:authenticated" for s in binding["subjects"])
+    assert extra in get("clusterrole", "system:public-info-viewer")["rules"], "a user's additions stay"
+    pinned = get("clusterrolebinding", "system:public-info-viewer")
+    assert [s["name"] for s in pinned["subjects"]] == ["system:authenticated"], "a pinned binding is left alone"

@@ -31,7 +31,7 @@ use registry::{allocator, cache};
 use security::identity;
 pub use security::tokens::DEFAULT_ISSUER;
 pub use security::user::read_token_file;
-pub use security::{join, pki};
+pub use security::{issuing, join, pki};
 use server::http::from_connection;
 
 use std::net::SocketAddr;
@@ -382,6 +382,7 @@ impl ApiServer {
             ca_pem: credentials.ca_pem.clone(),
             kubelet_client_ca_pem: agents.ca_pem.clone(),
             issuer: credentials.issuer.clone(),
+            authority: credentials.authority.clone(),
             pins: config.data_dir.join("pki").join("nodes"),
             pinning: tokio::sync::Mutex::new(()),
         });

@@ -51,6 +51,10 @@ enum Command {
     Store(store::StoreCommand),
     /// Manage the node's images.
     Images(agent::ImagesArgs),
+    /// Print a kubeconfig for a user (or one of Portal's components run
+    /// apart) with a client certificate of the cluster CA: run it where
+    /// the API server keeps its data.
+    Kubeconfig(KubeconfigArgs),
     /// One container's supervisor (started by the agent).
     #[command(hide = true)]
     Shim(agent::ShimArgs),
@@ -131,7 +135,7 @@ pub(crate) fn parse_period(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// `250ms`, `1s`, `2m`, or `0`.
+/// `250ms`, `1s`, `2m`, `12h`, `90d`, or `0`.
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -144,9 +148,32 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => Ok(Duration::from_millis(number)),
         "s" => Ok(Duration::from_secs(number)),
         "" if number == 0 => Ok(Duration::ZERO),
-        "m" => Ok(Duration::from_secs(number * 60)),
-        _ => Err(format!("not a duration: {text:?} (use ms, s or m)")),
+        "m" => Ok(Duration::from_secs(number.saturating_mul(60))),
+        "h" => Ok(Duration::from_secs(number.saturating_mul(3600))),
+        "d" => Ok(Duration::from_secs(number.saturating_mul(86_400))),
+        _ => Err(format!("not a duration: {text:?} (use ms, s, m, h or d)")),
     }
+}
+
+#[derive(clap::Args, Debug)]
+struct KubeconfigArgs {
+    /// The API server's data directory (its `pki/ca.crt` and `ca.key`).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// The user the certificate names (its CN), e.g. `alice`,
+    /// `system:portal-dns`, `system:kube-proxy`,
+    /// `system:kube-controller-manager`.
+    #[arg(long)]
+    user: String,
+    /// A group the user is in (its O); repeat for several.
+    #[arg(long = "group")]
+    groups: Vec<String>,
+    /// How long the certificate lasts (`90d`, `8760h`).
+    #[arg(long, default_value = "365d", value_parser = parse_period)]
+    expiration: Duration,
+    /// The API server's URL (default: the one of DATA_DIR/kubeconfig).
+    #[arg(long)]
+    server: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -589,6 +616,21 @@ async fn run_controllers(
     }
 }
 
+fn kubeconfig(args: KubeconfigArgs) -> Result<(), Error> {
+    let wanted = portal_apiserver::issuing::UserCredential {
+        user: args.user,
+        groups: args.groups,
+        lifetime: args.expiration,
+        server: args.server,
+    };
+    let config = portal_apiserver::issuing::user_kubeconfig(&args.data_dir, &wanted)
+        .map_err(Error::Usage)?;
+    use std::io::Write as _;
+    std::io::stdout()
+        .write_all(config.as_bytes())
+        .map_err(|e| Error::Usage(format!("cannot write the kubeconfig: {e}")))
+}
+
 async fn dns(args: DnsArgs) -> Result<(), Error> {
     let client = portal_client::client_from_kubeconfig(&args.kubeconfig, "portal-dns").await?;
     let dns = portal_dns::start(client, args.dns.config(args.bind)).await?;
@@ -745,6 +787,7 @@ fn main() -> ExitCode {
             Command::Node(args) => node::node(*args).await,
             Command::Images(args) => agent::images(args).await,
             Command::Store(command) => store::store(command).await,
+            Command::Kubeconfig(args) => kubeconfig(args),
             Command::Shim(_) => Ok(()),
         }
     });

@@ -9,21 +9,20 @@
 //! of a cluster (the cluster duties).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use portal_api::kinds::certificate_signing_request::{
     self as csr, API_SERVER_CLIENT, API_SERVER_CLIENT_KUBELET,
 };
 use portal_api::Status;
-use rcgen::{
-    CertificateSigningRequestParams, DnType, DnValue, ExtendedKeyUsagePurpose, KeyUsagePurpose,
-};
+use rcgen::CertificateSigningRequestParams;
 use serde_json::{json, Value};
 use x509_parser::prelude::FromDer;
 
 use crate::registry::write::internal::{Change, Writer};
 use crate::registry::write::Part;
+use crate::security::issuing::Usages;
 use crate::ApiState;
 
 const MANAGER: &str = "csr-signer";
@@ -116,32 +115,18 @@ fn sign(state: &ApiState, request: &Value) -> Result<String, String> {
         .decode(spec["request"].as_str().unwrap_or(""))
         .map_err(|e| format!("the request is not base64: {e}"))?;
     let pem = String::from_utf8(pem).map_err(|_| "the request is not PEM".to_owned())?;
-    let mut params = CertificateSigningRequestParams::from_pem(&pem)
+    // Parsing checks the request's signature: whoever asks holds the key.
+    let params = CertificateSigningRequestParams::from_pem(&pem)
         .map_err(|e| format!("the request is not a valid PKCS#10 request: {e}"))?;
-    // The certificate builder keeps one value per name attribute: a
-    // request for several groups is refused rather than issued short.
-    if organizations_requested(&pem) > 1 {
-        return Err("this cluster's signer issues certificates naming one organization (group) at most; grant further groups' rights through RBAC".into());
-    }
+    let der = x509_parser::pem::parse_x509_pem(pem.as_bytes())
+        .map_err(|e| format!("the request is not PEM: {e}"))?
+        .1
+        .contents;
+    let (common_names, organizations) = subject_names(&der)?;
     let usages: Vec<&str> = spec["usages"]
         .as_array()
         .map(|u| u.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let text = |kind: DnType| {
-        params
-            .params
-            .distinguished_name
-            .iter()
-            .filter(|(k, _)| **k == kind)
-            .map(|(_, v)| match v {
-                DnValue::PrintableString(s) => s.to_string(),
-                DnValue::Utf8String(s) => s.clone(),
-                _ => String::new(),
-            })
-            .collect::<Vec<_>>()
-    };
-    let common_names = text(DnType::CommonName);
-    let organizations = text(DnType::OrganizationName);
     let signer = spec["signerName"].as_str().unwrap_or("");
     // Upstream's checks of what each signer may issue.
     let allowed: &[&str] = &["digital signature", "key encipherment", "client auth"];
@@ -167,38 +152,35 @@ fn sign(state: &ApiState, request: &Value) -> Result<String, String> {
     let seconds = spec["expirationSeconds"]
         .as_i64()
         .unwrap_or(MAX_SECONDS)
-        .min(MAX_SECONDS);
-    let now = time::OffsetDateTime::now_utc();
-    params.params.not_before = now - BACKDATE;
-    params.params.not_after = now + Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
-    params.params.key_usages = usages
-        .iter()
-        .filter_map(|u| match *u {
-            "digital signature" => Some(KeyUsagePurpose::DigitalSignature),
-            "key encipherment" => Some(KeyUsagePurpose::KeyEncipherment),
-            _ => None,
-        })
-        .collect();
-    params.params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    params.params.is_ca = rcgen::IsCa::ExplicitNoCa;
-    params
-        .signed_by(state.joining.issuer.as_ref())
-        .map(|cert| cert.pem())
-        .map_err(|e| format!("signing failed: {e}"))
+        .clamp(0, MAX_SECONDS);
+    let now = SystemTime::now();
+    let usages = Usages {
+        digital_signature: usages.contains(&"digital signature"),
+        key_encipherment: usages.contains(&"key encipherment"),
+    };
+    state.joining.authority.issue_client(
+        &der,
+        usages,
+        now - BACKDATE,
+        now + Duration::from_secs(seconds.unsigned_abs()),
+    )
 }
 
-/// How many organizations (O) the request's subject names.
-fn organizations_requested(pem: &str) -> usize {
-    let Ok((_, parsed)) = x509_parser::pem::parse_x509_pem(pem.as_bytes()) else {
-        return 0;
+/// The common names (users) and organizations (groups) the request's
+/// subject names, in order.
+fn subject_names(der: &[u8]) -> Result<(Vec<String>, Vec<String>), String> {
+    let (_, request) = x509_parser::certification_request::X509CertificationRequest::from_der(der)
+        .map_err(|e| format!("the request is not a valid PKCS#10 request: {e}"))?;
+    let subject = &request.certification_request_info.subject;
+    let text = |values: Vec<&x509_parser::x509::AttributeTypeAndValue>| {
+        values
+            .into_iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("the request's subject is not text: {e}"))
     };
-    x509_parser::certification_request::X509CertificationRequest::from_der(&parsed.contents)
-        .map(|(_, request)| {
-            request
-                .certification_request_info
-                .subject
-                .iter_organization()
-                .count()
-        })
-        .unwrap_or(0)
+    Ok((
+        text(subject.iter_common_name().collect())?,
+        text(subject.iter_organization().collect())?,
+    ))
 }

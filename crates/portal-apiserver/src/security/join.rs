@@ -27,6 +27,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, PublicKeyData,
 };
 
+use crate::security::issuing::CertificateAuthority;
 use crate::security::pki::{self, write_private};
 use crate::server::http::{json_response, text_response, Body, RequestBody};
 
@@ -41,6 +42,8 @@ pub(crate) struct Joining {
     pub(crate) kubelet_client_ca_pem: String,
     pub(crate) secret: String,
     pub(crate) issuer: Arc<Issuer<'static, KeyPair>>,
+    /// The same CA, for certificates of approved requests.
+    pub(crate) authority: Arc<CertificateAuthority>,
     /// `DIR/pki/nodes`: the public key each node name joined with.
     pub(crate) pins: PathBuf,
     /// Held while a join decides on its name.
@@ -261,12 +264,18 @@ mod tests {
         let ca_key = KeyPair::generate().unwrap();
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca_pem = ca.clone().self_signed(&ca_key).unwrap().pem();
+        let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
+        let ca_pem = ca_cert.pem();
+        let authority = CertificateAuthority {
+            certificate: ca_cert.der().to_vec(),
+            key: KeyPair::from_pem(&ca_key.serialize_pem()).unwrap(),
+        };
         let joining = Joining {
             ca_pem,
             kubelet_client_ca_pem: String::new(),
             secret: "s".into(),
             issuer: Arc::new(Issuer::new(ca, ca_key)),
+            authority: Arc::new(authority),
             pins: PathBuf::new(),
             pinning: tokio::sync::Mutex::new(()),
         };

@@ -9,6 +9,7 @@ pub(crate) mod attributes;
 pub(crate) mod auth;
 pub mod encryption;
 pub(crate) mod identity;
+pub mod issuing;
 pub mod join;
 pub(crate) mod node;
 pub mod pki;

@@ -17,6 +17,8 @@ use rcgen::{
 };
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 
+use crate::security::issuing::CertificateAuthority;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{path}: {source}")]
@@ -64,6 +66,8 @@ pub struct Credentials {
     pub tls: Arc<rustls::ServerConfig>,
     /// Signs node certificates (`join`).
     pub(crate) issuer: Arc<Issuer<'static, KeyPair>>,
+    /// Signs approved CertificateSigningRequests.
+    pub(crate) authority: Arc<CertificateAuthority>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -119,6 +123,13 @@ pub fn load_or_create(dir: &Path, names: &[String], ips: &[IpAddr]) -> Result<Cr
         path: ca_cert_path.clone(),
         reason: e.to_string(),
     })?;
+    let authority = CertificateAuthority {
+        certificate: ca_der.to_vec(),
+        key: KeyPair::from_pem(&ca_key_pem).map_err(|e| Error::Pem {
+            path: ca_key_path.clone(),
+            reason: e.to_string(),
+        })?,
+    };
 
     let mut params = CertificateParams::new(names.to_vec())?;
     params
@@ -173,6 +184,7 @@ pub fn load_or_create(dir: &Path, names: &[String], ips: &[IpAddr]) -> Result<Cr
         token,
         tls: Arc::new(tls),
         issuer: Arc::new(issuer),
+        authority: Arc::new(authority),
     })
 }
 

@@ -3,6 +3,8 @@
 //! missing objects are created; existing ones annotated
 //! `rbac.authorization.kubernetes.io/autoupdate: "true"` get the rules and
 //! subjects they lack (nothing is taken away, so a user's additions stay);
+//! a binding that names another role is deleted and made again with the
+//! policy's role (a binding's role cannot change), keeping its subjects;
 //! objects whose annotation says `"false"` are left as they are.
 
 use portal_api::kinds::{cluster_role, cluster_role_binding, role, role_binding};
@@ -10,6 +12,7 @@ use portal_api::{Resource, Status};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::registry::deletion::{self, Propagation};
 use crate::registry::write::internal::{Change, Writer};
 use crate::registry::write::Part;
 use crate::ApiState;
@@ -66,7 +69,15 @@ pub(crate) async fn reconcile(state: &ApiState) -> Result<(), Status> {
                 Err(status) => return Err(status),
             }
         }
-        let result = writer
+        let role_changed = cached.as_ref().is_some_and(|c| {
+            wanted.get("roleRef").is_some() && c.value["roleRef"] != wanted["roleRef"]
+        });
+        if role_changed {
+            recreate(state, resource, namespace.as_deref(), &name, &wanted).await?;
+            completed += 1;
+            continue;
+        }
+        writer
             .update(
                 namespace.as_deref(),
                 &name,
@@ -76,19 +87,62 @@ pub(crate) async fn reconcile(state: &ApiState) -> Result<(), Status> {
                     None => Change::Keep,
                 },
             )
-            .await;
-        match result {
-            Ok(_) => completed += 1,
-            // A binding whose role changed cannot be updated: upstream
-            // deletes and recreates it; Portal leaves it and says so.
-            Err(status) if status.code == 422 => {
-                tracing::warn!(%name, error = %status.message, "bootstrap binding left as it is")
-            }
-            Err(status) => return Err(status),
-        }
+            .await?;
+        completed += 1;
     }
     tracing::debug!(created, completed, "bootstrap RBAC policy reconciled");
     Ok(())
+}
+
+/// Replaces the binding `name`, which names another role than the
+/// policy's, by the policy's with the subjects of both, as upstream's
+/// reconciliation does (a binding's `roleRef` is immutable).
+async fn recreate(
+    state: &ApiState,
+    resource: &'static Resource,
+    namespace: Option<&str>,
+    name: &str,
+    wanted: &Value,
+) -> Result<(), Status> {
+    let key = resource.key(namespace, name);
+    let store = state.store.as_ref();
+    let Some(current) = store.get(&key).await.map_err(crate::store_error)? else {
+        return Ok(());
+    };
+    let object: Value = serde_json::from_slice(&current.value)
+        .map_err(|e| Status::internal(format!("{name}: {e}")))?;
+    let Some(mut replacement) = completed_object(&object, wanted) else {
+        return Ok(());
+    };
+    // The new object is the old one's content, not its identity.
+    let metadata = &object["metadata"];
+    replacement["metadata"] = serde_json::json!({
+        "name": name,
+        "labels": metadata["labels"],
+        "annotations": metadata["annotations"],
+    });
+    if let Some(namespace) = namespace {
+        replacement["metadata"]["namespace"] = namespace.into();
+    }
+    deletion::delete_object(
+        store,
+        &state.allocators,
+        resource,
+        &current,
+        Some(0),
+        Propagation::Background,
+    )
+    .await
+    .map_err(crate::store_error)?;
+    tracing::info!(%name, role = %wanted["roleRef"]["name"], "bootstrap binding made again for its new role");
+    match Writer::new(state, resource, MANAGER)
+        .create(namespace, replacement)
+        .await
+    {
+        // Another server made it again first.
+        Err(status) if status.code == 409 => Ok(()),
+        result => result.map(drop),
+    }
 }
 
 /// `current` with what it lacks of `wanted`, or `None` when it lacks

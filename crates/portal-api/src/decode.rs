@@ -80,8 +80,8 @@ pub fn decode_object(resource: &Resource, mut value: Value) -> Result<Decoded, D
             )))
         }
     }
-    let mut decoded = (resource.decode)(value)?;
-    (resource.defaults)(&mut decoded.object);
+    let mut decoded = resource.decode_value(value)?;
+    resource.apply_defaults(&mut decoded.object);
     Ok(decoded)
 }
 

@@ -17,6 +17,7 @@
 
 pub mod cidr;
 pub mod cron;
+pub mod custom;
 pub mod decode;
 pub mod defaults;
 pub mod join;

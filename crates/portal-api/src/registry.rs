@@ -46,6 +46,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::role_binding::RESOURCE,
     &kinds::cluster_role_binding::RESOURCE,
     &kinds::certificate_signing_request::RESOURCE,
+    &kinds::custom_resource_definition::RESOURCE,
 ];
 
 /// Why a kind could not be found or added.
@@ -80,13 +81,16 @@ impl Registry {
     /// Adds `resource`, refused when its group/version/plural or its kind
     /// at that version is already served, or a short name is taken.
     pub fn add(&mut self, resource: &'static Resource) -> Result<(), RegistryError> {
+        // Versions of one kind share its plural and short names.
         let clash = self.resources.iter().find(|r| {
+            let same_kind = r.kind_name == resource.kind_name && r.plural == resource.plural;
             r.group == resource.group
-                && (r.plural == resource.plural
+                && (r.plural == resource.plural && (!same_kind || r.version == resource.version)
                     || r.kind_name == resource.kind_name && r.version == resource.version
-                    || r.short_names
-                        .iter()
-                        .any(|s| resource.short_names.contains(s)))
+                    || !same_kind
+                        && r.short_names
+                            .iter()
+                            .any(|s| resource.short_names.contains(s)))
         });
         if let Some(existing) = clash {
             return Err(RegistryError::AlreadyServed(format!(
@@ -146,6 +150,21 @@ pub fn register(resource: &'static Resource) -> Result<(), RegistryError> {
     next.add(resource)?;
     *guard = Arc::new(next);
     Ok(())
+}
+
+/// Serves exactly the built-in kinds and `defined` (kinds of
+/// CustomResourceDefinitions) from now on; a defined resource that clashes
+/// with one served before it is left out and returned with the reason.
+pub fn set_defined(defined: &[&'static Resource]) -> Vec<(&'static Resource, RegistryError)> {
+    let mut next = Registry::built_in();
+    let mut refused = Vec::new();
+    for resource in defined {
+        if let Err(error) = next.add(resource) {
+            refused.push((*resource, error));
+        }
+    }
+    *shared().write() = Arc::new(next);
+    refused
 }
 
 /// Every resource served now, in discovery order.
@@ -227,5 +246,22 @@ mod tests {
             registry.add(&kinds::lease::RESOURCE),
             Err(RegistryError::AlreadyServed(_))
         ));
+        // Another version of a kind shares its plural and short names;
+        // another kind may not.
+        static WIDGETS_V2: Resource = Resource {
+            version: "v2",
+            ..WIDGETS
+        };
+        static GADGETS: Resource = Resource {
+            kind_name: "Gadget",
+            plural: "gadgets",
+            ..WIDGETS
+        };
+        registry.add(&WIDGETS).unwrap();
+        registry.add(&WIDGETS_V2).unwrap();
+        assert!(registry.add(&GADGETS).is_err(), "the short name is taken");
+        let refused = set_defined(&[&WIDGETS, &WIDGETS_V2, &GADGETS]);
+        assert_eq!(refused.len(), 1);
+        assert_eq!(current().of(WIDGETS.kind()), Ok(&WIDGETS));
     }
 }

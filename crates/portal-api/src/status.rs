@@ -53,6 +53,45 @@ impl Cause {
         }
     }
 
+    /// `Unsupported value: "x": supported values: "a", "b"` (values
+    /// rendered as JSON, as Kubernetes quotes them).
+    pub fn unsupported(
+        field: &str,
+        value: impl Into<serde_json::Value>,
+        supported: &[&str],
+    ) -> Self {
+        let supported: Vec<String> = supported
+            .iter()
+            .map(|s| serde_json::Value::from(*s).to_string())
+            .collect();
+        Cause {
+            reason: "FieldValueNotSupported".into(),
+            message: format!(
+                "Unsupported value: {}: supported values: {}",
+                value.into(),
+                supported.join(", ")
+            ),
+            field: field.into(),
+        }
+    }
+
+    pub fn duplicate(field: &str, value: impl Into<serde_json::Value>) -> Self {
+        Cause {
+            reason: "FieldValueDuplicate".into(),
+            message: format!("Duplicate value: {}", value.into()),
+            field: field.into(),
+        }
+    }
+
+    /// `Too many: 4: must have at most 3 items`.
+    pub fn too_many(field: &str, actual: usize, max: u64) -> Self {
+        Cause {
+            reason: "FieldValueTooMany".into(),
+            message: format!("Too many: {actual}: must have at most {max} items"),
+            field: field.into(),
+        }
+    }
+
     pub fn too_long(field: &str, max: usize) -> Self {
         Cause {
             reason: "FieldValueTooLong".into(),

@@ -192,6 +192,7 @@ impl ClusterDuties {
             ),
             duties::certificate_signer::run(self.state.clone()),
             duties::legacy_tokens::run(self.state.clone()),
+            duties::definitions::run(self.state.clone()),
         );
     }
 }
@@ -217,6 +218,8 @@ pub(crate) struct ApiState {
     pub(crate) joining: Arc<join::Joining>,
     /// Turns `true` when the server starts draining: watches end cleanly.
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
+    /// The kinds CustomResourceDefinitions define, as served.
+    pub(crate) defined: registry::defined::Defined,
 }
 
 /// The resource and namespace a request addresses.
@@ -431,7 +434,11 @@ impl ApiServer {
             agents: agents.tls,
             joining: joining.clone(),
             stopping: stopping.clone(),
+            defined: Default::default(),
         });
+        // Kinds users define are served from their definitions on.
+        registry::defined::sync(&state);
+        tokio::spawn(registry::defined::follow(Arc::downgrade(&state)));
         // The roles and bindings every cluster has, before anyone asks.
         security::rbac::bootstrap::reconcile(&state)
             .await

@@ -77,6 +77,7 @@ pub static RESOURCE: Resource = Resource {
     list_map_keys: &[],
     columns,
     cells,
+    custom: None,
     subresources: &[Subresource {
         name: "approval",
         kind: "CertificateSigningRequest",

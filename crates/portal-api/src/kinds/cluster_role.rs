@@ -39,6 +39,7 @@ pub static RESOURCE: Resource = Resource {
     list_map_keys: &[],
     columns: super::role::columns,
     cells: super::role::cells,
+    custom: None,
     subresources: &[],
 };
 

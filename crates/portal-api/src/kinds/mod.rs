@@ -14,6 +14,7 @@ pub mod cluster_role_binding;
 pub mod config_map;
 pub mod controller_revision;
 pub mod cron_job;
+pub mod custom_resource_definition;
 pub mod daemon_set;
 pub mod deployment;
 pub mod endpoint_slice;

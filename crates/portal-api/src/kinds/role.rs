@@ -43,6 +43,7 @@ pub static RESOURCE: Resource = Resource {
     list_map_keys: &[],
     columns,
     cells,
+    custom: None,
     subresources: &[],
 };
 

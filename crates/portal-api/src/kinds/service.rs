@@ -41,6 +41,7 @@ pub static RESOURCE: Resource = Resource {
     list_map_keys: &[(&["spec", "ports"], &["port", "protocol"])],
     columns,
     cells,
+    custom: None,
     subresources: &[Subresource {
         name: "proxy",
         kind: "ServiceProxyOptions",

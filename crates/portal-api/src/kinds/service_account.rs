@@ -65,6 +65,7 @@ pub static RESOURCE: Resource = Resource {
     list_map_keys: &[],
     columns,
     cells,
+    custom: None,
     subresources: &[Subresource {
         name: "token",
         kind: "TokenRequest",

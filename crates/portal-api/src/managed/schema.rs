@@ -22,6 +22,16 @@ pub enum ListType {
 
 /// The list at `path` (field names, items skipped) in an object of `kind`.
 pub fn list_type(resource: &Resource, path: &[&str]) -> ListType {
+    if let Some(custom) = resource.custom {
+        // A defined kind's schema says it all (`x-kubernetes-list-type`).
+        if let Some(keys) = custom.list_map_keys(path) {
+            return ListType::Map(keys);
+        }
+        return match custom.list_strategy(path) {
+            ListStrategy::MergePrimitives => ListType::Set,
+            _ => ListType::Atomic,
+        };
+    }
     if let Some((_, keys)) = resource.list_map_keys.iter().find(|(at, _)| *at == path) {
         return ListType::Map(keys);
     }

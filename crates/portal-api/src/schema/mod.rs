@@ -95,10 +95,47 @@ pub enum Generation {
     /// `status` subresource with annotations of its own (Deployments: the
     /// `deployment.kubernetes.io/revision` annotation).
     SpecAndAnnotations,
+    /// Changes of anything but `metadata` (and `status`, when it is a
+    /// subresource): custom resources.
+    Content,
 }
 
 /// The OpenAPI schema of a kind, its definitions added to the generator.
 pub type OpenApiSchema = fn(&mut schemars::SchemaGenerator) -> schemars::Schema;
+
+/// Where a kind defined at run time keeps its `/scale` subresource's
+/// fields (a CRD's `subresources.scale`): paths such as `.spec.replicas`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScalePaths {
+    pub spec_replicas: String,
+    pub status_replicas: String,
+    pub label_selector: Option<String>,
+}
+
+/// The behaviour of a kind defined at run time (a CustomResourceDefinition's
+/// version), which reads its own schema: what the plain function hooks of
+/// a built-in [`Resource`] do, for one value each.
+pub trait Defined: Send + Sync + std::fmt::Debug {
+    /// Checks types and prunes what the schema does not know.
+    fn decode(&self, object: Value) -> Result<Decoded, DecodeError>;
+    /// Fills in the schema's defaults.
+    fn defaults(&self, object: &mut Value);
+    /// The schema's checks (types, formats, bounds, rules).
+    fn validate(&self, object: &Value, old: Option<&Value>) -> Vec<Cause>;
+    /// `kubectl get` columns (the additional printer columns).
+    fn columns(&self) -> Vec<Column>;
+    fn cells(&self, object: &Value, now: i64) -> Vec<Value>;
+    /// The kind's OpenAPI v3 schema, as the CRD states it.
+    fn openapi_schema(&self) -> Value;
+    /// How the list at `path` merges, from `x-kubernetes-list-type`.
+    fn list_strategy(&self, path: &[&str]) -> ListStrategy;
+    /// The keys of a `map` list at `path`.
+    fn list_map_keys(&self, path: &[&str]) -> Option<&'static [&'static str]>;
+    /// The `/scale` subresource's fields, when it has one.
+    fn scale(&self) -> Option<&ScalePaths>;
+    /// The version objects are stored at (`None` conversion between).
+    fn storage_version(&self) -> &'static str;
+}
 
 /// One kind, served as one resource: everything kind-specific, as data and
 /// plain functions (Kubernetes keeps the same in
@@ -158,6 +195,9 @@ pub struct Resource {
     pub cells: fn(&Value, i64) -> Vec<Value>,
     /// Subresources beyond `status`, for discovery.
     pub subresources: &'static [Subresource],
+    /// A kind defined at run time: its behaviour, which replaces the
+    /// function hooks above (`decode` … `cells`, the list strategy).
+    pub custom: Option<&'static dyn Defined>,
 }
 
 /// Two resources are the same when they serve the same kind at the same
@@ -230,7 +270,51 @@ impl Resource {
         match path {
             ["metadata", "finalizers"] => ListStrategy::MergePrimitives,
             ["metadata", "ownerReferences"] => ListStrategy::MergeKey("uid"),
-            _ => (self.own_list_strategy)(path),
+            _ => match self.custom {
+                Some(custom) => custom.list_strategy(path),
+                None => (self.own_list_strategy)(path),
+            },
+        }
+    }
+
+    /// Decodes a JSON object of this kind (types checked, unknown fields
+    /// collected and dropped).
+    pub fn decode_value(&self, object: Value) -> Result<Decoded, DecodeError> {
+        match self.custom {
+            Some(custom) => custom.decode(object),
+            None => (self.decode)(object),
+        }
+    }
+
+    /// Fills in what omitted fields mean.
+    pub fn apply_defaults(&self, object: &mut Value) {
+        match self.custom {
+            Some(custom) => custom.defaults(object),
+            None => (self.defaults)(object),
+        }
+    }
+
+    /// The kind's own checks of an object about to be stored.
+    pub fn validate_object(&self, object: &Value, old: Option<&Value>) -> Vec<Cause> {
+        match self.custom {
+            Some(custom) => custom.validate(object, old),
+            None => (self.validate)(object, old),
+        }
+    }
+
+    /// `kubectl get` columns.
+    pub fn table_columns(&self) -> Vec<Column> {
+        match self.custom {
+            Some(custom) => custom.columns(),
+            None => (self.columns)(),
+        }
+    }
+
+    /// One object's `kubectl get` cells.
+    pub fn table_cells(&self, object: &Value, now: i64) -> Vec<Value> {
+        match self.custom {
+            Some(custom) => custom.cells(object, now),
+            None => (self.cells)(object, now),
         }
     }
 

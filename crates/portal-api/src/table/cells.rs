@@ -68,7 +68,7 @@ mod tests {
     use serde_json::json;
 
     fn row(resource: &Resource, object: &Value, now: i64) -> Vec<Value> {
-        (resource.cells)(object, now)
+        resource.table_cells(object, now)
     }
 
     #[test]

@@ -87,7 +87,7 @@ pub fn table<'a>(
     let rows: Vec<Value> = objects
         .into_iter()
         .map(|object| {
-            let mut row = json!({"cells": (resource.cells)(object, now)});
+            let mut row = json!({"cells": resource.table_cells(object, now)});
             match include {
                 IncludeObject::None => {}
                 IncludeObject::Metadata => row["object"] = partial_metadata(object),
@@ -99,7 +99,7 @@ pub fn table<'a>(
     let mut table = json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
-        "columnDefinitions": (resource.columns)().iter().map(column_json).collect::<Vec<_>>(),
+        "columnDefinitions": resource.table_columns().iter().map(column_json).collect::<Vec<_>>(),
         "rows": rows,
     });
     table["metadata"] = list_meta;

@@ -5,6 +5,7 @@
 
 pub(crate) mod certificate_signer;
 pub(crate) mod compaction;
+pub(crate) mod definitions;
 pub(crate) mod endpoint_leases;
 pub(crate) mod kubernetes_service;
 pub(crate) mod legacy_tokens;

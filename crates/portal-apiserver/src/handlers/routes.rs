@@ -294,9 +294,16 @@ async fn serve(
     if let Some(name) = &api_path.name {
         span.record("name", name.as_str());
     }
-    let resource: &'static Resource =
-        portal_api::registry::find(&api_path.group, &api_path.version, &api_path.resource)
-            .ok_or_else(Status::no_route)?;
+    let find =
+        || portal_api::registry::find(&api_path.group, &api_path.version, &api_path.resource);
+    // A kind defined a moment ago may not be served yet.
+    let resource: &'static Resource = match find() {
+        Some(resource) => resource,
+        None => {
+            crate::registry::defined::sync(state);
+            find().ok_or_else(Status::no_route)?
+        }
+    };
     if !resource.namespaced && api_path.namespace.is_some() {
         return Err(Status::no_route());
     }
@@ -373,7 +380,12 @@ async fn serve(
         Some("token") if resource.kind() == kinds::service_account::KIND => Target::Token,
         Some(_) => return Err(Status::no_route()),
     };
-    let output = Output::negotiate(request.headers(), &query)?;
+    let output = match Output::negotiate(request.headers(), &query)? {
+        // Clients that prefer protobuf accept JSON too (client-go asks
+        // `application/vnd.kubernetes.protobuf, application/json`).
+        Output::Protobuf if !portal_api::protobuf::supports(resource) => Output::Json,
+        output => output,
+    };
     let name = api_path.name.as_deref();
     // A write to a namespaced resource names its namespace.
     let needs_namespace = resource.namespaced && scope.namespace.is_none();

@@ -85,7 +85,40 @@ struct ResourceState {
 #[derive(Debug, Default)]
 struct State {
     resources: HashMap<Kind, ResourceState>,
+    /// Objects of kinds not served (yet): a CustomResourceDefinition's
+    /// objects before it is served, by the key prefix of their resource.
+    unclaimed: HashMap<String, BTreeMap<String, Arc<CachedObject>>>,
     revision: Revision,
+}
+
+/// The resource key prefix (`/registry/<group>/<plural>/`) of a key that
+/// may belong to a kind users define: their groups have a dot.
+fn defined_prefix(key: &str) -> Option<&str> {
+    let rest = key.strip_prefix(REGISTRY_PREFIX)?;
+    let mut parts = rest.splitn(3, '/');
+    let group = parts.next()?;
+    let plural = parts.next()?;
+    parts.next()?;
+    group
+        .contains('.')
+        .then(|| &key[..REGISTRY_PREFIX.len() + group.len() + plural.len() + 2])
+}
+
+impl State {
+    /// The state of `resource`'s kind, made (from what was unclaimed)
+    /// when it has just come to be served.
+    fn claim(&mut self, resource: &Resource) -> &mut ResourceState {
+        let revision = self.revision;
+        let unclaimed = &mut self.unclaimed;
+        self.resources
+            .entry(resource.kind())
+            .or_insert_with(|| ResourceState {
+                objects: unclaimed.remove(&resource.key_prefix()).unwrap_or_default(),
+                floor: revision,
+                changed: revision,
+                ..ResourceState::default()
+            })
+    }
 }
 
 /// A watcher's position fell out of the ring.
@@ -178,14 +211,24 @@ impl WatchCache {
             })
             .collect();
         let registry = portal_api::registry::current();
+        let mut unclaimed: HashMap<String, BTreeMap<String, Arc<CachedObject>>> = HashMap::new();
         for kv in items {
-            let Some(kind) = kind_of_key(&registry, &kv.key) else {
+            let kind = kind_of_key(&registry, &kv.key);
+            let prefix = defined_prefix(&kv.key);
+            if kind.is_none() && prefix.is_none() {
                 continue;
-            };
+            }
             match CachedObject::decode(&kv.key, &kv.value, kv.mod_revision) {
                 Ok(object) => {
-                    if let Some(state) = resources.get_mut(&kind) {
-                        state.objects.insert(kv.key.clone(), Arc::new(object));
+                    let objects = match (kind, prefix) {
+                        (Some(kind), _) => resources.get_mut(&kind).map(|r| &mut r.objects),
+                        (None, Some(prefix)) => {
+                            Some(unclaimed.entry(prefix.to_owned()).or_default())
+                        }
+                        (None, None) => None,
+                    };
+                    if let Some(objects) = objects {
+                        objects.insert(kv.key.clone(), Arc::new(object));
                     }
                 }
                 Err(error) => tracing::error!(key = %kv.key, %error, "undecodable object in store"),
@@ -193,6 +236,7 @@ impl WatchCache {
         }
         *self.state.write() = State {
             resources,
+            unclaimed,
             revision,
         };
         self.revision.send_replace(revision);
@@ -214,7 +258,10 @@ impl WatchCache {
             .iter()
             .flatten()
             .filter_map(|event| {
-                let kind = kind_of_key(&registry, &event.kv.key)?;
+                let resource = registry.of_key(&event.kv.key);
+                if resource.is_none() && defined_prefix(&event.kv.key).is_none() {
+                    return None;
+                }
                 let object = match event.kind {
                     EventKind::Put => {
                         match CachedObject::decode(&event.kv.key, &event.kv.value, event.revision()) {
@@ -227,15 +274,24 @@ impl WatchCache {
                     }
                     EventKind::Delete => None,
                 };
-                Some((kind, event, object))
+                Some((resource, event, object))
             })
             .collect();
         let mut state = self.state.write();
-        for (kind, event, object) in decoded {
-            let Some(resource) = state.resources.get_mut(&kind) else {
+        for (resource, event, object) in decoded {
+            let key = &event.kv.key;
+            let Some(resource) = resource else {
+                // Not served (yet): kept for when it is.
+                if let Some(prefix) = defined_prefix(key) {
+                    let objects = state.unclaimed.entry(prefix.to_owned()).or_default();
+                    match object {
+                        Some(object) => drop(objects.insert(key.clone(), object)),
+                        None => drop(objects.remove(key)),
+                    }
+                }
                 continue;
             };
-            let key = &event.kv.key;
+            let resource = state.claim(resource);
             let revision = event.revision();
             resource.changed = revision;
             let prev = resource.objects.get(key).cloned();
@@ -368,6 +424,37 @@ impl WatchCache {
 
     pub(crate) fn revision(&self) -> Revision {
         self.state.read().revision
+    }
+
+    /// Follows a change of the kinds served: kinds now served get their
+    /// objects (kept while they were not), kinds no longer served give
+    /// theirs back.
+    pub(crate) fn follow_registry(&self, registry: &Registry) {
+        let mut state = self.state.write();
+        for resource in registry.iter() {
+            state.claim(resource);
+        }
+        let gone: Vec<Kind> = state
+            .resources
+            .keys()
+            .filter(|kind| registry.of(**kind).is_err())
+            .copied()
+            .collect();
+        for kind in gone {
+            let Some(resource) = state.resources.remove(&kind) else {
+                continue;
+            };
+            for (key, object) in resource.objects {
+                if let Some(prefix) = defined_prefix(&key) {
+                    let prefix = prefix.to_owned();
+                    state
+                        .unclaimed
+                        .entry(prefix)
+                        .or_default()
+                        .insert(key, object);
+                }
+            }
+        }
     }
 
     /// The latest revision at which an object of one of `kinds` changed.

@@ -8,6 +8,7 @@
 
 pub(crate) mod allocator;
 pub(crate) mod cache;
+pub(crate) mod defined;
 pub(crate) mod deletion;
 pub(crate) mod lookup;
 pub(crate) mod strategy;

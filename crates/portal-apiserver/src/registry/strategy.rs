@@ -147,6 +147,19 @@ pub(crate) fn prepare_update(resource: &Resource, new: &mut Value, old: &Value, 
             new.get("spec") != old.get("spec")
                 || annotations_of(meta::metadata(new)) != annotations_of(&old_meta)
         }
+        Generation::Content => {
+            let content = |object: &Value| {
+                object.as_object().map(|map| {
+                    map.iter()
+                        .filter(|(k, _)| {
+                            *k != "metadata" && !(*k == "status" && resource.has_status)
+                        })
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect::<std::collections::BTreeMap<_, _>>()
+                })
+            };
+            content(new) != content(old)
+        }
     };
     if changed {
         let generation = old_meta

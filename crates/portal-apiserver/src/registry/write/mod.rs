@@ -205,7 +205,7 @@ impl WriteOptions {
 /// Metadata and kind-specific problems of an object about to be stored.
 fn problems(resource: &Resource, object: &Value, old: Option<&Value>) -> Vec<portal_api::Cause> {
     let mut causes = meta::validate(resource, object);
-    causes.extend((resource.validate)(object, old));
+    causes.extend(resource.validate_object(object, old));
     causes
 }
 

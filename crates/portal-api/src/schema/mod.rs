@@ -228,6 +228,11 @@ impl Resource {
     /// The kind's schema name in OpenAPI and protobuf:
     /// `io.k8s.api.core.v1.Service`, `io.k8s.api.discovery.v1.EndpointSlice`.
     pub fn openapi_name(&self) -> String {
+        // A defined kind's: the group's labels reversed (`com.example.v1.Widget`).
+        if self.custom.is_some() {
+            let group: Vec<&str> = self.group.rsplit('.').collect();
+            return format!("{}.{}.{}", group.join("."), self.version, self.kind_name);
+        }
         // The Go package: the group's first label (`rbac` of
         // `rbac.authorization.k8s.io`).
         let group = match self.group {

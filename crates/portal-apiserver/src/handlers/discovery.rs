@@ -135,6 +135,117 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
     )
 }
 
+/// The aggregated discovery form a client asks for in `Accept`
+/// (`application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList`),
+/// if it prefers one to the legacy documents: `v2` or `v2beta1`.
+pub(crate) fn aggregated_version(accept: &str) -> Option<&'static str> {
+    for range in accept.split(',') {
+        let params: Vec<&str> = range.split(';').map(str::trim).collect();
+        if params.contains(&"g=apidiscovery.k8s.io") {
+            if !params.contains(&"as=APIGroupDiscoveryList") {
+                continue;
+            }
+            if params.contains(&"v=v2") {
+                return Some("v2");
+            }
+            if params.contains(&"v=v2beta1") {
+                return Some("v2beta1");
+            }
+            continue;
+        }
+        // A plain JSON range first: the legacy documents.
+        if matches!(params[0], "application/json" | "*/*" | "application/*") {
+            return None;
+        }
+    }
+    None
+}
+
+/// The media type of an aggregated discovery answer.
+pub(crate) fn aggregated_media_type(version: &str) -> String {
+    format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList")
+}
+
+/// `/api` (`core`) or `/apis` as one aggregated document: every group,
+/// version and resource with its verbs and subresources, in one answer
+/// (what kubectl ≥ 1.26 asks for first).
+pub(crate) fn aggregated(core: bool, version: &str) -> Value {
+    let items: Vec<Value> = if core {
+        vec![aggregated_group("", &["v1"])]
+    } else {
+        groups()
+            .iter()
+            .map(|(group, versions)| aggregated_group(group, versions))
+            .collect()
+    };
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": format!("apidiscovery.k8s.io/{version}"),
+        "metadata": {},
+        "items": items,
+    })
+}
+
+fn aggregated_group(group: &str, versions: &[&str]) -> Value {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|version| {
+            let resources: Vec<Value> = resource_list(group, version)
+                .and_then(|list| list["resources"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter(|r| !r["name"].as_str().unwrap_or("").contains('/'))
+                .map(|r| aggregated_resource(group, version, r))
+                .collect();
+            json!({"version": version, "resources": resources, "freshness": "Current"})
+        })
+        .collect();
+    let mut metadata = json!({"creationTimestamp": null});
+    if !group.is_empty() {
+        metadata["name"] = json!(group);
+    }
+    json!({"metadata": metadata, "versions": versions})
+}
+
+/// One resource of a legacy list in the aggregated form, with its
+/// subresources (the legacy list's `plural/sub` entries).
+fn aggregated_resource(group: &str, version: &str, legacy: &Value) -> Value {
+    let plural = legacy["name"].as_str().unwrap_or("");
+    let kind = |entry: &Value| {
+        json!({
+            "group": entry.get("group").cloned().unwrap_or(json!(group)),
+            "version": entry.get("version").cloned().unwrap_or(json!(version)),
+            "kind": entry["kind"],
+        })
+    };
+    let subresources: Vec<Value> = resource_list(group, version)
+        .and_then(|list| list["resources"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|entry| {
+            let name = entry["name"].as_str()?;
+            let sub = name.strip_prefix(plural)?.strip_prefix('/')?;
+            Some(json!({"subresource": sub, "responseKind": kind(entry), "verbs": entry["verbs"]}))
+        })
+        .collect();
+    let mut resource = json!({
+        "resource": plural,
+        "responseKind": kind(legacy),
+        "scope": if legacy["namespaced"] == true { "Namespaced" } else { "Cluster" },
+        "singularResource": legacy["singularName"],
+        "verbs": legacy["verbs"],
+    });
+    for field in ["shortNames", "categories"] {
+        if legacy[field].as_array().is_some_and(|a| !a.is_empty()) {
+            resource[field] = legacy[field].clone();
+        }
+    }
+    if !subresources.is_empty() {
+        resource["subresources"] = json!(subresources);
+    }
+    resource
+}
+
 /// `/version`: the Kubernetes version whose API Portal serves.
 pub(crate) fn version() -> Value {
     json!({
@@ -180,5 +291,38 @@ mod tests {
         );
         assert!(group("rbac.authorization.k8s.io").is_some());
         assert!(group("networking.k8s.io").is_none());
+    }
+
+    #[test]
+    fn aggregated_documents() {
+        let kubectl = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+        assert_eq!(aggregated_version(kubectl), Some("v2"));
+        assert_eq!(aggregated_version("application/json"), None);
+        assert_eq!(aggregated_version("application/json, application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"), None);
+        let core = aggregated(true, "v2");
+        assert_eq!(core["apiVersion"], "apidiscovery.k8s.io/v2");
+        let v1 = &core["items"][0]["versions"][0];
+        assert_eq!(v1["version"], "v1");
+        let pods = v1["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resource"] == "pods")
+            .unwrap();
+        assert_eq!(pods["scope"], "Namespaced");
+        assert_eq!(pods["responseKind"]["kind"], "Pod");
+        assert!(pods["subresources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["subresource"] == "status"));
+        let apps = aggregated(false, "v2beta1");
+        let names: Vec<_> = apps["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"apps") && names.contains(&"rbac.authorization.k8s.io"));
     }
 }

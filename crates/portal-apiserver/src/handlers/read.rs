@@ -36,7 +36,7 @@ pub(crate) async fn get(
         }
     };
     Ok(match output {
-        Output::Json => json_response(StatusCode::OK, object.json.clone()),
+        Output::Json => json_response(StatusCode::OK, object.served_json(scope.resource)),
         Output::Protobuf => {
             let bytes = portal_api::protobuf::encode(scope.resource, &object.value)
                 .map_err(|e| Status::internal(format!("protobuf encoding: {e}")))?;

@@ -216,12 +216,36 @@ async fn serve(
             ["openid", "v1", "jwks"] => return Ok(json_value(&state.authn.signer.jwks())),
             ["metrics"] => return Ok(text_response(StatusCode::OK, state.metrics.encode())),
             ["version"] => return Ok(json_value(&discovery::version())),
-            ["api"] => {
-                return Ok(json_value(&discovery::core_versions(
-                    &state.address.to_string(),
-                )))
+            ["api"] | ["apis"] => {
+                // Kinds defined a moment ago are listed.
+                crate::registry::defined::sync(state);
+                let core = parts.as_slice() == ["api"];
+                let accept = request
+                    .headers()
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                let mut response = match discovery::aggregated_version(accept) {
+                    Some(version) => {
+                        let mut response = json_value(&discovery::aggregated(core, version));
+                        if let Ok(media) =
+                            http::HeaderValue::from_str(&discovery::aggregated_media_type(version))
+                        {
+                            response.headers_mut().insert(header::CONTENT_TYPE, media);
+                        }
+                        response
+                    }
+                    None if core => {
+                        json_value(&discovery::core_versions(&state.address.to_string()))
+                    }
+                    None => json_value(&discovery::group_list()),
+                };
+                // The answer depends on what was asked for.
+                response
+                    .headers_mut()
+                    .insert(header::VARY, http::HeaderValue::from_static("Accept"));
+                return Ok(response);
             }
-            ["apis"] => return Ok(json_value(&discovery::group_list())),
             ["apis", group] => {
                 return discovery::group(group)
                     .map(|v| json_value(&v))
@@ -238,7 +262,7 @@ async fn serve(
             }
             ["openapi", "v3", rest @ ..] => {
                 return openapi::document(&rest.join("/"))
-                    .map(json_value)
+                    .map(|document| json_value(&document))
                     .ok_or_else(Status::no_route)
             }
             ["api", version] => {
@@ -441,6 +465,12 @@ async fn serve(
         (&Method::PATCH, Some(name), Target::Part(part)) if !needs_namespace => {
             let patch_type = PatchType::from_content_type(&content_type)
                 .ok_or_else(|| Status::unsupported_media_type(&content_type))?;
+            // Kinds users define have no merge strategies (upstream, too).
+            if patch_type == PatchType::Strategic && resource.custom.is_some() {
+                let mut refused = Status::unsupported_media_type(&content_type);
+                refused.message = "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".into();
+                return Err(refused);
+            }
             let body = read_body(request.into_body()).await?;
             if allowed == auth::Allowed::IfTaintsKept {
                 node::check_taints_kept(state, &user, &asked, &body).await?;

@@ -1,10 +1,14 @@
 //! The `scale` subresource of the kinds that declare one
-//! (ReplicationControllers, ReplicaSets): an `autoscaling/v1` `Scale` view
-//! of `spec.replicas` that `kubectl scale` reads and patches.
+//! (ReplicationControllers, ReplicaSets, Deployments, StatefulSets, and
+//! custom resources whose definition asks for it): an `autoscaling/v1`
+//! `Scale` view of the replica counts that `kubectl scale` reads and
+//! patches. Built-in kinds keep them at `spec.replicas` and
+//! `status.replicas`; a custom resource where its definition says.
 
 use http::{Response, StatusCode};
 use portal_api::patch::PatchType;
-use portal_api::{meta, Cause, Status, Target};
+use portal_api::schema::ScalePaths;
+use portal_api::{meta, Cause, Resource, Status, Target};
 use serde_json::{json, Value};
 
 use crate::registry::lookup::{fresh, parse_revision};
@@ -38,7 +42,54 @@ fn selector_string(rc: &Value) -> String {
         .unwrap_or_default()
 }
 
-fn scale_of(rc: &Value) -> Value {
+/// A path of the definition's form (`.spec.replicas`) as field names.
+fn fields(path: &str) -> impl Iterator<Item = &str> {
+    path.split('.').filter(|f| !f.is_empty())
+}
+
+fn read<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
+    fields(path).try_fold(object, |v, f| v.get(f))
+}
+
+fn write(object: &mut Value, path: &str, value: Value) {
+    let mut at = object;
+    for field in fields(path) {
+        if !at.is_object() {
+            *at = json!({});
+        }
+        at = &mut at[field];
+    }
+    *at = value;
+}
+
+/// Where `resource` keeps its replica counts and selector.
+fn paths(resource: &Resource) -> ScalePaths {
+    match resource.custom.and_then(|c| c.scale()) {
+        Some(paths) => paths.clone(),
+        None => ScalePaths {
+            spec_replicas: ".spec.replicas".into(),
+            status_replicas: ".status.replicas".into(),
+            label_selector: None,
+        },
+    }
+}
+
+fn scale_of(resource: &Resource, rc: &Value) -> Value {
+    let paths = paths(resource);
+    let (default_replicas, selector) = match resource.custom {
+        // A custom resource's selector is a string where it says.
+        Some(_) => (
+            0,
+            paths
+                .label_selector
+                .as_deref()
+                .and_then(|p| read(rc, p))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        ),
+        None => (1, selector_string(rc)),
+    };
     let meta = meta::metadata(rc);
     let mut metadata = serde_json::Map::new();
     for field in [
@@ -56,18 +107,18 @@ fn scale_of(rc: &Value) -> Value {
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
         "metadata": metadata,
-        "spec": {"replicas": rc.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1)},
+        "spec": {"replicas": read(rc, &paths.spec_replicas).and_then(Value::as_i64).unwrap_or(default_replicas)},
         "status": {
-            "replicas": rc.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
-            "selector": selector_string(rc),
+            "replicas": read(rc, &paths.status_replicas).and_then(Value::as_i64).unwrap_or(0),
+            "selector": selector,
         },
     })
 }
 
-fn respond(rc: &Value) -> Response<Body> {
+fn respond(resource: &Resource, rc: &Value) -> Response<Body> {
     json_response(
         StatusCode::OK,
-        serde_json::to_vec(&scale_of(rc)).unwrap_or_default(),
+        serde_json::to_vec(&scale_of(resource, rc)).unwrap_or_default(),
     )
 }
 
@@ -91,11 +142,16 @@ pub(crate) async fn get(
         .cache
         .get(scope.resource, &key)
         .ok_or_else(|| Status::not_found(scope.target(), name))?;
-    Ok(respond(&rc.value))
+    Ok(respond(scope.resource, &rc.value))
 }
 
 /// The RC with the replicas a new Scale asks for.
-fn apply_scale(name: &str, rc: &Value, scale: &Value) -> Result<Proposal, Status> {
+fn apply_scale(
+    resource: &Resource,
+    name: &str,
+    rc: &Value,
+    scale: &Value,
+) -> Result<Proposal, Status> {
     let replicas = scale.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
     let valid = replicas
         .as_i64()
@@ -114,7 +170,7 @@ fn apply_scale(name: &str, rc: &Value, scale: &Value) -> Result<Proposal, Status
         )));
     }
     let mut object = rc.clone();
-    object["spec"]["replicas"] = json!(replicas);
+    write(&mut object, &paths(resource).spec_replicas, json!(replicas));
     let expected = parse_revision(meta::meta_str(scale, "resourceVersion"))?;
     Ok(Proposal {
         object,
@@ -133,7 +189,7 @@ pub(crate) async fn update(
 ) -> Result<Response<Body>, Status> {
     let scale: Value = serde_json::from_slice(body)
         .map_err(|e| Status::bad_request(format!("invalid Scale: {e}")))?;
-    let propose = |rc: &Value| apply_scale(name, rc, &scale);
+    let propose = |rc: &Value| apply_scale(scope.resource, name, rc, &scale);
     let (stored, _) = guaranteed_update(
         state,
         scope,
@@ -143,7 +199,7 @@ pub(crate) async fn update(
         propose,
     )
     .await?;
-    Ok(respond(&stored.value))
+    Ok(respond(scope.resource, &stored.value))
 }
 
 pub(crate) async fn patch(
@@ -155,9 +211,10 @@ pub(crate) async fn patch(
     query: &Query,
 ) -> Result<Response<Body>, Status> {
     let propose = |rc: &Value| {
-        let patched = portal_api::patch::apply(scope.resource, patch_type, &scale_of(rc), body)
+        let scale = scale_of(scope.resource, rc);
+        let patched = portal_api::patch::apply(scope.resource, patch_type, &scale, body)
             .map_err(|e| patch_error(scope, name, e))?;
-        let mut proposal = apply_scale(name, rc, &patched)?;
+        let mut proposal = apply_scale(scope.resource, name, rc, &patched)?;
         // A patch is a precondition only when it sets a resourceVersion of
         // its own; otherwise it is applied again to a newer object, as a
         // patch of the object itself is.
@@ -175,5 +232,5 @@ pub(crate) async fn patch(
         propose,
     )
     .await?;
-    Ok(respond(&stored.value))
+    Ok(respond(scope.resource, &stored.value))
 }

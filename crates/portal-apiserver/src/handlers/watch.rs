@@ -75,7 +75,7 @@ impl Watcher {
     /// The event line for `object`: the object itself, or a one-row Table.
     fn line(&self, kind: &str, object: &CachedObject) -> Bytes {
         match self.output {
-            Output::Json | Output::Protobuf => event_line(kind, &object.json),
+            Output::Json | Output::Protobuf => event_line(kind, &object.served_json(self.resource)),
             Output::Metadata => {
                 let partial = crate::server::http::partial_metadata(&object.value);
                 event_line(kind, &serde_json::to_vec(&partial).unwrap_or_default())

@@ -54,6 +54,19 @@ impl CachedObject {
         CachedObject { key, value, json }
     }
 
+    /// Its JSON as `resource` serves it (a kind users define, read at
+    /// another version than it is stored at, is converted).
+    pub(crate) fn served_json(&self, resource: &Resource) -> Bytes {
+        if resource.custom.is_none() {
+            return self.json.clone();
+        }
+        let mut value = self.value.clone();
+        if !portal_api::custom::to_version(resource, &mut value) {
+            return self.json.clone();
+        }
+        Bytes::from(serde_json::to_vec(&value).unwrap_or_default())
+    }
+
     /// The same object at a later revision (a deleted object carries the
     /// revision of its deletion).
     fn at_revision(&self, revision: Revision) -> Self {
@@ -489,6 +502,7 @@ pub(crate) fn list_body(
     });
     let head = serde_json::to_vec(&head).unwrap_or_default();
     let size = head.len() + items.iter().map(|o| o.json.len() + 1).sum::<usize>() + 16;
+    let converted = resource.custom.is_some();
     let mut out = BytesMut::with_capacity(size);
     // The head without its closing brace, then the items.
     out.put_slice(&head[..head.len().saturating_sub(1)]);
@@ -497,7 +511,11 @@ pub(crate) fn list_body(
         if i > 0 {
             out.put_u8(b',');
         }
-        out.put_slice(&item.json);
+        if converted {
+            out.put_slice(&item.served_json(resource));
+        } else {
+            out.put_slice(&item.json);
+        }
     }
     out.put_slice(b"]}");
     out.freeze()

@@ -11,6 +11,7 @@
 //! operation takes `dryRun`. [`v2_document`] is that document: the patch
 //! operations, no definitions.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
@@ -22,15 +23,23 @@ use serde_json::{json, Map, Value};
 mod v2;
 pub(crate) use v2::{document as v2_document, V2_PROTOBUF};
 
-/// `api/v1`, `apis/discovery.k8s.io/v1`, …
-fn group_versions() -> Vec<(&'static str, &'static str)> {
+/// The group-versions of `served`, in order: `api/v1`,
+/// `apis/discovery.k8s.io/v1`, …
+fn group_versions<'a>(
+    served: impl Iterator<Item = &'a Resource>,
+) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
-    for r in resources() {
+    for r in served {
         if !out.contains(&(r.group, r.version)) {
             out.push((r.group, r.version));
         }
     }
     out
+}
+
+/// The group-versions of kinds users define, served now.
+fn defined_group_versions() -> Vec<(&'static str, &'static str)> {
+    group_versions(resources().filter(|r| r.custom.is_some()))
 }
 
 fn path_of(group: &str, version: &str) -> String {
@@ -48,10 +57,18 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
     let served: Vec<&Resource> = resources()
         .filter(|r| r.group == group && r.version == version)
         .collect();
+    let mut defined = Vec::new();
     for resource in &served {
-        (resource.openapi_schema)(&mut generator);
+        match resource.custom {
+            Some(custom) => defined.push((
+                resource.openapi_name(),
+                custom_schema(resource, custom.openapi_schema(), &mut generator),
+            )),
+            None => drop((resource.openapi_schema)(&mut generator)),
+        }
     }
     let mut definitions = generator.take_definitions(true);
+    definitions.extend(defined);
     for resource in &served {
         if let Some(Value::Object(schema)) = definitions.get_mut(&resource.openapi_name()) {
             schema.insert(
@@ -87,6 +104,36 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
         }
     }
     definitions
+}
+
+/// A custom resource's schema as its definition states it, with the
+/// fields every object has (as kube-apiserver publishes CRD schemas).
+fn custom_schema(
+    resource: &Resource,
+    mut schema: Value,
+    generator: &mut schemars::SchemaGenerator,
+) -> Value {
+    let metadata = generator
+        .subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>()
+        .to_value();
+    if !schema.is_object() {
+        schema = json!({"type": "object"});
+    }
+    if !schema["properties"].is_object() {
+        schema["properties"] = json!({});
+    }
+    let properties = &mut schema["properties"];
+    properties["apiVersion"] = json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values."});
+    properties["kind"] = json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase."});
+    properties["metadata"] =
+        json!({"allOf": [metadata], "description": "Standard object's metadata."});
+    if schema.get("description").is_none() {
+        schema["description"] = json!(format!(
+            "{} is a kind defined by a CustomResourceDefinition.",
+            resource.kind_name
+        ));
+    }
+    schema
 }
 
 /// The name of the definition a property refers to (itself, or its
@@ -179,12 +226,12 @@ fn hash(document: &Value) -> String {
     format!("{hash:016X}")
 }
 
-/// Every group-version's document and its hash, made once (they depend
-/// only on the kinds served).
+/// Every built-in group-version's document and its hash, made once (they
+/// depend only on the kinds built in).
 fn documents() -> &'static BTreeMap<String, (Value, String)> {
     static DOCUMENTS: OnceLock<BTreeMap<String, (Value, String)>> = OnceLock::new();
     DOCUMENTS.get_or_init(|| {
-        group_versions()
+        group_versions(portal_api::registry::BUILT_IN.iter().copied())
             .into_iter()
             .map(|(group, version)| {
                 let document = build_document(group, version);
@@ -195,20 +242,34 @@ fn documents() -> &'static BTreeMap<String, (Value, String)> {
     })
 }
 
-/// The document for one group-version, `None` if it is not served.
-pub(crate) fn document(path: &str) -> Option<&'static Value> {
-    documents().get(path).map(|(document, _)| document)
+/// The document for one group-version, `None` if it is not served. Those
+/// of kinds users define are made when asked (they change with their
+/// definitions).
+pub(crate) fn document(path: &str) -> Option<Cow<'static, Value>> {
+    if let Some((document, _)) = documents().get(path) {
+        return Some(Cow::Borrowed(document));
+    }
+    defined_group_versions()
+        .into_iter()
+        .find(|(group, version)| path_of(group, version) == path)
+        .map(|(group, version)| Cow::Owned(build_document(group, version)))
 }
 
 /// `/openapi/v3`: where each group-version's document lives.
 pub(crate) fn index() -> Value {
-    let paths: Map<String, Value> = documents()
+    let mut paths: Map<String, Value> = documents()
         .iter()
         .map(|(path, (_, hash))| {
             let url = format!("/openapi/v3/{path}?hash={hash}");
             (path.clone(), json!({"serverRelativeURL": url}))
         })
         .collect();
+    for (group, version) in defined_group_versions() {
+        let path = path_of(group, version);
+        let hash = hash(&build_document(group, version));
+        let url = format!("/openapi/v3/{path}?hash={hash}");
+        paths.insert(path, json!({"serverRelativeURL": url}));
+    }
     json!({"paths": paths})
 }
 

@@ -131,7 +131,9 @@ pub(crate) async fn apply(
             // Deleted meanwhile: create it.
             Err(status) if status.code == 404 && part == Part::Main => continue,
             Err(status) => return Err(status),
-            Ok((stored, warnings)) => return Ok(respond(StatusCode::OK, &stored, &warnings)),
+            Ok((stored, warnings)) => {
+                return Ok(respond(scope.resource, StatusCode::OK, &stored, &warnings))
+            }
         }
     }
     Err(Status::conflict(scope.target(), name))

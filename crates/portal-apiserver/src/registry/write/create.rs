@@ -21,7 +21,12 @@ pub(crate) async fn create(
 ) -> Result<Response<Body>, Status> {
     let options = WriteOptions::from_query(query)?;
     let (stored, warnings) = create_object(state, scope, body, &options).await?;
-    Ok(respond(StatusCode::CREATED, &stored, &warnings))
+    Ok(respond(
+        scope.resource,
+        StatusCode::CREATED,
+        &stored,
+        &warnings,
+    ))
 }
 
 /// Creates an object: checks, strategy, `managedFields`, allocation and

@@ -94,9 +94,7 @@ pub(crate) async fn delete(
             // Checked, not done.
             return Ok(json_response(
                 StatusCode::OK,
-                CachedObject::from_value(key, old, current.mod_revision)
-                    .json
-                    .clone(),
+                CachedObject::from_value(key, old, current.mod_revision).served_json(resource),
             ));
         }
         if resource.kind() == kinds::namespace::KIND {
@@ -113,22 +111,21 @@ pub(crate) async fn delete(
             Ok(Outcome::Marked { revision, object }) => {
                 return Ok(json_response(
                     StatusCode::OK,
-                    CachedObject::from_value(key, object, revision).json.clone(),
+                    CachedObject::from_value(key, object, revision).served_json(resource),
                 ));
             }
             Ok(Outcome::Pending { object }) => {
                 return Ok(json_response(
                     StatusCode::OK,
                     CachedObject::from_value(key, object, current.mod_revision)
-                        .json
-                        .clone(),
+                        .served_json(resource),
                 ));
             }
             // Its dependents are the garbage collector's to delete.
             Ok(Outcome::Deleted { revision, .. }) => {
                 return Ok(json_response(
                     StatusCode::OK,
-                    CachedObject::from_value(key, old, revision).json.clone(),
+                    CachedObject::from_value(key, old, revision).served_json(resource),
                 ));
             }
             Err(StoreError::Conflict { .. }) if expected.is_none() => continue,

@@ -126,8 +126,13 @@ pub(crate) fn decode_body(
     })
 }
 
-fn respond(code: StatusCode, object: &CachedObject, warnings: &[String]) -> Response<Body> {
-    let mut response = json_response(code, object.json.clone());
+fn respond(
+    resource: &Resource,
+    code: StatusCode,
+    object: &CachedObject,
+    warnings: &[String],
+) -> Response<Body> {
+    let mut response = json_response(code, object.served_json(resource));
     for warning in warnings {
         let text = format!(
             "299 - {}",

@@ -25,6 +25,7 @@ pub(crate) async fn guaranteed_update(
         let old = decode_stored(&current)?;
         // Clients see (and patch) the object with its resourceVersion.
         let mut visible = old.clone();
+        portal_api::custom::to_version(resource, &mut visible);
         meta::metadata_mut(&mut visible).insert(
             "resourceVersion".into(),
             Value::String(current.mod_revision.to_string()),
@@ -176,7 +177,7 @@ pub(crate) async fn update(
     };
     let options = WriteOptions::from_query(query)?;
     let (stored, warnings) = guaranteed_update(state, scope, name, part, &options, propose).await?;
-    Ok(respond(StatusCode::OK, &stored, &warnings))
+    Ok(respond(scope.resource, StatusCode::OK, &stored, &warnings))
 }
 
 /// Decodes a patched object like a request body (strict or not).
@@ -250,5 +251,5 @@ pub(crate) async fn patch(
     };
     let options = WriteOptions::from_query(query)?;
     let (stored, warnings) = guaranteed_update(state, scope, name, part, &options, propose).await?;
-    Ok(respond(StatusCode::OK, &stored, &warnings))
+    Ok(respond(scope.resource, StatusCode::OK, &stored, &warnings))
 }

@@ -50,6 +50,8 @@ ROOTS = [
     "io.k8s.api.rbac.v1.RoleBinding",
     "io.k8s.api.rbac.v1.ClusterRoleBinding",
     "io.k8s.api.certificates.v1.CertificateSigningRequest",
+    "io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicy",
+    "io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicyBinding",
     # Request bodies that are not stored.
     "io.k8s.api.authentication.v1.TokenRequest",
     "io.k8s.api.authentication.v1.TokenReview",

@@ -20,6 +20,7 @@ pub mod cron;
 pub mod custom;
 pub mod decode;
 pub mod defaults;
+pub mod expressions;
 pub mod join;
 pub mod kinds;
 pub mod managed;

@@ -47,6 +47,8 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::cluster_role_binding::RESOURCE,
     &kinds::certificate_signing_request::RESOURCE,
     &kinds::custom_resource_definition::RESOURCE,
+    &kinds::validating_admission_policy::RESOURCE,
+    &kinds::validating_admission_policy_binding::RESOURCE,
 ];
 
 /// Why a kind could not be found or added.

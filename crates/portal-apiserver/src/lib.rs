@@ -424,7 +424,7 @@ impl ApiServer {
         let state = Arc::new(ApiState {
             rbac: security::rbac::Rbac::new(cache.clone()),
             auditor,
-            admission: Arc::new(admission::Admitter),
+            admission: Arc::new(admission::Admitter::default()),
             store,
             cache,
             allocators,

@@ -38,6 +38,8 @@ pub mod service;
 pub mod service_account;
 pub mod stateful_set;
 pub mod storage_class;
+pub mod validating_admission_policy;
+pub mod validating_admission_policy_binding;
 
 use serde_json::Value;
 

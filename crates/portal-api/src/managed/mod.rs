@@ -177,6 +177,8 @@ fn in_part(path: &[Element], writer: &Writer<'_>) -> bool {
             [Element::Field(spec), Element::Field(finalizers), ..]
                 if spec == "spec" && finalizers == "finalizers"
         ),
+        // The scale subresource: the replica count, as the object holds it.
+        Some("scale") => !(writer.has_status && under_status),
         Some(_) => false,
         None => !(writer.has_status && under_status),
     }

@@ -5,6 +5,7 @@
 //! certificate and who may approve it, and RBAC's no escalation rule.
 
 mod certificates;
+mod policies;
 mod service_account;
 
 use portal_api::Status;
@@ -13,7 +14,10 @@ use serde_json::Value;
 use crate::{ApiState, Scope};
 
 /// The server's admission, as the write path calls it.
-pub(crate) struct Admitter;
+#[derive(Debug, Default)]
+pub(crate) struct Admitter {
+    policies: policies::Policies,
+}
 
 impl crate::registry::write::Admission for Admitter {
     fn admit_create<'a>(
@@ -29,10 +33,18 @@ impl crate::registry::write::Admission for Admitter {
         &self,
         state: &ApiState,
         scope: &Scope<'_>,
+        subresource: Option<&str>,
         object: &Value,
         old: Option<&Value>,
-    ) -> Result<(), Status> {
-        validate(state, scope, object, old)
+    ) -> Result<Vec<String>, Status> {
+        validate(state, scope, object, old)?;
+        let request = policies::Request {
+            scope,
+            subresource,
+            object,
+            old,
+        };
+        self.policies.validate(state, &request)
     }
 }
 

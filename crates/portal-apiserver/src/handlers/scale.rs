@@ -194,7 +194,7 @@ pub(crate) async fn update(
         state,
         scope,
         name,
-        Part::Main,
+        Part::Scale,
         &WriteOptions::from_query(query)?,
         propose,
     )
@@ -227,7 +227,7 @@ pub(crate) async fn patch(
         state,
         scope,
         name,
-        Part::Main,
+        Part::Scale,
         &WriteOptions::from_query(query)?,
         propose,
     )

@@ -55,6 +55,9 @@ pub(crate) enum Part {
     /// A CertificateSigningRequest's `approval` subresource (only
     /// `status.conditions`).
     Approval,
+    /// The `scale` subresource: the replica count of the object itself,
+    /// recorded and admitted as a write of `scale`.
+    Scale,
 }
 
 impl Part {
@@ -65,6 +68,7 @@ impl Part {
             Part::Status => Some("status"),
             Part::Finalize => Some("finalize"),
             Part::Approval => Some("approval"),
+            Part::Scale => Some("scale"),
         }
     }
 }

@@ -52,7 +52,12 @@ pub(crate) async fn create_object(
     if !causes.is_empty() {
         return Err(invalid(scope, &object, causes));
     }
-    state.admission.validate(state, scope, &object, None)?;
+    let mut warnings = warnings;
+    warnings.extend(
+        state
+            .admission
+            .validate(state, scope, None, &object, None)?,
+    );
     if let Some(ns) = scope.namespace {
         check_namespace(state, ns).await?;
     }

@@ -45,14 +45,17 @@ pub(crate) trait Admission: Send + Sync {
         object: &'a mut Value,
     ) -> futures_util::future::BoxFuture<'a, Result<(), Status>>;
 
-    /// Validating admission (after validation); `old` on update.
+    /// Validating admission (after validation); `old` on update, the
+    /// subresource written if not the object itself. The warnings to
+    /// return, or the refusal.
     fn validate(
         &self,
         state: &ApiState,
         scope: &Scope<'_>,
+        subresource: Option<&str>,
         object: &Value,
         old: Option<&Value>,
-    ) -> Result<(), Status>;
+    ) -> Result<Vec<String>, Status>;
 }
 
 /// Conflicting writers retry an unconditional update this many times.

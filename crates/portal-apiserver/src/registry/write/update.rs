@@ -50,7 +50,14 @@ pub(crate) async fn guaranteed_update(
         if !causes.is_empty() {
             return Err(invalid(scope, &new, causes));
         }
-        state.admission.validate(state, scope, &new, Some(&old))?;
+        let mut warnings = warnings;
+        warnings.extend(state.admission.validate(
+            state,
+            scope,
+            part.subresource(),
+            &new,
+            Some(&old),
+        )?);
         // A value sealed with a retired key is written again even when
         // nothing changed: that is how keys rotate.
         if strategy::unchanged(&new, &old)

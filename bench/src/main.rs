@@ -12,6 +12,7 @@
 // A command-line report: printing is its output.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod custom;
 mod endpoints;
 mod etcd;
 mod portal;
@@ -41,6 +42,8 @@ enum Bench {
     Store(Args),
     /// The endpoints controller at scale.
     Endpoints(endpoints::Args),
+    /// Custom resources against a built-in kind of the same size.
+    Custom(custom::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -562,6 +565,7 @@ fn main() -> std::process::ExitCode {
         match &cli.bench {
             Bench::Store(args) => run(args).await,
             Bench::Endpoints(args) => endpoints::run(args).await,
+            Bench::Custom(args) => custom::run(args).await,
         }
     });
     match result {

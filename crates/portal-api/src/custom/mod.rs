@@ -12,6 +12,10 @@ pub mod shaping;
 pub mod structural;
 pub mod validation;
 
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::schema::{
@@ -141,19 +145,50 @@ pub fn to_storage(resource: &Resource, object: &mut Value) {
     }
 }
 
-fn leak(text: &str) -> &'static str {
-    Box::leak(text.to_owned().into_boxed_str())
+/// Strings and lists of names of defined kinds live as long as the
+/// process: each distinct one is kept once, however often definitions are
+/// written or rebuilt.
+#[derive(Default)]
+struct Interned {
+    strings: HashSet<&'static str>,
+    lists: HashSet<&'static [&'static str]>,
+}
+
+fn interned() -> &'static Mutex<Interned> {
+    static INTERNED: OnceLock<Mutex<Interned>> = OnceLock::new();
+    INTERNED.get_or_init(Default::default)
+}
+
+pub(crate) fn leak(text: &str) -> &'static str {
+    let mut interned = interned().lock();
+    if let Some(kept) = interned.strings.get(text) {
+        return kept;
+    }
+    let kept: &'static str = Box::leak(text.to_owned().into_boxed_str());
+    interned.strings.insert(kept);
+    kept
+}
+
+pub(crate) fn leak_list(list: Vec<&'static str>) -> &'static [&'static str] {
+    let mut interned = interned().lock();
+    if let Some(kept) = interned.lists.get(list.as_slice()) {
+        return kept;
+    }
+    let kept: &'static [&'static str] = Box::leak(list.into_boxed_slice());
+    interned.lists.insert(kept);
+    kept
 }
 
 fn leak_all(values: Option<&Value>) -> &'static [&'static str] {
-    let list: Vec<&'static str> = values
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(leak)
-        .collect();
-    Box::leak(list.into_boxed_slice())
+    leak_list(
+        values
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(leak)
+            .collect(),
+    )
 }
 
 const SCALE: Subresource = Subresource {
@@ -163,10 +198,44 @@ const SCALE: Subresource = Subresource {
     group_version: Some(("autoscaling", "v1")),
 };
 
+/// Why a definition's versions cannot be served (schemas that are not
+/// structural, rules that do not compile, printer columns that do not
+/// read), if they cannot; nothing is kept.
+pub fn check(crd: &Value) -> Result<(), String> {
+    build(crd).map(drop)
+}
+
 /// The resources a CRD serves (one per served version, storage version
 /// first), or why it cannot be served. `crd` is a stored, valid
-/// CustomResourceDefinition.
+/// CustomResourceDefinition. What they hold lives as long as the process.
 pub fn resources(crd: &Value) -> Result<Vec<&'static Resource>, String> {
+    let built = build(crd)?;
+    let mut served = Vec::new();
+    for Built {
+        mut resource,
+        version,
+    } in built
+    {
+        let behaviour: &'static Version = Box::leak(Box::new(version));
+        resource.custom = Some(behaviour);
+        let resource: &'static Resource = Box::leak(Box::new(resource));
+        if resource.version == behaviour.storage_version {
+            served.insert(0, resource);
+        } else {
+            served.push(resource);
+        }
+    }
+    Ok(served)
+}
+
+/// A served version before it is kept: its resource (without behaviour)
+/// and its behaviour.
+struct Built {
+    resource: Resource,
+    version: Version,
+}
+
+fn build(crd: &Value) -> Result<Vec<Built>, String> {
     let spec = &crd["spec"];
     let names = &spec["names"];
     let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
@@ -219,14 +288,14 @@ pub fn resources(crd: &Value) -> Result<Vec<&'static Resource>, String> {
             .filter_map(|f| f["jsonPath"].as_str())
             .map(|path| leak(path.trim_start_matches('.')))
             .collect();
-        let behaviour: &'static Version = Box::leak(Box::new(Version {
+        let version = Version {
             api_version: format!("{group}/{name}"),
             schema,
             rules,
             columns,
             storage_version: storage,
             scale: scale.clone(),
-        }));
+        };
         let resource = Resource {
             group,
             version: name,
@@ -246,7 +315,7 @@ pub fn resources(crd: &Value) -> Result<Vec<&'static Resource>, String> {
             kept_on_update: &[],
             generation: Generation::Content,
             create_on_update: false,
-            selectable_fields: Box::leak(selectable.into_boxed_slice()),
+            selectable_fields: leak_list(selectable),
             field_paths: &[],
             field_defaults: &[],
             own_list_strategy: |_| ListStrategy::Replace,
@@ -254,14 +323,9 @@ pub fn resources(crd: &Value) -> Result<Vec<&'static Resource>, String> {
             columns: Vec::new,
             cells: |_, _| Vec::new(),
             subresources: if scale.is_some() { &[SCALE] } else { &[] },
-            custom: Some(behaviour),
+            custom: None,
         };
-        let resource: &'static Resource = Box::leak(Box::new(resource));
-        if name == storage {
-            served.insert(0, resource);
-        } else {
-            served.push(resource);
-        }
+        served.push(Built { resource, version });
     }
     Ok(served)
 }

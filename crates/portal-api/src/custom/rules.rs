@@ -10,20 +10,14 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::structural::{ListType, Rule, Structural};
+use crate::expressions::{Activation, Expression};
 use crate::status::Cause;
 
 /// A rule ready to run.
+#[derive(Debug)]
 struct Program {
     rule: Rule,
-    program: cel::Program,
-}
-
-impl std::fmt::Debug for Program {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Program")
-            .field("rule", &self.rule.rule)
-            .finish()
-    }
+    expression: Expression,
 }
 
 /// The rules of a schema, in the schema's shape (only the branches that
@@ -93,11 +87,11 @@ impl Compiled {
 fn compile(schema: &Structural) -> Result<Option<Compiled>, String> {
     let mut compiled = Compiled::default();
     for rule in &schema.rules {
-        let program = cel::Program::compile(&rule.rule)
+        let expression = Expression::compile(&rule.rule)
             .map_err(|e| format!("compilation failed for rule {:?}: {e}", rule.rule))?;
         compiled.rules.push(Program {
             rule: rule.clone(),
-            program,
+            expression,
         });
     }
     for (name, property) in &schema.properties {
@@ -123,19 +117,14 @@ fn compile(schema: &Structural) -> Result<Option<Compiled>, String> {
 
 /// Runs one rule: `Ok` when it holds.
 fn run(program: &Program, value: &Value, old: Option<&Value>) -> Result<(), String> {
-    let mut context = cel::Context::default();
-    let convert = |v: &Value| cel::to_value(v).map_err(|e| e.to_string());
-    context.add_variable_from_value("self", convert(value)?);
+    let mut activation = Activation::default();
+    activation.set("self", value)?;
     if let Some(old) = old {
-        context.add_variable_from_value("oldSelf", convert(old)?);
+        activation.set("oldSelf", old)?;
     }
-    match program.program.execute(&context) {
-        Ok(cel::Value::Bool(true)) => Ok(()),
-        Ok(cel::Value::Bool(false)) => Err(String::new()),
-        Ok(other) => Err(format!(
-            "rule did not evaluate to a boolean: {:?}",
-            other.type_of()
-        )),
+    match program.expression.holds(&activation) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(String::new()),
         Err(e) => Err(format!("{e} evaluating rule: {}", program.rule.rule)),
     }
 }

@@ -340,7 +340,7 @@ fn parse_node(schema: &Value, field: &str, causes: &mut Vec<Cause>, root: bool) 
                 .map(|k| {
                     k.iter()
                         .filter_map(Value::as_str)
-                        .map(|k| &*Box::leak(k.to_owned().into_boxed_str()))
+                        .map(super::leak)
                         .collect()
                 })
                 .unwrap_or_default();
@@ -350,7 +350,7 @@ fn parse_node(schema: &Value, field: &str, causes: &mut Vec<Cause>, root: bool) 
                     "must not be empty if x-kubernetes-list-type is map",
                 ));
             }
-            Some(ListType::Map(Box::leak(keys.into_boxed_slice())))
+            Some(ListType::Map(super::leak_list(keys)))
         }
         Some(other) => {
             causes.push(Cause::unsupported(

@@ -224,7 +224,7 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     // Every schema must be structural and its rules compile; the printer
     // columns must read.
     if causes.is_empty() {
-        if let Err(problem) = custom::resources(object) {
+        if let Err(problem) = custom::check(object) {
             causes.push(Cause::invalid("spec.versions", "", &problem));
         }
     }

@@ -52,6 +52,8 @@ ROOTS = [
     "io.k8s.api.certificates.v1.CertificateSigningRequest",
     "io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicy",
     "io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicyBinding",
+    "io.k8s.api.admissionregistration.v1.MutatingWebhookConfiguration",
+    "io.k8s.api.admissionregistration.v1.ValidatingWebhookConfiguration",
     # Request bodies that are not stored.
     "io.k8s.api.authentication.v1.TokenRequest",
     "io.k8s.api.authentication.v1.TokenReview",

@@ -49,6 +49,8 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::custom_resource_definition::RESOURCE,
     &kinds::validating_admission_policy::RESOURCE,
     &kinds::validating_admission_policy_binding::RESOURCE,
+    &kinds::mutating_webhook_configuration::RESOURCE,
+    &kinds::validating_webhook_configuration::RESOURCE,
 ];
 
 /// Why a kind could not be found or added.

@@ -23,6 +23,7 @@ pub mod event;
 pub mod horizontal_pod_autoscaler;
 pub mod job;
 pub mod lease;
+pub mod mutating_webhook_configuration;
 pub mod namespace;
 pub mod node;
 pub mod persistent_volume;
@@ -40,6 +41,7 @@ pub mod stateful_set;
 pub mod storage_class;
 pub mod validating_admission_policy;
 pub mod validating_admission_policy_binding;
+pub mod validating_webhook_configuration;
 
 use serde_json::Value;
 

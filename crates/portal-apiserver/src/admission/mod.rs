@@ -7,6 +7,7 @@
 mod certificates;
 mod policies;
 mod service_account;
+mod webhooks;
 
 use portal_api::Status;
 use serde_json::Value;
@@ -20,31 +21,49 @@ pub(crate) struct Admitter {
 }
 
 impl crate::registry::write::Admission for Admitter {
-    fn admit_create<'a>(
+    fn admit<'a>(
         &'a self,
         state: &'a ApiState,
         scope: Scope<'a>,
+        subresource: Option<&'a str>,
         object: &'a mut Value,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), Status>> {
-        Box::pin(admit_create(state, scope, object))
+        old: Option<&'a Value>,
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>> {
+        Box::pin(async move {
+            if old.is_none() {
+                admit_create(state, scope, object).await?;
+            }
+            let snapshot = object.clone();
+            let request = policies::Request {
+                scope: &scope,
+                subresource,
+                object: &snapshot,
+                old,
+            };
+            webhooks::mutate(state, &request, object).await
+        })
     }
 
-    fn validate(
-        &self,
-        state: &ApiState,
-        scope: &Scope<'_>,
-        subresource: Option<&str>,
-        object: &Value,
-        old: Option<&Value>,
-    ) -> Result<Vec<String>, Status> {
-        validate(state, scope, object, old)?;
-        let request = policies::Request {
-            scope,
-            subresource,
-            object,
-            old,
-        };
-        self.policies.validate(state, &request)
+    fn validate<'a>(
+        &'a self,
+        state: &'a ApiState,
+        scope: &'a Scope<'a>,
+        subresource: Option<&'a str>,
+        object: &'a Value,
+        old: Option<&'a Value>,
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>> {
+        Box::pin(async move {
+            validate(state, scope, object, old)?;
+            let request = policies::Request {
+                scope,
+                subresource,
+                object,
+                old,
+            };
+            let mut warnings = self.policies.validate(state, &request)?;
+            warnings.extend(webhooks::validate(state, &request).await?);
+            Ok(warnings)
+        })
     }
 }
 

@@ -48,6 +48,7 @@ struct Validation {
 }
 
 /// The write being admitted.
+#[derive(Clone, Copy)]
 pub(crate) struct Request<'a> {
     pub(crate) scope: &'a Scope<'a>,
     pub(crate) subresource: Option<&'a str>,
@@ -56,7 +57,7 @@ pub(crate) struct Request<'a> {
 }
 
 impl Request<'_> {
-    fn operation(&self) -> &'static str {
+    pub(crate) fn operation(&self) -> &'static str {
         if self.old.is_some() {
             "UPDATE"
         } else {
@@ -64,7 +65,7 @@ impl Request<'_> {
         }
     }
 
-    fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.object["metadata"]["name"]
             .as_str()
             .or_else(|| self.old.and_then(|o| o["metadata"]["name"].as_str()))
@@ -98,13 +99,7 @@ impl Policies {
         if kind == policy_kind::KIND || kind == binding_kind::KIND {
             return Ok(warnings);
         }
-        let namespace_object = request.scope.namespace.and_then(|name| {
-            let resource = &namespace::RESOURCE;
-            state
-                .cache
-                .get(resource, &resource.key(None, name))
-                .map(|n| n.value.clone())
-        });
+        let namespace_object = namespace_object(state, request);
         for binding in &bindings {
             let binding = &binding.value;
             let policy_name = binding["spec"]["policyName"].as_str().unwrap_or("");
@@ -216,6 +211,28 @@ impl Policies {
     }
 }
 
+/// The Namespace a namespaced write is in (`namespaceObject`).
+pub(crate) fn namespace_object(state: &ApiState, request: &Request<'_>) -> Option<Value> {
+    let name = request.scope.namespace?;
+    let resource = &namespace::RESOURCE;
+    state
+        .cache
+        .get(resource, &resource.key(None, name))
+        .map(|n| n.value.clone())
+}
+
+/// Whether a match condition holds for `request` (a webhook's; policies
+/// compile theirs once).
+pub(crate) fn condition_holds(
+    expression: &str,
+    request: &Request<'_>,
+    namespace: Option<&Value>,
+) -> Result<bool, String> {
+    let expression = Expression::compile(expression)?;
+    let activation = activation(request, namespace, &Value::Null)?;
+    expression.holds(&activation)
+}
+
 fn compile(policy: &Value) -> Result<Compiled, String> {
     let spec = &policy["spec"];
     let named = |list: &str| -> Result<Vec<(String, Expression)>, String> {
@@ -267,7 +284,7 @@ fn compile(policy: &Value) -> Result<Compiled, String> {
 /// Whether `request` is among the `matchResources` (a policy's
 /// constraints, whose rules say what it applies to; or a binding's, which
 /// narrow the policy's and may leave the rules out).
-fn matches(
+pub(crate) fn matches(
     resources: &Value,
     request: &Request<'_>,
     namespace: Option<&Value>,
@@ -407,6 +424,32 @@ fn evaluate(
     namespace: Option<&Value>,
     params: &Value,
 ) -> Result<Vec<Failure>, String> {
+    let mut activation = activation(request, namespace, params)?;
+    for (name, condition) in &policy.conditions {
+        let holds = condition
+            .holds(&activation)
+            .map_err(|e| format!("failed to evaluate matchCondition {name:?}: {e}"))?;
+        if !holds {
+            return Ok(Vec::new());
+        }
+    }
+    let mut variables = serde_json::Map::new();
+    for (name, expression) in &policy.variables {
+        let value = expression
+            .evaluate(&activation)
+            .map_err(|e| format!("variable {name:?}: {e}"))?;
+        variables.insert(name.clone(), value);
+        activation.set("variables", &Value::Object(variables.clone()))?;
+    }
+    failures(policy, &activation)
+}
+
+/// What expressions about a write see.
+fn activation(
+    request: &Request<'_>,
+    namespace: Option<&Value>,
+    params: &Value,
+) -> Result<Activation, String> {
     let mut activation = Activation::default();
     let resource = request.scope.resource;
     let user = crate::security::user::requester();
@@ -426,28 +469,17 @@ fn evaluate(
     activation.set("params", params)?;
     activation.set("namespaceObject", namespace.unwrap_or(&Value::Null))?;
     activation.set("variables", &json!({}))?;
-    for (name, condition) in &policy.conditions {
-        let holds = condition
-            .holds(&activation)
-            .map_err(|e| format!("failed to evaluate matchCondition {name:?}: {e}"))?;
-        if !holds {
-            return Ok(Vec::new());
-        }
-    }
-    let mut variables = serde_json::Map::new();
-    for (name, expression) in &policy.variables {
-        let value = expression
-            .evaluate(&activation)
-            .map_err(|e| format!("variable {name:?}: {e}"))?;
-        variables.insert(name.clone(), value);
-        activation.set("variables", &Value::Object(variables.clone()))?;
-    }
+    Ok(activation)
+}
+
+/// The validations a write breaks.
+fn failures(policy: &Compiled, activation: &Activation) -> Result<Vec<Failure>, String> {
     let mut failures = Vec::new();
     for validation in &policy.validations {
         let source = validation.expression.source();
         let holds = validation
             .expression
-            .holds(&activation)
+            .holds(activation)
             .map_err(|e| format!("expression '{source}' resulted in error: {e}"))?;
         if holds {
             continue;
@@ -455,7 +487,7 @@ fn evaluate(
         let from_expression = validation
             .message_expression
             .as_ref()
-            .and_then(|e| e.evaluate(&activation).ok())
+            .and_then(|e| e.evaluate(activation).ok())
             .and_then(|m| m.as_str().map(str::to_owned))
             .filter(|m| !m.trim().is_empty());
         let message = from_expression

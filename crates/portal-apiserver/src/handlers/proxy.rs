@@ -127,46 +127,7 @@ async fn service_target(
     name: &str,
 ) -> Result<SocketAddr, Status> {
     let (name, port) = split_name(name)?;
-    let service = object(state, &kinds::service::RESOURCE, namespace, name).await?;
-    let ports: Vec<&Value> = service["spec"]["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .collect();
-    let chosen = match port {
-        Some(port) => ports.iter().find(|p| {
-            p["name"] == port || p["port"].as_u64().map(|n| n.to_string()).as_deref() == Some(port)
-        }),
-        None => ports.first(),
-    }
-    .ok_or_else(|| Status::service_unavailable(format!("no such port on service {name:?}")))?;
-    let port_name = chosen["name"].as_str().unwrap_or("");
-    let endpoints = object(state, &kinds::endpoints::RESOURCE, namespace, name).await?;
-    let mut candidates = Vec::new();
-    for subset in endpoints["subsets"].as_array().into_iter().flatten() {
-        let port = subset["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["name"].as_str().unwrap_or("") == port_name)
-            .and_then(|p| p["port"].as_u64())
-            .and_then(|p| u16::try_from(p).ok());
-        let Some(port) = port else { continue };
-        for address in subset["addresses"].as_array().into_iter().flatten() {
-            if let Some(ip) = address["ip"]
-                .as_str()
-                .and_then(|ip| ip.parse::<IpAddr>().ok())
-            {
-                candidates.push(SocketAddr::new(ip, port));
-            }
-        }
-    }
-    if candidates.is_empty() {
-        return Err(Status::service_unavailable(format!(
-            "no endpoints available for service {name:?}"
-        )));
-    }
-    Ok(candidates[rand::random_range(0..candidates.len())])
+    crate::registry::lookup::service_endpoint(state, namespace, name, port).await
 }
 
 /// Serves one proxied request.

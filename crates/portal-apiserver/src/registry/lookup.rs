@@ -71,6 +71,65 @@ pub(crate) async fn current(
     }
 }
 
+/// A ready endpoint (chosen at random) of a Service's port, named or
+/// numbered (the first when `None`): where the proxy subresource and
+/// admission webhooks reach a Service, as the node reaches pod addresses.
+pub(crate) async fn service_endpoint(
+    state: &ApiState,
+    namespace: &str,
+    name: &str,
+    port: Option<&str>,
+) -> Result<std::net::SocketAddr, Status> {
+    use portal_api::kinds;
+    use serde_json::Value;
+    let object = |resource: &'static Resource| async move {
+        stored(state, &resource.key(Some(namespace), name))
+            .await?
+            .map(|o| o.value)
+            .ok_or_else(|| Status::not_found(crate::Scope::cluster(resource).target(), name))
+    };
+    let service = object(&kinds::service::RESOURCE).await?;
+    let ports: Vec<&Value> = service["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let chosen = match port {
+        Some(port) => ports.iter().find(|p| {
+            p["name"] == port || p["port"].as_u64().map(|n| n.to_string()).as_deref() == Some(port)
+        }),
+        None => ports.first(),
+    }
+    .ok_or_else(|| Status::service_unavailable(format!("no such port on service {name:?}")))?;
+    let port_name = chosen["name"].as_str().unwrap_or("");
+    let endpoints = object(&kinds::endpoints::RESOURCE).await?;
+    let mut candidates = Vec::new();
+    for subset in endpoints["subsets"].as_array().into_iter().flatten() {
+        let port = subset["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"].as_str().unwrap_or("") == port_name)
+            .and_then(|p| p["port"].as_u64())
+            .and_then(|p| u16::try_from(p).ok());
+        let Some(port) = port else { continue };
+        for address in subset["addresses"].as_array().into_iter().flatten() {
+            if let Some(ip) = address["ip"]
+                .as_str()
+                .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+            {
+                candidates.push(std::net::SocketAddr::new(ip, port));
+            }
+        }
+    }
+    if candidates.is_empty() {
+        return Err(Status::service_unavailable(format!(
+            "no endpoints available for service {name:?}"
+        )));
+    }
+    Ok(candidates[rand::random_range(0..candidates.len())])
+}
+
 pub(crate) fn parse_revision(value: Option<&str>) -> Result<Option<Revision>, Status> {
     match value {
         None | Some("") => Ok(None),

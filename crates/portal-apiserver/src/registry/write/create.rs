@@ -40,23 +40,25 @@ pub(crate) async fn create_object(
     let resource = scope.resource;
     let DecodedBody {
         mut object,
-        warnings,
+        mut warnings,
         managed,
     } = body;
     check_body_namespace(scope, &object)?;
-    state
-        .admission
-        .admit_create(state, *scope, &mut object)
-        .await?;
+    warnings.extend(
+        state
+            .admission
+            .admit(state, *scope, None, &mut object, None)
+            .await?,
+    );
     let causes = problems(resource, &object, None);
     if !causes.is_empty() {
         return Err(invalid(scope, &object, causes));
     }
-    let mut warnings = warnings;
     warnings.extend(
         state
             .admission
-            .validate(state, scope, None, &object, None)?,
+            .validate(state, scope, None, &object, None)
+            .await?,
     );
     if let Some(ns) = scope.namespace {
         check_namespace(state, ns).await?;

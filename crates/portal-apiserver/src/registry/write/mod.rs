@@ -36,26 +36,29 @@ use crate::{store_error, ApiState, Scope};
 /// module) beyond a kind's own strategy: held by the server, so that the
 /// registry does not depend on what admission reads.
 pub(crate) trait Admission: Send + Sync {
-    /// Mutating admission of a new object (after defaults, before
-    /// validation).
-    fn admit_create<'a>(
+    /// Mutating admission of an object about to be written (after
+    /// defaults, before validation); `old` on update, the subresource
+    /// written if not the object itself. The warnings to return.
+    fn admit<'a>(
         &'a self,
         state: &'a ApiState,
         scope: Scope<'a>,
+        subresource: Option<&'a str>,
         object: &'a mut Value,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), Status>>;
+        old: Option<&'a Value>,
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>>;
 
     /// Validating admission (after validation); `old` on update, the
     /// subresource written if not the object itself. The warnings to
     /// return, or the refusal.
-    fn validate(
-        &self,
-        state: &ApiState,
-        scope: &Scope<'_>,
-        subresource: Option<&str>,
-        object: &Value,
-        old: Option<&Value>,
-    ) -> Result<Vec<String>, Status>;
+    fn validate<'a>(
+        &'a self,
+        state: &'a ApiState,
+        scope: &'a Scope<'a>,
+        subresource: Option<&'a str>,
+        object: &'a Value,
+        old: Option<&'a Value>,
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>>;
 }
 
 /// Conflicting writers retry an unconditional update this many times.

@@ -41,6 +41,13 @@ pub(crate) async fn guaranteed_update(
         }
         check_uid(scope, name, &object, &old)?;
         let mut new = object;
+        let mut warnings = warnings;
+        warnings.extend(
+            state
+                .admission
+                .admit(state, *scope, part.subresource(), &mut new, Some(&old))
+                .await?,
+        );
         strategy::prepare_update(resource, &mut new, &old, part);
         Allocators::keep_allocated(resource, &mut new, &old);
         let names = [manager.clone(), resource.api_version(), strategy::now()];
@@ -50,14 +57,12 @@ pub(crate) async fn guaranteed_update(
         if !causes.is_empty() {
             return Err(invalid(scope, &new, causes));
         }
-        let mut warnings = warnings;
-        warnings.extend(state.admission.validate(
-            state,
-            scope,
-            part.subresource(),
-            &new,
-            Some(&old),
-        )?);
+        warnings.extend(
+            state
+                .admission
+                .validate(state, scope, part.subresource(), &new, Some(&old))
+                .await?,
+        );
         // A value sealed with a retired key is written again even when
         // nothing changed: that is how keys rotate.
         if strategy::unchanged(&new, &old)

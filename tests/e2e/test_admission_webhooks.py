@@ -13,6 +13,7 @@ import subprocess
 import textwrap
 import threading
 
+import kubernetes
 import pytest
 
 from conftest import Portal
@@ -169,3 +170,127 @@ def test_configurations_are_checked(api):
     assert "webhooks[0].name" in refused.stderr
     assert "'https' is the only allowed URL scheme" in refused.stderr
     assert 'webhooks[0].sideEffects: Unsupported value: "Some"' in refused.stderr
+
+
+# The webhook a pod serves: the same rules as `Hooks`, standalone.
+POD_HOOK = textwrap.dedent("""\
+    import base64, http.server, json, ssl
+
+    class Hooks(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            request = review["request"]
+            response = {"uid": request["uid"], "allowed": True}
+            if self.path.startswith("/validate"):
+                if "forbidden" in (request["object"].get("data") or {}):
+                    response = {"uid": request["uid"], "allowed": False,
+                                "status": {"code": 403, "message": "no forbidden keys (from a pod)"}}
+            else:
+                labels = request["object"]["metadata"].get("labels")
+                patch = ([{"op": "add", "path": "/metadata/labels/mutated", "value": "by-pod"}] if labels else
+                         [{"op": "add", "path": "/metadata/labels", "value": {"mutated": "by-pod"}}])
+                response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
+            body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                               "response": response}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), Hooks)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain("/tls/tls.crt", "/tls/tls.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    print("serving", flush=True)
+    server.serve_forever()
+    """)
+
+
+@pytest.fixture(scope="module")
+def python_layout():
+    from support import debian_images
+    # Built before the node namespace is entered (Debian's packages).
+    return debian_images.python_layout()
+
+
+@pytest.mark.root
+@pytest.mark.netns
+def test_a_webhook_served_by_a_pod_behind_a_service(tmp_path_factory, python_layout):
+    from support import debian_images
+    from support.agent_bed import AgentNode, pod_manifest
+    from support.waiting import wait_for
+
+    tmp = tmp_path_factory.mktemp("pod-hook")
+    with AgentNode(tmp_path_factory.mktemp("pod-hook-node")) as node:
+        image = debian_images.push(python_layout, node.registry.host, "python-kubernetes")
+        pki = node.portal.data_dir / "pki"
+        (tmp / "ext").write_text("subjectAltName=DNS:hook.hooks.svc\nextendedKeyUsage=serverAuth\n")
+        subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-keyout", str(tmp / "tls.key"), "-out", str(tmp / "tls.csr"),
+                        "-subj", "/CN=hook.hooks.svc"], check=True, capture_output=True, timeout=60)
+        subprocess.run(["openssl", "x509", "-req", "-in", str(tmp / "tls.csr"), "-CA", str(pki / "ca.crt"),
+                        "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "1",
+                        "-extfile", str(tmp / "ext"), "-out", str(tmp / "tls.crt")],
+                       check=True, capture_output=True, timeout=60)
+        node.kubectl("create", "namespace", "hooks")
+        node.kubectl("-n", "hooks", "create", "secret", "tls", "hook-tls",
+                     f"--cert={tmp / 'tls.crt'}", f"--key={tmp / 'tls.key'}")
+        manifest = pod_manifest("hook", image, ["python3", "-c", POD_HOOK], labels={"app": "hook"},
+                                volumes=[{"name": "tls", "secret": {"secretName": "hook-tls"}}])
+        container = manifest["spec"]["containers"][0]
+        container["volumeMounts"] = [{"name": "tls", "mountPath": "/tls"}]
+        container["ports"] = [{"containerPort": 8443}]
+        container["readinessProbe"] = {"tcpSocket": {"port": 8443}, "periodSeconds": 1}
+        node.core.create_namespaced_pod("hooks", manifest)
+        node.core.create_namespaced_service("hooks", {
+            "metadata": {"name": "hook"},
+            "spec": {"selector": {"app": "hook"}, "ports": [{"port": 443, "targetPort": 8443}]}})
+
+        def ready_endpoints():
+            try:
+                endpoints = node.core.read_namespaced_endpoints("hook", "hooks")
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return False  # not made by the controller yet
+                raise
+            return any(subset.addresses for subset in endpoints.subsets or [])
+        wait_for(ready_endpoints, "the webhook pod to be ready behind its Service", timeout=240, interval=0.5)
+        ca = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+
+        def configuration(kind, name, path, failure_policy):
+            return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
+                    "webhooks": [{"name": f"{name}.hooks.example.com", "admissionReviewVersions": ["v1"],
+                                  "sideEffects": "None", "failurePolicy": failure_policy, "timeoutSeconds": 5,
+                                  "clientConfig": {"service": {"name": "hook", "namespace": "hooks", "path": path},
+                                                   "caBundle": ca},
+                                  "namespaceSelector": {"matchLabels": {"hooks": "on"}},
+                                  "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                             "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]}]}]}
+
+        def apply(failure_policy):
+            items = [configuration("ValidatingWebhookConfiguration", "deny", "/validate", failure_policy),
+                     configuration("MutatingWebhookConfiguration", "label", "/mutate", failure_policy)]
+            subprocess.run(["kubectl", "--kubeconfig", node.portal.kubeconfig, "apply", "-f", "-"],
+                           input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+                           check=True, capture_output=True, text=True, timeout=60)
+        apply("Fail")
+        node.kubectl("create", "namespace", "shop")
+        node.kubectl("label", "namespace", "shop", "hooks=on")
+        result = subprocess.run(["kubectl", "--kubeconfig", node.portal.kubeconfig, "-n", "shop", "create",
+                                 "configmap", "bad", "--from-literal=forbidden=1"],
+                                capture_output=True, text=True, timeout=60)
+        assert ('admission webhook "deny.hooks.example.com" denied the request: no forbidden keys (from a pod)'
+                in result.stderr), result.stderr
+        node.kubectl("-n", "shop", "create", "configmap", "good", "--from-literal=fine=1")
+        labels = node.core.read_namespaced_config_map("good", "shop").metadata.labels
+        assert labels == {"mutated": "by-pod"}
+        # The pod gone: Fail refuses, Ignore lets writes through.
+        node.core.delete_namespaced_pod("hook", "hooks", grace_period_seconds=0)
+        wait_for(lambda: not ready_endpoints(), "the Service to have no endpoints", timeout=60, interval=0.2)
+        result = subprocess.run(["kubectl", "--kubeconfig", node.portal.kubeconfig, "-n", "shop", "create",
+                                 "configmap", "refused"], capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and 'failed calling webhook "label.hooks.example.com"' in result.stderr, \
+            result.stderr
+        apply("Ignore")
+        node.kubectl("-n", "shop", "create", "configmap", "through", "--from-literal=forbidden=1")

@@ -2,12 +2,21 @@
 //! whose definition has a structural schema (defaults, an enum, bounds, a
 //! map list) and a CEL rule, against a built-in kind of similar size (a
 //! ConfigMap with the same bytes of data), on one `portal server`, in
-//! alternating rounds so both meet the same machine state.
+//! alternating rounds so both meet the same machine state; and what a
+//! no-op validating webhook adds to a create (one client, latency with
+//! and without it, alternating). The webhook is an HTTPS server in this
+//! process on loopback, so the figure is the API server's cost of asking
+//! one (TLS connection, review, answer), not a pod network's.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
 
 use crate::portal::{Client, Portal};
 use crate::stats::Samples;
@@ -27,6 +36,9 @@ pub(crate) struct Args {
     /// Rounds of each kind, alternating.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Sequential creates per webhook round.
+    #[arg(long, default_value_t = 400)]
+    webhook_creates: usize,
 }
 
 const DEFINITION: &str = r#"{
@@ -166,6 +178,7 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
         custom.extend(samples);
         eprintln!("round {round} done");
     }
+    let webhook = webhook_overhead(&portal, &mut admin, args.webhook_creates).await?;
     let anchor_rate = anchor.len() as f64 / anchor_time;
     let custom_rate = custom.len() as f64 / custom_time;
     let (anchor_p99, custom_p99) = (anchor.percentile_ms(0.99), custom.percentile_ms(0.99));
@@ -179,5 +192,143 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
         args.seconds,
         custom_rate / anchor_rate,
         custom_p99 / anchor_p99,
+    ) + &webhook)
+}
+
+/// A no-op webhook: every review allowed. Counts the reviews it answers.
+async fn serve_webhook(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    answered: Arc<AtomicU64>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    while let Ok((tcp, _)) = listener.accept().await {
+        let (acceptor, answered) = (acceptor.clone(), answered.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let service =
+                hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                    let answered = answered.clone();
+                    async move {
+                        let body = request.into_body().collect().await?.to_bytes();
+                        let review: serde_json::Value =
+                            serde_json::from_slice(&body).unwrap_or_default();
+                        let answer = serde_json::json!({
+                            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                            "response": {"uid": review["request"]["uid"], "allowed": true},
+                        });
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::from(
+                            answer.to_string(),
+                        ))))
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Latency of sequential ConfigMap creates without and with a no-op
+/// validating webhook, alternating; a table of p50/p99 and what it adds.
+async fn webhook_overhead(
+    portal: &Portal,
+    admin: &mut Client,
+    creates: usize,
+) -> Result<String, Error> {
+    let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let mut params =
+        rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    params
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress([127, 0, 0, 1].into()));
+    let certificate = params.self_signed(&key).map_err(|e| e.to_string())?;
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![certificate.der().clone()],
+        rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let answered = Arc::new(AtomicU64::new(0));
+    tokio::spawn(serve_webhook(listener, Arc::new(tls), answered.clone()));
+    let bundle = base64::engine::general_purpose::STANDARD.encode(certificate.pem());
+    let configuration = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "noop"},
+        "webhooks": [{"name": "noop.bench.example.com", "admissionReviewVersions": ["v1"],
+            "sideEffects": "None", "failurePolicy": "Fail",
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/"), "caBundle": bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}]}],
+    });
+    let path = "/api/v1/namespaces/bench/configmaps";
+    let configurations = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+    let mut client = portal.connect().await?;
+    let (mut without, mut with) = (Samples::default(), Samples::default());
+    for round in 0..4 {
+        let hooked = round % 2 == 1;
+        if hooked {
+            admin
+                .call(
+                    "POST",
+                    configurations,
+                    Bytes::from(configuration.to_string()),
+                )
+                .await?;
+        } else if round > 0 {
+            admin
+                .call("DELETE", &format!("{configurations}/noop"), Bytes::new())
+                .await?;
+        }
+        // Until a create shows the webhook asked (or not), as configured.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let before = answered.load(Ordering::Relaxed);
+            let name = format!("probe-{round}-{}", Instant::now().elapsed().as_nanos());
+            client
+                .call("POST", path, config_map(&format!("{name}-{before}")))
+                .await?;
+            if (answered.load(Ordering::Relaxed) > before) == hooked {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err("the webhook configuration did not apply".into());
+            }
+        }
+        let samples = if hooked { &mut with } else { &mut without };
+        for i in 0..creates {
+            let sent = Instant::now();
+            let (code, reply) = client
+                .call("POST", path, config_map(&format!("w{round}-{i}")))
+                .await?;
+            if code != 201 {
+                return Err(format!(
+                    "create answered {code}: {}",
+                    String::from_utf8_lossy(&reply)
+                ));
+            }
+            samples.push(sent.elapsed());
+        }
+    }
+    let (p50, p99) = (without.percentile_ms(0.5), without.percentile_ms(0.99));
+    let (hooked50, hooked99) = (with.percentile_ms(0.5), with.percentile_ms(0.99));
+    Ok(format!(
+        "\n| ConfigMap create, one client, {creates} per round, 4 rounds alternating | p50 | p99 |\n|---|---|---|\n\
+         | no webhook (anchor) | {p50:.2} ms | {p99:.2} ms |\n\
+         | a no-op validating webhook (HTTPS on loopback) | {hooked50:.2} ms | {hooked99:.2} ms |\n\
+         | added by the webhook | **{:.2} ms** | {:.2} ms |\n",
+        hooked50 - p50,
+        hooked99 - p99,
     ))
 }

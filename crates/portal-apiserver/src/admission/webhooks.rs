@@ -418,37 +418,52 @@ async fn post(
             (address, format!("{name}.{namespace}.svc"), path)
         }
     };
-    let tls = tls_config(state, config)?;
-    let tcp = tokio::net::TcpStream::connect(address)
-        .await
-        .map_err(|e| format!("dial tcp {address}: {e}"))?;
-    tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-    let name = ServerName::try_from(server_name.clone()).map_err(|e| e.to_string())?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("tls: {e}"))?;
-    let mut sender = crate::server::http::upstream_connection(stream)
-        .await
-        .map_err(|e| e.to_string())?;
+    let key = PoolKey {
+        address,
+        server_name: server_name.clone(),
+        bundle: config["caBundle"].as_str().unwrap_or("").to_owned(),
+    };
     let separator = if path.contains('?') { '&' } else { '?' };
-    let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
-    let request = http::Request::post(format!("{path}{separator}timeout={}s", timeout.as_secs()))
-        .header(http::header::HOST, server_name)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::ACCEPT, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())?;
+    let body = Bytes::from(serde_json::to_vec(review).map_err(|e| e.to_string())?);
+    let request = || {
+        http::Request::post(format!("{path}{separator}timeout={}s", timeout.as_secs()))
+            .header(http::header::HOST, server_name.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json")
+            .body(Full::new(body.clone()))
+            .map_err(|e| e.to_string())
+    };
+    let (mut sender, response) = match take(&key) {
+        Some(mut idle) => match idle.send_request(request()?).await {
+            Ok(response) => (idle, response),
+            // The webhook closed the idle connection: a new one.
+            Err(_) => {
+                let mut sender = dial(state, config, address, &server_name).await?;
+                let response = sender
+                    .send_request(request()?)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                (sender, response)
+            }
+        },
+        None => {
+            let mut sender = dial(state, config, address, &server_name).await?;
+            let response = sender
+                .send_request(request()?)
+                .await
+                .map_err(|e| e.to_string())?;
+            (sender, response)
+        }
+    };
     let code = response.status();
     let body = Limited::new(response.into_body(), MAX_RESPONSE)
         .collect()
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
+    if sender.ready().await.is_ok() {
+        give(key, sender);
+    }
     if !code.is_success() {
         return Err(format!(
             "the server answered {code}: {}",
@@ -456,6 +471,75 @@ async fn post(
         ));
     }
     serde_json::from_slice(&body).map_err(|e| format!("the answer is not an AdmissionReview: {e}"))
+}
+
+/// A connection to a webhook, kept for the next review (as upstream's
+/// HTTP client keeps them alive): dialling TLS for every write would cost
+/// more than the review.
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Connections are shared by the same address, name and trust.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PoolKey {
+    address: std::net::SocketAddr,
+    server_name: String,
+    bundle: String,
+}
+
+/// Idle connections kept per webhook endpoint.
+const IDLE_PER_ENDPOINT: usize = 8;
+
+fn pool() -> &'static parking_lot::Mutex<std::collections::HashMap<PoolKey, Vec<Sender>>> {
+    static POOL: std::sync::OnceLock<
+        parking_lot::Mutex<std::collections::HashMap<PoolKey, Vec<Sender>>>,
+    > = std::sync::OnceLock::new();
+    POOL.get_or_init(Default::default)
+}
+
+/// An idle connection that is still open.
+fn take(key: &PoolKey) -> Option<Sender> {
+    let mut pool = pool().lock();
+    let idle = pool.get_mut(key)?;
+    while let Some(sender) = idle.pop() {
+        if !sender.is_closed() {
+            return Some(sender);
+        }
+    }
+    None
+}
+
+fn give(key: PoolKey, sender: Sender) {
+    let mut pool = pool().lock();
+    // Endpoints come and go: forget those whose connections all closed.
+    pool.retain(|_, idle| {
+        idle.retain(|s| !s.is_closed());
+        !idle.is_empty()
+    });
+    let idle = pool.entry(key).or_default();
+    if idle.len() < IDLE_PER_ENDPOINT {
+        idle.push(sender);
+    }
+}
+
+async fn dial(
+    state: &ApiState,
+    config: &Value,
+    address: std::net::SocketAddr,
+    server_name: &str,
+) -> Result<Sender, String> {
+    let tls = tls_config(state, config)?;
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .map_err(|e| format!("dial tcp {address}: {e}"))?;
+    tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(server_name.to_owned()).map_err(|e| e.to_string())?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("tls: {e}"))?;
+    crate::server::http::upstream_connection(stream)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// TLS trusting the webhook's `caBundle` (the cluster CA without one).

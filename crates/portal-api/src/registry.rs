@@ -39,6 +39,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::persistent_volume_claim::RESOURCE,
     &kinds::storage_class::RESOURCE,
     &kinds::event::RESOURCE,
+    &kinds::events_event::RESOURCE,
     &kinds::endpoint_slice::RESOURCE,
     &kinds::lease::RESOURCE,
     &kinds::role::RESOURCE,

@@ -126,22 +126,16 @@ impl Version {
 /// between its versions (`None` conversion: only `apiVersion` changes).
 /// `true` if it changed.
 pub fn to_version(resource: &Resource, object: &mut Value) -> bool {
-    if resource.custom.is_none() {
-        return false;
+    match resource.custom {
+        Some(custom) => custom.to_version(resource, object),
+        None => false,
     }
-    let wanted = resource.api_version();
-    if object["apiVersion"].as_str() == Some(wanted.as_str()) {
-        return false;
-    }
-    object["apiVersion"] = Value::String(wanted);
-    true
 }
 
 /// `object` as it is stored: a kind users define at its storage version.
 pub fn to_storage(resource: &Resource, object: &mut Value) {
     if let Some(custom) = resource.custom {
-        object["apiVersion"] =
-            Value::String(format!("{}/{}", resource.group, custom.storage_version()));
+        custom.to_storage(resource, object);
     }
 }
 

@@ -20,6 +20,7 @@ pub mod deployment;
 pub mod endpoint_slice;
 pub mod endpoints;
 pub mod event;
+pub mod events_event;
 pub mod horizontal_pod_autoscaler;
 pub mod job;
 pub mod lease;

@@ -135,6 +135,37 @@ pub trait Defined: Send + Sync + std::fmt::Debug {
     fn scale(&self) -> Option<&ScalePaths>;
     /// The version objects are stored at (`None` conversion between).
     fn storage_version(&self) -> &'static str;
+    /// The resource whose objects these are, seen another way (events.k8s.io
+    /// Events are core Events): its keys, its watch cache, its form in the
+    /// store. `None` for a kind stored as itself.
+    fn stored_as(&self) -> Option<&'static Resource> {
+        None
+    }
+    /// `object` (as stored) as `resource` serves it; `true` if it changed.
+    /// By default only `apiVersion` changes (`None` conversion).
+    fn to_version(&self, resource: &Resource, object: &mut Value) -> bool {
+        let wanted = resource.api_version();
+        if object["apiVersion"].as_str() == Some(wanted.as_str()) {
+            return false;
+        }
+        object["apiVersion"] = Value::String(wanted);
+        true
+    }
+    /// `object` (as `resource` serves it) as it is stored.
+    fn to_storage(&self, resource: &Resource, object: &mut Value) {
+        object["apiVersion"] =
+            Value::String(format!("{}/{}", resource.group, self.storage_version()));
+    }
+    /// Whether strategic merge patches apply (kinds users define have no
+    /// merge strategies: upstream refuses them).
+    fn strategic_merge(&self) -> bool {
+        false
+    }
+    /// Whether a user defined the kind (a CRD), rather than it being a
+    /// built-in view: names its OpenAPI schema after its group.
+    fn user_defined(&self) -> bool {
+        true
+    }
 }
 
 /// One kind, served as one resource: everything kind-specific, as data and
@@ -229,7 +260,7 @@ impl Resource {
     /// `io.k8s.api.core.v1.Service`, `io.k8s.api.discovery.v1.EndpointSlice`.
     pub fn openapi_name(&self) -> String {
         // A defined kind's: the group's labels reversed (`com.example.v1.Widget`).
-        if self.custom.is_some() {
+        if self.custom.is_some_and(|c| c.user_defined()) {
             let group: Vec<&str> = self.group.rsplit('.').collect();
             return format!("{}.{}.{}", group.join("."), self.version, self.kind_name);
         }
@@ -242,8 +273,21 @@ impl Resource {
         format!("io.k8s.api.{group}.{}.{}", self.version, self.kind_name)
     }
 
-    /// The store key prefix of this resource: `/registry/<group>/<plural>/`.
+    /// The kind whose objects this resource serves: its own, or the one
+    /// it is a view of.
+    pub fn stored_kind(&self) -> Kind {
+        match self.custom.and_then(|c| c.stored_as()) {
+            Some(stored) => stored.kind(),
+            None => self.kind(),
+        }
+    }
+
+    /// The store key prefix of this resource: `/registry/<group>/<plural>/`
+    /// (a view's: that of the resource it views).
     pub fn key_prefix(&self) -> String {
+        if let Some(stored) = self.custom.and_then(|c| c.stored_as()) {
+            return stored.key_prefix();
+        }
         let group = if self.group.is_empty() {
             "core"
         } else {

@@ -466,7 +466,9 @@ async fn serve(
             let patch_type = PatchType::from_content_type(&content_type)
                 .ok_or_else(|| Status::unsupported_media_type(&content_type))?;
             // Kinds users define have no merge strategies (upstream, too).
-            if patch_type == PatchType::Strategic && resource.custom.is_some() {
+            if patch_type == PatchType::Strategic
+                && resource.custom.is_some_and(|c| !c.strategic_merge())
+            {
                 let mut refused = Status::unsupported_media_type(&content_type);
                 refused.message = "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".into();
                 return Err(refused);

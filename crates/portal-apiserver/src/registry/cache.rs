@@ -124,7 +124,7 @@ impl State {
         let revision = self.revision;
         let unclaimed = &mut self.unclaimed;
         self.resources
-            .entry(resource.kind())
+            .entry(resource.stored_kind())
             .or_insert_with(|| ResourceState {
                 objects: unclaimed.remove(&resource.key_prefix()).unwrap_or_default(),
                 floor: revision,
@@ -214,7 +214,7 @@ impl WatchCache {
         let mut resources: HashMap<Kind, ResourceState> = resources()
             .map(|r| {
                 (
-                    r.kind(),
+                    r.stored_kind(),
                     ResourceState {
                         floor: revision,
                         changed: revision,
@@ -362,7 +362,7 @@ impl WatchCache {
         self.state
             .read()
             .resources
-            .get(&resource.kind())?
+            .get(&resource.stored_kind())?
             .objects
             .get(key)
             .cloned()
@@ -380,7 +380,11 @@ impl WatchCache {
         keep: impl Fn(&CachedObject) -> bool,
     ) -> (Vec<Arc<CachedObject>>, Revision, usize) {
         let state = self.state.read();
-        let Some(objects) = state.resources.get(&resource.kind()).map(|r| &r.objects) else {
+        let Some(objects) = state
+            .resources
+            .get(&resource.stored_kind())
+            .map(|r| &r.objects)
+        else {
             return (Vec::new(), state.revision, 0);
         };
         let start = match after {
@@ -413,7 +417,7 @@ impl WatchCache {
         position: Revision,
     ) -> Result<(Vec<Arc<CacheEvent>>, Revision), TooOld> {
         let state = self.state.read();
-        let Some(ring) = state.resources.get(&resource.kind()) else {
+        let Some(ring) = state.resources.get(&resource.stored_kind()) else {
             return Ok((Vec::new(), state.revision));
         };
         if position < ring.floor {
@@ -431,7 +435,7 @@ impl WatchCache {
         self.state
             .read()
             .resources
-            .get(&resource.kind())
+            .get(&resource.stored_kind())
             .map_or(0, |r| r.floor)
     }
 

@@ -40,7 +40,6 @@ pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace:
         metadata.remove("generation");
     }
     (resource.prepare_create)(object);
-    portal_api::custom::to_storage(resource, object);
 }
 
 /// What a write to an existing object is aimed at.
@@ -78,11 +77,6 @@ impl Part {
 /// `spec.finalizers`; a write to the object itself changes everything but
 /// `.status` and the server-owned fields.
 pub(crate) fn prepare_update(resource: &Resource, new: &mut Value, old: &Value, part: Part) {
-    prepare_part(resource, new, old, part);
-    portal_api::custom::to_storage(resource, new);
-}
-
-fn prepare_part(resource: &Resource, new: &mut Value, old: &Value, part: Part) {
     if part == Part::Finalize {
         let finalizers = new.pointer("/spec/finalizers").cloned();
         *new = old.clone();

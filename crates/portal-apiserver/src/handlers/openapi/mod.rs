@@ -39,7 +39,7 @@ fn group_versions<'a>(
 
 /// The group-versions of kinds users define, served now.
 fn defined_group_versions() -> Vec<(&'static str, &'static str)> {
-    group_versions(resources().filter(|r| r.custom.is_some()))
+    group_versions(resources().filter(|r| r.custom.is_some_and(|c| c.user_defined())))
 }
 
 fn path_of(group: &str, version: &str) -> String {
@@ -59,7 +59,7 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
         .collect();
     let mut defined = Vec::new();
     for resource in &served {
-        match resource.custom {
+        match resource.custom.filter(|c| c.user_defined()) {
             Some(custom) => defined.push((
                 resource.openapi_name(),
                 custom_schema(resource, custom.openapi_schema(), &mut generator),

@@ -93,8 +93,7 @@ pub(crate) async fn create_object(
             reservation.abort(None);
             return Ok((CachedObject::from_value(key, attempt, 0), warnings));
         }
-        let value =
-            Bytes::from(serde_json::to_vec(&attempt).map_err(|e| Status::internal(e.to_string()))?);
+        let value = stored_bytes(resource, &attempt)?;
         let mut ops = vec![Op::Create {
             key: key.clone(),
             value,

@@ -213,6 +213,24 @@ impl WriteOptions {
     }
 }
 
+/// An object as the store keeps it: kinds stored in another form than the
+/// one written (a CRD's storage version, events.k8s.io Events as core
+/// Events) are converted at the last moment, so everything before works
+/// on the form the client sent.
+fn stored_bytes(resource: &Resource, object: &Value) -> Result<Bytes, Status> {
+    let encode = |v: &Value| {
+        serde_json::to_vec(v)
+            .map(Bytes::from)
+            .map_err(|e| Status::internal(e.to_string()))
+    };
+    if resource.custom.is_none() {
+        return encode(object);
+    }
+    let mut stored = object.clone();
+    portal_api::custom::to_storage(resource, &mut stored);
+    encode(&stored)
+}
+
 /// Metadata and kind-specific problems of an object about to be stored.
 fn problems(resource: &Resource, object: &Value, old: Option<&Value>) -> Vec<portal_api::Cause> {
     let mut causes = meta::validate(resource, object);

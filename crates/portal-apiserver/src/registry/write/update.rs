@@ -22,10 +22,12 @@ pub(crate) async fn guaranteed_update(
         let Some(current) = state.store.get(&key).await.map_err(store_error)? else {
             return Err(Status::not_found(scope.target(), name));
         };
-        let old = decode_stored(&current)?;
+        // The stored object as the asked version has it (kinds stored in
+        // another form are converted), which the whole update works on.
+        let mut old = decode_stored(&current)?;
+        portal_api::custom::to_version(resource, &mut old);
         // Clients see (and patch) the object with its resourceVersion.
         let mut visible = old.clone();
-        portal_api::custom::to_version(resource, &mut visible);
         meta::metadata_mut(&mut visible).insert(
             "resourceVersion".into(),
             Value::String(current.mod_revision.to_string()),
@@ -105,8 +107,7 @@ pub(crate) async fn guaranteed_update(
                 warnings,
             ));
         }
-        let value =
-            Bytes::from(serde_json::to_vec(&new).map_err(|e| Status::internal(e.to_string()))?);
+        let value = stored_bytes(resource, &new)?;
         let mut ops = vec![Op::Update {
             key: key.clone(),
             value,

@@ -180,3 +180,41 @@ def test_failure_policies_and_compilation(api):
     both = kubectl(api, "patch", "validatingadmissionpolicybinding", "needs-team", "--type=merge",
                    "-p", '{"spec":{"validationActions":["Deny","Warn"]}}', check=False)
     assert "must not contain both Deny and Warn" in both.stderr
+
+
+def test_deletes_are_admitted_too(api):
+    policy = textwrap.dedent("""\
+        apiVersion: admissionregistration.k8s.io/v1
+        kind: ValidatingAdmissionPolicy
+        metadata: {name: keep-protected}
+        spec:
+          matchConstraints:
+            resourceRules:
+            - {apiGroups: [""], apiVersions: [v1], operations: [DELETE], resources: [configmaps]}
+          validations:
+          - expression: "request.operation == 'DELETE' && object == null"
+          - expression: "!has(oldObject.metadata.labels) || !('protected' in oldObject.metadata.labels)"
+            messageExpression: "oldObject.metadata.name + ' is protected'"
+            reason: Forbidden
+        ---
+        apiVersion: admissionregistration.k8s.io/v1
+        kind: ValidatingAdmissionPolicyBinding
+        metadata: {name: keep-protected}
+        spec:
+          policyName: keep-protected
+          validationActions: [Deny]
+        """)
+    kubectl(api, "apply", "-f", "-", stdin=policy)
+    kubectl(api, "create", "namespace", "vault")
+    kubectl(api, "-n", "vault", "create", "configmap", "keys")
+    kubectl(api, "-n", "vault", "label", "configmap", "keys", "protected=yes")
+    kubectl(api, "-n", "vault", "create", "configmap", "scratch")
+    refused = kubectl(api, "-n", "vault", "delete", "configmap", "keys", check=False)
+    assert 'configmaps "keys" is forbidden: ValidatingAdmissionPolicy \'keep-protected\'' in refused.stderr, \
+        refused.stderr
+    assert "keys is protected" in refused.stderr
+    kubectl(api, "-n", "vault", "delete", "configmap", "scratch")
+    # A collection delete asks about each object.
+    refused = kubectl(api, "-n", "vault", "delete", "configmaps", "--all", check=False)
+    assert "keys is protected" in refused.stderr
+    assert kubectl(api, "-n", "vault", "get", "configmap", "keys").returncode == 0

@@ -12,6 +12,7 @@ mod webhooks;
 use portal_api::Status;
 use serde_json::Value;
 
+use crate::registry::write::Write;
 use crate::{ApiState, Scope};
 
 /// The server's admission, as the write path calls it.
@@ -25,7 +26,7 @@ impl crate::registry::write::Admission for Admitter {
         &'a self,
         state: &'a ApiState,
         scope: Scope<'a>,
-        subresource: Option<&'a str>,
+        write: Write<'a>,
         object: &'a mut Value,
         old: Option<&'a Value>,
     ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>> {
@@ -36,7 +37,7 @@ impl crate::registry::write::Admission for Admitter {
             let snapshot = object.clone();
             let request = policies::Request {
                 scope: &scope,
-                subresource,
+                write,
                 object: &snapshot,
                 old,
             };
@@ -48,15 +49,17 @@ impl crate::registry::write::Admission for Admitter {
         &'a self,
         state: &'a ApiState,
         scope: &'a Scope<'a>,
-        subresource: Option<&'a str>,
+        write: Write<'a>,
         object: &'a Value,
         old: Option<&'a Value>,
     ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>> {
         Box::pin(async move {
-            validate(state, scope, object, old)?;
+            if write.operation != "DELETE" {
+                validate(state, scope, object, old)?;
+            }
             let request = policies::Request {
                 scope,
-                subresource,
+                write,
                 object,
                 old,
             };

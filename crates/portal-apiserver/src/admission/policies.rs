@@ -21,6 +21,7 @@ use portal_api::selector::LabelSelector;
 use portal_api::{Cause, Resource, Status, Target};
 use serde_json::{json, Value};
 
+use crate::registry::write::Write;
 use crate::{ApiState, Scope};
 
 /// Compiled policies, by UID, with the generation they were compiled at.
@@ -51,18 +52,16 @@ struct Validation {
 #[derive(Clone, Copy)]
 pub(crate) struct Request<'a> {
     pub(crate) scope: &'a Scope<'a>,
-    pub(crate) subresource: Option<&'a str>,
+    pub(crate) write: Write<'a>,
+    /// The object written (null for a delete).
     pub(crate) object: &'a Value,
+    /// The stored object, on updates and deletes.
     pub(crate) old: Option<&'a Value>,
 }
 
 impl Request<'_> {
     pub(crate) fn operation(&self) -> &'static str {
-        if self.old.is_some() {
-            "UPDATE"
-        } else {
-            "CREATE"
-        }
+        self.write.operation
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -336,14 +335,14 @@ fn rule_matches(rule: &Value, request: &Request<'_>) -> bool {
             .as_array()
             .is_some_and(|values| values.iter().any(|v| v == "*" || v == value))
     };
-    let name = match request.subresource {
+    let name = match request.write.subresource {
         Some(sub) => format!("{}/{sub}", resource.plural),
         None => resource.plural.to_owned(),
     };
     let resource_listed = rule["resources"].as_array().is_some_and(|values| {
         values.iter().filter_map(Value::as_str).any(|v| {
             v == name
-                || match request.subresource {
+                || match request.write.subresource {
                     None => v == "*",
                     Some(sub) => {
                         v == "*/*"
@@ -456,12 +455,12 @@ fn activation(
     let request_value = json!({
         "kind": {"group": resource.group, "version": resource.version, "kind": resource.kind_name},
         "resource": {"group": resource.group, "version": resource.version, "resource": resource.plural},
-        "subResource": request.subresource.unwrap_or(""),
+        "subResource": request.write.subresource.unwrap_or(""),
         "name": request.name(),
         "namespace": request.scope.namespace.unwrap_or(""),
         "operation": request.operation(),
         "userInfo": user.map(|u| json!({"username": u.name, "uid": u.uid, "groups": u.groups})).unwrap_or(json!({})),
-        "dryRun": false,
+        "dryRun": request.write.dry_run,
     });
     activation.set("object", request.object)?;
     activation.set("oldObject", request.old.unwrap_or(&Value::Null))?;

@@ -365,13 +365,13 @@ fn review_request(uid: &str, request: &Request<'_>) -> Value {
             .unwrap_or(json!({})),
         "object": request.object,
         "oldObject": request.old.cloned().unwrap_or(Value::Null),
-        "dryRun": false,
+        "dryRun": request.write.dry_run,
         "options": {"kind": options_kind, "apiVersion": "meta.k8s.io/v1"},
     });
     if let Some(namespace) = request.scope.namespace {
         review["namespace"] = json!(namespace);
     }
-    if let Some(sub) = request.subresource {
+    if let Some(sub) = request.write.subresource {
         review["subResource"] = json!(sub);
     }
     review

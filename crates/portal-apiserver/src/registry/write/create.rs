@@ -44,10 +44,15 @@ pub(crate) async fn create_object(
         managed,
     } = body;
     check_body_namespace(scope, &object)?;
+    let write = Write {
+        operation: "CREATE",
+        subresource: None,
+        dry_run: options.dry_run,
+    };
     warnings.extend(
         state
             .admission
-            .admit(state, *scope, None, &mut object, None)
+            .admit(state, *scope, write, &mut object, None)
             .await?,
     );
     let causes = problems(resource, &object, None);
@@ -57,7 +62,7 @@ pub(crate) async fn create_object(
     warnings.extend(
         state
             .admission
-            .validate(state, scope, None, &object, None)
+            .validate(state, scope, write, &object, None)
             .await?,
     );
     if let Some(ns) = scope.namespace {

@@ -90,11 +90,30 @@ pub(crate) async fn delete(
                 &old,
             )?;
         }
-        if dry_run(query) || options.dry_run.iter().any(|d| d == "All") {
+        let dry = dry_run(query) || options.dry_run.iter().any(|d| d == "All");
+        // Policies and webhooks have their say on deletes too (an object
+        // already being deleted is not asked about again).
+        let mut warnings = Vec::new();
+        if meta::meta_str(&old, "deletionTimestamp").is_none() {
+            let write = Write {
+                operation: "DELETE",
+                subresource: None,
+                dry_run: dry,
+            };
+            let mut visible = old.clone();
+            portal_api::custom::to_version(resource, &mut visible);
+            warnings = state
+                .admission
+                .validate(state, scope, write, &Value::Null, Some(&visible))
+                .await?;
+        }
+        if dry {
             // Checked, not done.
-            return Ok(json_response(
+            return Ok(respond(
+                resource,
                 StatusCode::OK,
-                CachedObject::from_value(key, old, current.mod_revision).served_json(resource),
+                &CachedObject::from_value(key, old, current.mod_revision),
+                &warnings,
             ));
         }
         if resource.kind() == kinds::namespace::KIND {
@@ -109,23 +128,28 @@ pub(crate) async fn delete(
         {
             // Marked (a pod stopping on its node, finalizers): it stays.
             Ok(Outcome::Marked { revision, object }) => {
-                return Ok(json_response(
+                return Ok(respond(
+                    resource,
                     StatusCode::OK,
-                    CachedObject::from_value(key, object, revision).served_json(resource),
+                    &CachedObject::from_value(key, object, revision),
+                    &warnings,
                 ));
             }
             Ok(Outcome::Pending { object }) => {
-                return Ok(json_response(
+                return Ok(respond(
+                    resource,
                     StatusCode::OK,
-                    CachedObject::from_value(key, object, current.mod_revision)
-                        .served_json(resource),
+                    &CachedObject::from_value(key, object, current.mod_revision),
+                    &warnings,
                 ));
             }
             // Its dependents are the garbage collector's to delete.
             Ok(Outcome::Deleted { revision, .. }) => {
-                return Ok(json_response(
+                return Ok(respond(
+                    resource,
                     StatusCode::OK,
-                    CachedObject::from_value(key, old, revision).served_json(resource),
+                    &CachedObject::from_value(key, old, revision),
+                    &warnings,
                 ));
             }
             Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
@@ -166,6 +190,20 @@ pub(crate) async fn delete_collection(
             let Some(current) = state.store.get(&item.key).await.map_err(store_error)? else {
                 break;
             };
+            // Each object is admitted as a delete of its own would be.
+            let mut old = decode_stored(&current)?;
+            if meta::meta_str(&old, "deletionTimestamp").is_none() {
+                portal_api::custom::to_version(resource, &mut old);
+                let write = Write {
+                    operation: "DELETE",
+                    subresource: None,
+                    dry_run: false,
+                };
+                state
+                    .admission
+                    .validate(state, scope, write, &Value::Null, Some(&old))
+                    .await?;
+            }
             let store = state.store.as_ref();
             match deletion::delete_object(
                 store,

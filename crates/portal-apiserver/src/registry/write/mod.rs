@@ -37,28 +37,38 @@ use crate::{store_error, ApiState, Scope};
 /// registry does not depend on what admission reads.
 pub(crate) trait Admission: Send + Sync {
     /// Mutating admission of an object about to be written (after
-    /// defaults, before validation); `old` on update, the subresource
-    /// written if not the object itself. The warnings to return.
+    /// defaults, before validation); `old` on update. The warnings to
+    /// return.
     fn admit<'a>(
         &'a self,
         state: &'a ApiState,
         scope: Scope<'a>,
-        subresource: Option<&'a str>,
+        write: Write<'a>,
         object: &'a mut Value,
         old: Option<&'a Value>,
     ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>>;
 
-    /// Validating admission (after validation); `old` on update, the
-    /// subresource written if not the object itself. The warnings to
-    /// return, or the refusal.
+    /// Validating admission (after validation; of a delete, with `object`
+    /// null and `old` the object deleted). The warnings to return, or the
+    /// refusal.
     fn validate<'a>(
         &'a self,
         state: &'a ApiState,
         scope: &'a Scope<'a>,
-        subresource: Option<&'a str>,
+        write: Write<'a>,
         object: &'a Value,
         old: Option<&'a Value>,
     ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>>;
+}
+
+/// What admission is told about a write besides the objects.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Write<'a> {
+    /// `CREATE`, `UPDATE` or `DELETE`.
+    pub(crate) operation: &'static str,
+    /// The subresource written, if not the object itself.
+    pub(crate) subresource: Option<&'a str>,
+    pub(crate) dry_run: bool,
 }
 
 /// Conflicting writers retry an unconditional update this many times.

@@ -44,10 +44,15 @@ pub(crate) async fn guaranteed_update(
         check_uid(scope, name, &object, &old)?;
         let mut new = object;
         let mut warnings = warnings;
+        let write = Write {
+            operation: "UPDATE",
+            subresource: part.subresource(),
+            dry_run: options.dry_run,
+        };
         warnings.extend(
             state
                 .admission
-                .admit(state, *scope, part.subresource(), &mut new, Some(&old))
+                .admit(state, *scope, write, &mut new, Some(&old))
                 .await?,
         );
         strategy::prepare_update(resource, &mut new, &old, part);
@@ -62,7 +67,7 @@ pub(crate) async fn guaranteed_update(
         warnings.extend(
             state
                 .admission
-                .validate(state, scope, part.subresource(), &new, Some(&old))
+                .validate(state, scope, write, &new, Some(&old))
                 .await?,
         );
         // A value sealed with a retired key is written again even when

@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 
 use crate::portal::{Client, Portal};
 use crate::stats::Samples;
-use crate::Error;
+use crate::{creates, Error};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -81,49 +81,6 @@ fn config_map(name: &str) -> Bytes {
         })
         .to_string(),
     )
-}
-
-async fn creates(
-    portal: &Portal,
-    clients: usize,
-    seconds: f64,
-    path: &str,
-    body: fn(&str) -> Bytes,
-    tag: &str,
-) -> Result<(f64, Samples), Error> {
-    let mut connections: Vec<Client> = Vec::new();
-    for _ in 0..clients {
-        connections.push(portal.connect().await?);
-    }
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(seconds);
-    let workers = connections.into_iter().enumerate().map(|(w, mut client)| {
-        let (tag, path) = (tag.to_owned(), path.to_owned());
-        tokio::spawn(async move {
-            let mut samples = Samples::default();
-            let mut i = 0;
-            while Instant::now() < deadline {
-                let sent = Instant::now();
-                let (code, reply) = client
-                    .call("POST", &path, body(&format!("{tag}-{w}-{i}")))
-                    .await?;
-                if code != 201 {
-                    return Err(format!(
-                        "create answered {code}: {}",
-                        String::from_utf8_lossy(&reply)
-                    ));
-                }
-                samples.push(sent.elapsed());
-                i += 1;
-            }
-            Ok::<_, Error>(samples)
-        })
-    });
-    let mut all = Samples::default();
-    for worker in futures_util::future::join_all(workers).await {
-        all.extend(worker.map_err(|e| e.to_string())??);
-    }
-    Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
 }
 
 pub(crate) async fn run(args: &Args) -> Result<String, Error> {

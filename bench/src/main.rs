@@ -88,6 +88,27 @@ async fn portal_creates(
     seconds: f64,
     tag: &str,
 ) -> Result<(f64, Samples), Error> {
+    creates(
+        portal,
+        clients,
+        seconds,
+        "/api/v1/namespaces/bench/services",
+        service_body,
+        tag,
+    )
+    .await
+}
+
+/// `clients` workers POSTing `body(name)` to `path` until `seconds` have
+/// passed: the rate and every latency.
+pub(crate) async fn creates(
+    portal: &portal::Portal,
+    clients: usize,
+    seconds: f64,
+    path: &str,
+    body: fn(&str) -> Bytes,
+    tag: &str,
+) -> Result<(f64, Samples), Error> {
     let mut connections = Vec::new();
     for _ in 0..clients {
         connections.push(portal.connect().await?);
@@ -95,15 +116,14 @@ async fn portal_creates(
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let workers = connections.into_iter().enumerate().map(|(w, mut client)| {
-        let tag = tag.to_owned();
+        let (tag, path) = (tag.to_owned(), path.to_owned());
         tokio::spawn(async move {
             let mut samples = Samples::default();
             let mut i = 0;
             while Instant::now() < deadline {
-                let body = service_body(&format!("{tag}-{w}-{i}"));
                 let sent = Instant::now();
                 let (code, reply) = client
-                    .call("POST", "/api/v1/namespaces/bench/services", body)
+                    .call("POST", &path, body(&format!("{tag}-{w}-{i}")))
                     .await?;
                 if code != 201 {
                     return Err(format!(

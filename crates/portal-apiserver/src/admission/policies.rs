@@ -132,57 +132,32 @@ impl Policies {
                 .flatten()
                 .filter_map(Value::as_str)
                 .collect();
-            let params = match params(state, &compiled, binding) {
-                Ok(params) => params,
-                Err(message) => {
-                    let failure = Failure {
-                        message,
-                        reason: "Invalid".into(),
-                    };
-                    act(
-                        &actions,
-                        &compiled.name,
-                        binding_name,
-                        request,
-                        failure,
-                        &mut warnings,
-                    )?;
-                    continue;
-                }
-            };
-            for params in params {
-                let outcome = evaluate(&compiled, request, namespace_object, &params);
-                match outcome {
-                    Ok(failures) => {
-                        for failure in failures {
-                            act(
-                                &actions,
-                                &compiled.name,
-                                binding_name,
-                                request,
-                                failure,
-                                &mut warnings,
-                            )?;
+            let mut failures = Vec::new();
+            match params(state, &compiled, binding) {
+                Err(message) => failures.push(Failure::invalid(message)),
+                Ok(all) => {
+                    for params in all {
+                        match evaluate(&compiled, request, namespace_object, &params) {
+                            Ok(broken) => failures.extend(broken),
+                            Err(error) if compiled.fail_closed => {
+                                failures.push(Failure::invalid(error))
+                            }
+                            Err(error) => {
+                                tracing::debug!(policy = %compiled.name, %error, "policy error ignored (failurePolicy: Ignore)")
+                            }
                         }
                     }
-                    Err(error) if compiled.fail_closed => {
-                        let failure = Failure {
-                            message: error,
-                            reason: "Invalid".into(),
-                        };
-                        act(
-                            &actions,
-                            &compiled.name,
-                            binding_name,
-                            request,
-                            failure,
-                            &mut warnings,
-                        )?;
-                    }
-                    Err(error) => {
-                        tracing::debug!(policy = %compiled.name, %error, "policy error ignored (failurePolicy: Ignore)")
-                    }
                 }
+            }
+            for failure in failures {
+                act(
+                    &actions,
+                    &compiled.name,
+                    binding_name,
+                    request,
+                    failure,
+                    &mut warnings,
+                )?;
             }
         }
         Ok(warnings)
@@ -413,6 +388,16 @@ fn params(state: &ApiState, policy: &Compiled, binding: &Value) -> Result<Vec<Va
 struct Failure {
     message: String,
     reason: String,
+}
+
+impl Failure {
+    /// A failure to evaluate, reported as upstream reports it (Invalid).
+    fn invalid(message: String) -> Failure {
+        Failure {
+            message,
+            reason: "Invalid".into(),
+        }
+    }
 }
 
 /// The validations `request` breaks under one parameter object (none when

@@ -277,6 +277,8 @@ def test_deleting_the_definition_deletes_its_objects(tmp_path):
             crd = json.loads(kubectl(portal, "get", "crd", "widgets.example.com", "-o", "json").stdout)
             return {c["type"]: c["status"] for c in crd["status"]["conditions"]}.get("Terminating") == "True"
         wait_for(terminating, "the Terminating condition")
+        late = kubectl(portal, "apply", "-f", "-", stdin=widget("late", size=1), check=False)
+        assert "create not allowed while custom resource definition is terminating" in late.stderr, late.stderr
         wait_for(lambda: kubectl(portal, "-n", "shop", "get", "widgets", "-o", "name").stdout == "",
                  "the objects to be deleted")
         assert kubectl(portal, "get", "crd", "widgets.example.com", check=False).returncode == 0, \
@@ -301,6 +303,11 @@ def test_invalid_and_clashing_definitions(widgets):
     wrong_name = CRD.replace("name: widgets.example.com", "name: widgets.example.org")
     refused = kubectl(widgets, "apply", "-f", "-", stdin=wrong_name, check=False)
     assert 'must be spec.names.plural+"."+spec.group' in refused.stderr
+    # Kubernetes' own groups need an approval (and so never reach its kinds).
+    protected = CRD.replace("widgets.example.com", "rolebindings.rbac.authorization.k8s.io") \
+        .replace("group: example.com", "group: rbac.authorization.k8s.io").replace("widgets", "rolebindings")
+    refused = kubectl(widgets, "apply", "-f", "-", stdin=protected, check=False)
+    assert "protected groups must have approval annotation" in refused.stderr, refused.stderr
     # A second definition of the same kind is kept but not served.
     clash = CRD.replace("widgets", "gizmos").replace("widget,", "gizmo,").replace("shortNames: [wd], ", "")
     kubectl(widgets, "apply", "-f", "-", stdin=clash)

@@ -88,7 +88,12 @@ impl Registry {
     pub fn add(&mut self, resource: &'static Resource) -> Result<(), RegistryError> {
         // Versions of one kind share its plural and short names.
         let clash = self.resources.iter().find(|r| {
-            let same_kind = r.kind_name == resource.kind_name && r.plural == resource.plural;
+            // (only kinds users define: a CRD cannot add a version to a
+            // built-in kind)
+            let same_kind = r.kind_name == resource.kind_name
+                && r.plural == resource.plural
+                && r.custom.is_some()
+                && resource.custom.is_some();
             r.group == resource.group
                 && (r.plural == resource.plural && (!same_kind || r.version == resource.version)
                     || r.kind_name == resource.kind_name && r.version == resource.version
@@ -230,7 +235,7 @@ mod tests {
             singular: "widget",
             kind_name: "Widget",
             short_names: &["wd"],
-            ..kinds::lease::RESOURCE
+            ..kinds::events_event::RESOURCE
         };
         let before = current();
         register(&WIDGETS).unwrap();

@@ -130,6 +130,17 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
             ));
         }
     }
+    // Kubernetes' own groups are not for anyone to define.
+    let protected = group.ends_with(".k8s.io")
+        || group.ends_with(".kubernetes.io")
+        || group == "k8s.io"
+        || group == "kubernetes.io";
+    if protected && object["metadata"]["annotations"]["api-approved.kubernetes.io"].is_null() {
+        causes.push(Cause::required(
+            "metadata.annotations[api-approved.kubernetes.io]",
+            "protected groups must have approval annotation \"api-approved.kubernetes.io\", see https://github.com/kubernetes/enhancements/pull/1111",
+        ));
+    }
     let name = object["metadata"]["name"].as_str().unwrap_or("");
     if name != format!("{plural}.{group}") {
         causes.push(Cause::invalid(

@@ -42,6 +42,26 @@ pub enum PatchError {
     Failed(String),
 }
 
+/// Upstream's bound on the operations of one JSON patch.
+const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
+/// The largest object a JSON patch with copies may make.
+const MAX_PATCHED_BYTES: usize = 9 * 1024 * 1024;
+
+/// About how many bytes `value` takes as JSON (without escapes).
+fn approximate_size(value: &Value) -> usize {
+    match value {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(approximate_size).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map
+                .iter()
+                .map(|(k, v)| k.len() + 4 + approximate_size(v))
+                .sum::<usize>()
+        }
+    }
+}
+
 /// Applies `patch` (raw bytes) of `patch_type` to `original`.
 pub fn apply(
     resource: &Resource,
@@ -55,12 +75,36 @@ pub fn apply(
         PatchType::Json => {
             let ops: json_patch::Patch = serde_json::from_value(parsed)
                 .map_err(|e| PatchError::Malformed(format!("invalid JSON Patch: {e}")))?;
-            let mut doc = original.clone();
-            json_patch::patch(&mut doc, &ops).map_err(|e| {
+            if ops.0.len() > MAX_JSON_PATCH_OPERATIONS {
+                return Err(PatchError::Malformed(format!(
+                    "the allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, but found {}",
+                    ops.0.len()
+                )));
+            }
+            let failed = |e: json_patch::PatchError| {
                 PatchError::Failed(format!(
                     "the server rejected our request due to an error in our request: {e}"
                 ))
-            })?;
+            };
+            let mut doc = original.clone();
+            let copies = ops
+                .0
+                .iter()
+                .any(|op| matches!(op, json_patch::PatchOperation::Copy(_)));
+            if !copies {
+                json_patch::patch(&mut doc, &ops).map_err(failed)?;
+                return Ok(doc);
+            }
+            // Each copy can double the document: one at a time, bounded (as
+            // upstream bounds the bytes a patch may copy).
+            for op in ops.0 {
+                json_patch::patch(&mut doc, &[op]).map_err(failed)?;
+                if approximate_size(&doc) > MAX_PATCHED_BYTES {
+                    return Err(PatchError::Malformed(format!(
+                        "the JSON patch makes the object larger than {MAX_PATCHED_BYTES} bytes"
+                    )));
+                }
+            }
             Ok(doc)
         }
         PatchType::Merge => {
@@ -84,6 +128,37 @@ pub fn apply(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn json_patches_that_copy_are_bounded() {
+        let mut ops = vec![json!({"op": "add", "path": "/a", "value": "x".repeat(1024)})];
+        for _ in 0..40 {
+            ops.push(json!({"op": "copy", "from": "/a", "path": "/b"}));
+            ops.push(json!({"op": "add", "path": "/a", "value": [{"$ref": "/a"}]}));
+            ops.push(json!({"op": "copy", "from": "/b", "path": "/a/0"}));
+            ops.push(json!({"op": "copy", "from": "/b", "path": "/a/1"}));
+        }
+        let patch = serde_json::to_vec(&ops).unwrap();
+        let result = apply(
+            &crate::kinds::config_map::RESOURCE,
+            PatchType::Json,
+            &json!({}),
+            &patch,
+        );
+        assert!(matches!(result, Err(PatchError::Malformed(m)) if m.contains("larger than")));
+        let too_many: Vec<_> = (0..10_001)
+            .map(|_| json!({"op": "test", "path": "", "value": {}}))
+            .collect();
+        let result = apply(
+            &crate::kinds::config_map::RESOURCE,
+            PatchType::Json,
+            &json!({}),
+            &serde_json::to_vec(&too_many).unwrap(),
+        );
+        assert!(
+            matches!(result, Err(PatchError::Malformed(m)) if m.contains("maximum operations"))
+        );
+    }
 
     #[test]
     fn json_and_merge_patches() {

@@ -133,7 +133,7 @@ impl Policies {
                 .filter_map(Value::as_str)
                 .collect();
             let mut failures = Vec::new();
-            match params(state, &compiled, binding) {
+            match params(state, &compiled, binding, request) {
                 Err(message) => failures.push(Failure::invalid(message)),
                 Ok(all) => {
                     for params in all {
@@ -284,13 +284,22 @@ pub(crate) fn matches(
     // Namespace selectors apply to namespaced objects (and Namespaces).
     let resource = request.scope.resource;
     let namespace_selected = if resource.kind() == namespace::KIND {
-        selects(&resources["namespaceSelector"], Some(request.object))
+        // A Namespace is selected by its own labels (the stored ones when
+        // it is deleted).
+        let this = if request.object.is_null() {
+            request.old
+        } else {
+            Some(request.object)
+        };
+        selects(&resources["namespaceSelector"], this)
     } else if resource.namespaced {
         selects(&resources["namespaceSelector"], namespace)
     } else {
         true
     };
-    let object_selected = selects(&resources["objectSelector"], Some(request.object))
+    // A side that is not there (the object of a delete) does not match.
+    let object_selected = (!request.object.is_null()
+        && selects(&resources["objectSelector"], Some(request.object)))
         || request
             .old
             .is_some_and(|old| selects(&resources["objectSelector"], Some(old)));
@@ -341,7 +350,12 @@ fn rule_matches(rule: &Value, request: &Request<'_>) -> bool {
 
 /// The parameter objects a binding names (one evaluation each), `[Null]`
 /// for a policy without parameters.
-fn params(state: &ApiState, policy: &Compiled, binding: &Value) -> Result<Vec<Value>, String> {
+fn params(
+    state: &ApiState,
+    policy: &Compiled,
+    binding: &Value,
+    request: &Request<'_>,
+) -> Result<Vec<Value>, String> {
     let Some((api_version, kind)) = &policy.param_kind else {
         return Ok(vec![Value::Null]);
     };
@@ -354,7 +368,10 @@ fn params(state: &ApiState, policy: &Compiled, binding: &Value) -> Result<Vec<Va
         .ok_or_else(|| {
             format!("failed to find resource referenced by paramKind: '{api_version}, Kind={kind}'")
         })?;
-    let namespace = reference["namespace"].as_str();
+    // A namespaced parameter kind without a namespace: the request's.
+    let namespace = reference["namespace"]
+        .as_str()
+        .or(request.scope.namespace.filter(|_| resource.namespaced));
     let found: Vec<Value> = match reference["name"].as_str() {
         Some(name) => state
             .cache

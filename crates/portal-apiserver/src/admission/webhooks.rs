@@ -187,12 +187,20 @@ async fn call_and_patch(
         Ok(patch) => patch,
         Err(e) => return failed(hook, format!("the patch is not base64: {e}")),
     };
-    match portal_api::patch::apply(request.scope.resource, PatchType::Json, object, &patch) {
-        Ok(patched) => {
-            *object = patched;
+    let resource = request.scope.resource;
+    let patched = match portal_api::patch::apply(resource, PatchType::Json, object, &patch) {
+        Ok(patched) => patched,
+        Err(e) => return failed(hook, format!("the patch does not apply: {e:?}")),
+    };
+    // The patched object is read again as a client's would be: wrong
+    // types refused, unknown fields dropped, defaults filled in.
+    match resource.decode_value(patched) {
+        Ok(decoded) => {
+            *object = decoded.object;
+            resource.apply_defaults(object);
             Ok(())
         }
-        Err(e) => failed(hook, format!("the patch does not apply: {e:?}")),
+        Err(e) => failed(hook, format!("the patched object does not decode: {e}")),
     }
 }
 
@@ -330,6 +338,9 @@ async fn call(
         }
     };
     let response = &answer["response"];
+    if !response.is_object() {
+        return failed(hook, "the answer has no response".into()).map(|()| None);
+    }
     if response["uid"] != uid.as_str() {
         return failed(
             hook,

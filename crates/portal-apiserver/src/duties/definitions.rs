@@ -175,6 +175,11 @@ async fn delete_objects(state: &ApiState, definition: &Value) -> Result<usize, S
         }
         return Ok(0);
     };
+    if resource.custom.is_none() {
+        // A built-in kind's keys (a definition that was never served):
+        // not this definition's to delete.
+        return Ok(0);
+    }
     let mut remaining = 0;
     for object in &objects {
         let marked = serde_json::from_slice::<Value>(&object.value)

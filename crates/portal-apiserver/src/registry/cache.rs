@@ -57,7 +57,12 @@ impl CachedObject {
     /// Its JSON as `resource` serves it (a kind users define, read at
     /// another version than it is stored at, is converted).
     pub(crate) fn served_json(&self, resource: &Resource) -> Bytes {
-        if resource.custom.is_none() {
+        let Some(custom) = resource.custom else {
+            return self.json.clone();
+        };
+        if custom.stored_as().is_none()
+            && self.value["apiVersion"].as_str() == Some(resource.api_version().as_str())
+        {
             return self.json.clone();
         }
         let mut value = self.value.clone();
@@ -287,13 +292,16 @@ impl WatchCache {
                     }
                     EventKind::Delete => None,
                 };
-                Some((resource, event, object))
+                Some((event, object))
             })
             .collect();
         let mut state = self.state.write();
-        for (resource, event, object) in decoded {
+        // Which kind serves a key is decided under the lock: a CRD served
+        // (or dropped) meanwhile has moved its objects under this lock too.
+        let registry = portal_api::registry::current();
+        for (event, object) in decoded {
             let key = &event.kv.key;
-            let Some(resource) = resource else {
+            let Some(resource) = registry.of_key(key) else {
                 // Not served (yet): kept for when it is.
                 if let Some(prefix) = defined_prefix(key) {
                     let objects = state.unclaimed.entry(prefix.to_owned()).or_default();
@@ -448,9 +456,6 @@ impl WatchCache {
     /// theirs back.
     pub(crate) fn follow_registry(&self, registry: &Registry) {
         let mut state = self.state.write();
-        for resource in registry.iter() {
-            state.claim(resource);
-        }
         let gone: Vec<Kind> = state
             .resources
             .keys()

@@ -29,6 +29,26 @@ pub(crate) async fn create(
     ))
 }
 
+/// Objects of a CustomResourceDefinition being deleted are not created
+/// (its cleanup is deleting them), as upstream refuses them.
+fn refuse_while_undefined(state: &ApiState, resource: &Resource) -> Result<(), Status> {
+    if !resource.custom.is_some_and(|c| c.user_defined()) {
+        return Ok(());
+    }
+    let definitions = &portal_api::kinds::custom_resource_definition::RESOURCE;
+    let name = format!("{}.{}", resource.plural, resource.group);
+    let terminating = state
+        .cache
+        .get(definitions, &definitions.key(None, &name))
+        .is_some_and(|d| meta::meta_str(&d.value, "deletionTimestamp").is_some());
+    if terminating {
+        return Err(Status::method_not_allowed(
+            "create not allowed while custom resource definition is terminating",
+        ));
+    }
+    Ok(())
+}
+
 /// Creates an object: checks, strategy, `managedFields`, allocation and
 /// one transaction (or, for a dry run, all but the transaction).
 pub(crate) async fn create_object(
@@ -44,6 +64,7 @@ pub(crate) async fn create_object(
         managed,
     } = body;
     check_body_namespace(scope, &object)?;
+    refuse_while_undefined(state, resource)?;
     let write = Write {
         operation: "CREATE",
         subresource: None,

@@ -153,8 +153,8 @@ def test_the_services_tutorial(node, kubectl):
     wait_for(lambda: new_ips <= (targets := agent_bed.dnat_targets()) and not (old_ips - new_ips) & targets,
              "the proxy to program the new pods only")
     names = {p.metadata.name for p in pods}
-    out = kubectl.out("run", "curl", "--image=busybox:1.36", "--restart=Never", "-i", "--rm", "--quiet", "--",
-                      "sh", "-c", "timeout 5 wget -qO- http://my-nginx/; nslookup my-nginx | grep -c Address")
+    out = kubectl.run_to_completion("curl", "busybox:1.36", "sh", "-c",
+                                    "timeout 5 wget -qO- http://my-nginx/; nslookup my-nginx | grep -c Address")
     assert out.split()[0] in names, out
 
     kubectl.out("delete", "service", "my-nginx")

@@ -168,8 +168,7 @@ def test_ordered_start_stable_names_and_dns(node, kubectl):
         script = "; ".join(
             f"nslookup web-{i}.nginx.{NS}.svc.cluster.local | tail -n +3 | grep Address; wget -qO- http://web-{i}.nginx:8080/name.txt"
             for i in range(3))
-        return kubectl.out("run", "dns", f"--image={node.registry.host}/busybox:1.36", "--restart=Never", "-i", "--rm",
-                           "--quiet", "--", "sh", "-c", script)
+        return kubectl.run_to_completion("dns", f"{node.registry.host}/busybox:1.36", "sh", "-c", script)
     out = lookups()
     for name, pod in pods.items():
         assert f"Address: {pod.status.pod_ip}" in out, out

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import subprocess
+import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -45,6 +46,21 @@ class Kubectl:
 
     def out(self, *args, **kwargs):
         return self(*args, **kwargs).stdout
+
+    def run_to_completion(self, name, image, *command, timeout=120):
+        """`kubectl run` of a pod (named `name-<random>`) that runs `command`
+        once; its whole output, read from its log once it has finished
+        (`kubectl run -i` loses what a quick command prints before kubectl
+        attaches). The pod is deleted afterwards."""
+        from support.waiting import wait_for
+        name = f"{name}-{uuid.uuid4().hex[:6]}"
+        self("run", name, f"--image={image}", "--restart=Never", "--", *command)
+        try:
+            wait_for(lambda: self.out("get", "pod", name, "-o", "jsonpath={.status.phase}") in ("Succeeded", "Failed"),
+                     f"pod {name} to finish", timeout=timeout, interval=0.2)
+            return self.out("logs", name)
+        finally:
+            self("delete", "pod", name, "--grace-period=0", "--wait=false", check=False)
 
     def json(self, *args):
         return json.loads(self.out(*args, "-o", "json"))

@@ -29,7 +29,6 @@ use structural::{ListType, Structural};
 /// The behaviour of one served version of a CRD.
 #[derive(Debug)]
 pub struct Version {
-    api_version: String,
     schema: Structural,
     rules: rules::Compiled,
     columns: Vec<PrinterColumn>,
@@ -113,12 +112,6 @@ impl Defined for Version {
 
     fn storage_version(&self) -> &'static str {
         self.storage_version
-    }
-}
-
-impl Version {
-    pub fn api_version(&self) -> &str {
-        &self.api_version
     }
 }
 
@@ -283,7 +276,6 @@ fn build(crd: &Value) -> Result<Vec<Built>, String> {
             .map(|path| leak(path.trim_start_matches('.')))
             .collect();
         let version = Version {
-            api_version: format!("{group}/{name}"),
             schema,
             rules,
             columns,

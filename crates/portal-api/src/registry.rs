@@ -48,6 +48,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::cluster_role_binding::RESOURCE,
     &kinds::certificate_signing_request::RESOURCE,
     &kinds::custom_resource_definition::RESOURCE,
+    &kinds::api_service::RESOURCE,
     &kinds::validating_admission_policy::RESOURCE,
     &kinds::validating_admission_policy_binding::RESOURCE,
     &kinds::mutating_webhook_configuration::RESOURCE,

@@ -193,6 +193,7 @@ impl ClusterDuties {
             duties::certificate_signer::run(self.state.clone()),
             duties::legacy_tokens::run(self.state.clone()),
             duties::definitions::run(self.state.clone()),
+            handlers::aggregation::local::run(self.state.clone()),
         );
     }
 }
@@ -220,6 +221,8 @@ pub(crate) struct ApiState {
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
     /// The kinds CustomResourceDefinitions define, as served.
     pub(crate) defined: registry::defined::Defined,
+    /// Extension API servers behind APIServices.
+    pub(crate) aggregator: handlers::aggregation::Aggregator,
 }
 
 /// The resource and namespace a request addresses.
@@ -380,6 +383,7 @@ impl ApiServer {
         let (names, ips) = pki::serving_names(address, &extra);
         let credentials = pki::load_or_create(&config.data_dir, &names, &ips)?;
         let agents = pki::agent_client(&config.data_dir)?;
+        let front_proxy = pki::front_proxy(&config.data_dir)?;
         let joining = Arc::new(join::Joining {
             secret: join::load_or_create_token(&config.data_dir, &credentials.ca_pem)?,
             ca_pem: credentials.ca_pem.clone(),
@@ -435,6 +439,7 @@ impl ApiServer {
             joining: joining.clone(),
             stopping: stopping.clone(),
             defined: Default::default(),
+            aggregator: handlers::aggregation::Aggregator::new(front_proxy),
         });
         // Kinds users define are served from their definitions on.
         registry::defined::sync(&state);
@@ -477,6 +482,11 @@ impl ApiServer {
             // Not fatal: the address may be taken by a user's Service.
             tracing::warn!(error = %error.message, "cannot create the kube-dns Service");
         }
+        // Every server proxies to extension API servers: each checks them.
+        let checked = state.clone();
+        tasks.restarting("api aggregation", move || {
+            handlers::aggregation::availability::run(checked.clone())
+        });
         let duties = ClusterDuties {
             state: state.clone(),
         };

@@ -8,6 +8,7 @@
 //! Adding a kind: a module here with its `KIND` and `RESOURCE`, and its
 //! line in [`crate::registry`]'s built-in list. Nothing else names it.
 
+pub mod api_service;
 pub mod certificate_signing_request;
 pub mod cluster_role;
 pub mod cluster_role_binding;

@@ -24,7 +24,7 @@ use portal_api::kinds::{
 };
 use portal_api::patch::PatchType;
 use portal_api::{Resource, Status};
-use rustls_pki_types::{pem::PemObject, CertificateDer, ServerName};
+use rustls_pki_types::ServerName;
 use serde_json::{json, Value};
 
 use super::policies::{matches, Request};
@@ -561,16 +561,7 @@ fn tls_config(state: &ApiState, config: &Value) -> Result<Arc<rustls::ClientConf
             .map_err(|e| format!("caBundle: {e}"))?,
         None => state.joining.ca_pem.as_bytes().to_vec(),
     };
-    let mut roots = rustls::RootCertStore::empty();
-    for certificate in CertificateDer::pem_slice_iter(&bundle) {
-        let certificate = certificate.map_err(|e| format!("caBundle: {e}"))?;
-        roots
-            .add(certificate)
-            .map_err(|e| format!("caBundle: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err("caBundle: no certificate".into());
-    }
+    let roots = crate::security::pki::roots(&bundle)?;
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

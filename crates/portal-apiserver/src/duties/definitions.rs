@@ -226,10 +226,7 @@ fn set_condition(status: &mut Value, kind: &str, holds: bool, reason: &str, mess
     let Some(conditions) = status["conditions"].as_array_mut() else {
         return;
     };
-    let now = jiff::Timestamp::now()
-        .round(jiff::Unit::Second)
-        .unwrap_or_else(|_| jiff::Timestamp::now())
-        .to_string();
+    let now = crate::registry::strategy::now();
     match conditions.iter_mut().find(|c| c["type"] == kind) {
         Some(condition) => {
             if condition["status"] != value {

@@ -28,7 +28,7 @@ pub(crate) fn core_versions(server_address: &str) -> Value {
 
 /// The named groups, each with its versions (the first preferred), in
 /// the order their first kind was registered.
-fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
+pub(crate) fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
     let mut groups: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
     let served = resources()
         .filter(|r| !r.group.is_empty())
@@ -44,7 +44,7 @@ fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
     groups
 }
 
-fn api_group(group: &str, versions: &[&str]) -> Value {
+pub(crate) fn api_group(group: &str, versions: &[&str]) -> Value {
     let listed: Vec<Value> = versions
         .iter()
         .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
@@ -187,17 +187,31 @@ pub(crate) fn aggregated(core: bool, version: &str) -> Value {
 }
 
 fn aggregated_group(group: &str, versions: &[&str]) -> Value {
+    let versions: Vec<(&str, Option<Value>, bool)> = versions
+        .iter()
+        .map(|version| (*version, resource_list(group, version), true))
+        .collect();
+    aggregated_group_of(group, &versions)
+}
+
+/// One group in the aggregated form, from each version's legacy list
+/// (`None`: not known yet) and whether that list is current (`Stale`
+/// when an extension server did not answer its last check).
+pub(crate) fn aggregated_group_of(group: &str, versions: &[(&str, Option<Value>, bool)]) -> Value {
     let versions: Vec<Value> = versions
         .iter()
-        .map(|version| {
-            let resources: Vec<Value> = resource_list(group, version)
+        .map(|(version, list, current)| {
+            let entries = list
+                .as_ref()
                 .and_then(|list| list["resources"].as_array().cloned())
-                .unwrap_or_default()
+                .unwrap_or_default();
+            let resources: Vec<Value> = entries
                 .iter()
                 .filter(|r| !r["name"].as_str().unwrap_or("").contains('/'))
-                .map(|r| aggregated_resource(group, version, r))
+                .map(|r| aggregated_resource(group, version, r, &entries))
                 .collect();
-            json!({"version": version, "resources": resources, "freshness": "Current"})
+            let freshness = if *current { "Current" } else { "Stale" };
+            json!({"version": version, "resources": resources, "freshness": freshness})
         })
         .collect();
     let mut metadata = json!({"creationTimestamp": null});
@@ -209,7 +223,7 @@ fn aggregated_group(group: &str, versions: &[&str]) -> Value {
 
 /// One resource of a legacy list in the aggregated form, with its
 /// subresources (the legacy list's `plural/sub` entries).
-fn aggregated_resource(group: &str, version: &str, legacy: &Value) -> Value {
+fn aggregated_resource(group: &str, version: &str, legacy: &Value, entries: &[Value]) -> Value {
     let plural = legacy["name"].as_str().unwrap_or("");
     let kind = |entry: &Value| {
         json!({
@@ -218,9 +232,7 @@ fn aggregated_resource(group: &str, version: &str, legacy: &Value) -> Value {
             "kind": entry["kind"],
         })
     };
-    let subresources: Vec<Value> = resource_list(group, version)
-        .and_then(|list| list["resources"].as_array().cloned())
-        .unwrap_or_default()
+    let subresources: Vec<Value> = entries
         .iter()
         .filter_map(|entry| {
             let name = entry["name"].as_str()?;

@@ -2,9 +2,12 @@
 //! resource (`routes`), reads and watches served from the watch cache,
 //! discovery and OpenAPI, the subresources (binding, eviction, scale,
 //! token), the review APIs (who am I, may I), and
-//! the streams and proxies that reach nodes and pods. Writes go through
+//! the streams and proxies that reach nodes and pods, and API aggregation
+//! (`aggregation`: extension API servers behind APIServices, with the
+//! checks that keep their availability and discovery). Writes go through
 //! the registry.
 
+pub(crate) mod aggregation;
 pub(crate) mod binding;
 pub(crate) mod connect;
 pub(crate) mod discovery;

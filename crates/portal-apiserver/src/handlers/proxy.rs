@@ -134,7 +134,7 @@ async fn service_target(
 pub(crate) async fn serve(
     state: &ApiState,
     (namespace, kind, name, below): (String, &'static str, String, String),
-    mut request: Request<RequestBody>,
+    request: Request<RequestBody>,
 ) -> Result<Response<Body>, Status> {
     let target = if kind == "pods" {
         pod_target(state, &namespace, &name).await?
@@ -145,24 +145,6 @@ pub(crate) async fn serve(
         Some(query) => format!("{below}?{query}"),
         None => below,
     };
-    let upgrading = request.headers().contains_key(header::UPGRADE);
-    let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut request));
-    let (parts, body) = request.into_parts();
-    let mut upstream = Request::builder().method(parts.method).uri(uri);
-    for (name, value) in &parts.headers {
-        let connection_header = *name == header::CONNECTION || *name == header::UPGRADE;
-        if NOT_FORWARDED.contains(&name.as_str())
-            || (*name == header::HOST)
-            || (connection_header && !upgrading)
-        {
-            continue;
-        }
-        upstream = upstream.header(name, value);
-    }
-    let upstream = upstream
-        .header(header::HOST, target.to_string())
-        .body(body)
-        .map_err(|e| Status::internal(e.to_string()))?;
     let unreachable = |e: &dyn std::fmt::Display| {
         Status::service_unavailable(format!(
             "error trying to reach {kind}/{name} at {target}: {e}"
@@ -172,11 +154,60 @@ pub(crate) async fn serve(
         .await
         .map_err(|_| unreachable(&"timed out"))?
         .map_err(|e| unreachable(&e))?;
-    let mut sender = upstream_connection(tcp)
+    let sender = upstream_connection(tcp)
         .await
         .map_err(|e| unreachable(&e))?;
+    let upstream = Upstream {
+        uri,
+        host: target.to_string(),
+        dropped: |_| false,
+        added: http::HeaderMap::new(),
+    };
+    forward(sender, request, upstream, &unreachable).await
+}
+
+/// Where and how a request goes on: its path and query, `Host`, the
+/// headers of the caller's that stay behind (beyond the hop-by-hop ones
+/// and its credentials) and those added.
+pub(crate) struct Upstream {
+    pub(crate) uri: String,
+    pub(crate) host: String,
+    pub(crate) dropped: fn(&HeaderName) -> bool,
+    pub(crate) added: http::HeaderMap,
+}
+
+/// Sends `request` on `sender` as `upstream` says; the answer streams
+/// back, and an upgrade (a WebSocket, SPDY) is spliced both ways.
+pub(crate) async fn forward(
+    mut sender: hyper::client::conn::http1::SendRequest<RequestBody>,
+    mut request: Request<RequestBody>,
+    upstream: Upstream,
+    unreachable: &(dyn Fn(&dyn std::fmt::Display) -> Status + Sync),
+) -> Result<Response<Body>, Status> {
+    let upgrading = request.headers().contains_key(header::UPGRADE);
+    let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut request));
+    let (parts, body) = request.into_parts();
+    let mut builder = Request::builder().method(parts.method).uri(upstream.uri);
+    for (name, value) in &parts.headers {
+        let connection_header = *name == header::CONNECTION || *name == header::UPGRADE;
+        if NOT_FORWARDED.contains(&name.as_str())
+            || (*name == header::HOST)
+            || (connection_header && !upgrading)
+            || (upstream.dropped)(name)
+        {
+            continue;
+        }
+        builder = builder.header(name, value);
+    }
+    for (name, value) in &upstream.added {
+        builder = builder.header(name, value);
+    }
+    let outgoing = builder
+        .header(header::HOST, upstream.host)
+        .body(body)
+        .map_err(|e| Status::internal(e.to_string()))?;
     let mut response = sender
-        .send_request(upstream)
+        .send_request(outgoing)
         .await
         .map_err(|e| unreachable(&e))?;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {

@@ -9,6 +9,7 @@ use portal_api::patch::PatchType;
 use portal_api::{kinds, path, Resource, Status};
 
 use crate::audit::{self, policy::Level};
+use crate::handlers::aggregation;
 use crate::handlers::binding;
 use crate::handlers::connect;
 use crate::handlers::discovery;
@@ -227,7 +228,11 @@ async fn serve(
                     .unwrap_or("");
                 let mut response = match discovery::aggregated_version(accept) {
                     Some(version) => {
-                        let mut response = json_value(&discovery::aggregated(core, version));
+                        let mut document = discovery::aggregated(core, version);
+                        if !core {
+                            aggregation::discovery::extend_aggregated(state, &mut document);
+                        }
+                        let mut response = json_value(&document);
                         if let Ok(media) =
                             http::HeaderValue::from_str(&discovery::aggregated_media_type(version))
                         {
@@ -238,7 +243,11 @@ async fn serve(
                     None if core => {
                         json_value(&discovery::core_versions(&state.address.to_string()))
                     }
-                    None => json_value(&discovery::group_list()),
+                    None => {
+                        let mut list = discovery::group_list();
+                        aggregation::discovery::extend_group_list(state, &mut list);
+                        json_value(&list)
+                    }
                 };
                 // The answer depends on what was asked for.
                 response
@@ -248,6 +257,7 @@ async fn serve(
             }
             ["apis", group] => {
                 return discovery::group(group)
+                    .or_else(|| aggregation::discovery::group(state, group))
                     .map(|v| json_value(&v))
                     .ok_or_else(Status::no_route)
             }
@@ -271,9 +281,17 @@ async fn serve(
                     .ok_or_else(Status::no_route)
             }
             ["apis", group, version] => {
-                return discovery::resource_list(group, version)
-                    .map(|v| json_value(&v))
-                    .ok_or_else(Status::no_route)
+                if let Some(list) = discovery::resource_list(group, version) {
+                    return Ok(json_value(&list));
+                }
+                // An extension server's group version: it answers.
+                let Some(api_service) = aggregation::remote_api_service(state, group, version)
+                else {
+                    return Err(Status::no_route());
+                };
+                labels.0 = "PROXY";
+                labels.1 = format!("{group}/{version}");
+                return aggregation::proxy::serve(state, &api_service, &user, request).await;
             }
             _ => {}
         }
@@ -311,6 +329,17 @@ async fn serve(
         .await;
     }
     let api_path = path::parse(&uri_path).ok_or_else(Status::no_route)?;
+    let find =
+        || portal_api::registry::find(&api_path.group, &api_path.version, &api_path.resource);
+    let found = find();
+    if found.is_none() {
+        if let Some(api_service) =
+            aggregation::remote_api_service(state, &api_path.group, &api_path.version)
+        {
+            return proxy_to_extension(state, &api_service, &user, &api_path, request, labels)
+                .await;
+        }
+    }
     let span = tracing::Span::current();
     if let Some(namespace) = &api_path.namespace {
         span.record("namespace", namespace.as_str());
@@ -318,10 +347,8 @@ async fn serve(
     if let Some(name) = &api_path.name {
         span.record("name", name.as_str());
     }
-    let find =
-        || portal_api::registry::find(&api_path.group, &api_path.version, &api_path.resource);
     // A kind defined a moment ago may not be served yet.
-    let resource: &'static Resource = match find() {
+    let resource: &'static Resource = match found {
         Some(resource) => resource,
         None => {
             crate::registry::defined::sync(state);
@@ -496,6 +523,35 @@ async fn serve(
         }
         _ => Err(not_allowed(&method, &uri_path)),
     }
+}
+
+/// A resource request for an extension server's group version: authorized
+/// here as any resource request, then proxied.
+async fn proxy_to_extension(
+    state: &ApiState,
+    api_service: &serde_json::Value,
+    user: &User,
+    api_path: &path::ApiPath,
+    request: Request<RequestBody>,
+    labels: &mut (&'static str, String),
+) -> Result<Response<Body>, Status> {
+    let query = Query::parse(request.uri().query());
+    let watching = api_path.watch_prefix || query.flag("watch");
+    let verb = kube_verb(request.method(), api_path.name.is_some(), watching);
+    let asked = crate::security::rbac::Request::Resource {
+        verb: authorization_verb(verb),
+        group: &api_path.group,
+        resource: &api_path.resource,
+        subresource: api_path.subresource.as_deref(),
+        name: api_path.name.as_deref(),
+    };
+    let namespace = api_path.namespace.as_deref();
+    if !auth::allowed(state, user, namespace, &asked) {
+        return Err(auth::forbidden_request(user, namespace, &asked));
+    }
+    labels.0 = verb;
+    labels.1 = format!("{}.{}", api_path.resource, api_path.group);
+    aggregation::proxy::serve(state, api_service, user, request).await
 }
 
 /// The request's `Content-Type` ("" when none).

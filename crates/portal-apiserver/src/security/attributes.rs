@@ -53,26 +53,49 @@ pub(crate) enum Allowed {
 /// "system:node:n2" cannot delete resource "services" in API group "" in
 /// the namespace "default"`.
 pub(crate) fn forbidden(user: &User, r: &Attributes<'_>) -> Status {
-    let plural = r.resource.plural;
-    let what = match r.name {
-        Some(name) => format!("{plural} {name:?}"),
-        None => plural.to_owned(),
+    let request = r.request();
+    forbidden_request(user, r.namespace, &request)
+}
+
+/// [`forbidden`] for any resource request, also of resources this server
+/// does not serve itself (those of extension API servers).
+pub(crate) fn forbidden_request(user: &User, namespace: Option<&str>, r: &Request<'_>) -> Status {
+    let Request::Resource {
+        verb,
+        group,
+        resource: plural,
+        subresource,
+        name,
+    } = *r
+    else {
+        return Status::forbidden(format!("User {:?} cannot do that", user.name));
     };
-    let resource = match r.subresource {
+    // `deployments.apps "web" is forbidden: …` (the group-qualified
+    // resource, as Kubernetes' `NewForbidden`).
+    let qualified = if group.is_empty() {
+        plural.to_owned()
+    } else {
+        format!("{plural}.{group}")
+    };
+    let what = match name {
+        Some(name) => format!("{qualified} {name:?}"),
+        None => qualified,
+    };
+    let resource = match subresource {
         Some(sub) => format!("{plural}/{sub}"),
         None => plural.to_owned(),
     };
-    let scope = match r.namespace {
+    let scope = match namespace {
         Some(namespace) => format!("in the namespace {namespace:?}"),
         None => "at the cluster scope".to_owned(),
     };
     let mut status = Status::forbidden(format!(
-        "{what} is forbidden: User {:?} cannot {} resource {resource:?} in API group {:?} {scope}",
-        user.name, r.verb, r.resource.group,
+        "{what} is forbidden: User {:?} cannot {verb} resource {resource:?} in API group {group:?} {scope}",
+        user.name,
     ));
     status.details = Some(Box::new(portal_api::status::Details {
-        name: r.name.map(str::to_owned),
-        group: (!r.resource.group.is_empty()).then(|| r.resource.group.to_owned()),
+        name: name.map(str::to_owned),
+        group: (!group.is_empty()).then(|| group.to_owned()),
         kind: Some(plural.to_owned()),
         ..Default::default()
     }));

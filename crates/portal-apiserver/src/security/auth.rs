@@ -6,7 +6,9 @@
 
 use portal_api::Status;
 
-pub(crate) use crate::security::attributes::{forbidden, forbidden_path, Allowed, Attributes};
+pub(crate) use crate::security::attributes::{
+    forbidden, forbidden_path, forbidden_request, Allowed, Attributes,
+};
 use crate::security::node;
 use crate::security::rbac::Request;
 use crate::security::user::{Impersonation, User};
@@ -116,14 +118,18 @@ pub(crate) fn authorize_impersonation(
     // `users "alice" is forbidden: User "bob" cannot impersonate resource
     // "users" in API group "" at the cluster scope`.
     let refuse = |resource: &str, group: &str, namespace: Option<&str>, name: &str| {
-        let scope = match namespace {
-            Some(ns) => format!("in the namespace {ns:?}"),
-            None => "at the cluster scope".to_owned(),
+        let (resource, subresource) = match resource.split_once('/') {
+            Some((resource, sub)) => (resource, Some(sub)),
+            None => (resource, None),
         };
-        Status::forbidden(format!(
-            "{resource} {name:?} is forbidden: User {:?} cannot impersonate resource {resource:?} in API group {group:?} {scope}",
-            user.name
-        ))
+        let request = Request::Resource {
+            verb: "impersonate",
+            group,
+            resource,
+            subresource,
+            name: Some(name),
+        };
+        forbidden_request(user, namespace, &request)
     };
     match portal_api::kinds::service_account::parse_user_name(&asked.user) {
         Some((namespace, name)) => {

@@ -203,43 +203,13 @@ pub struct AgentClient {
 /// certificate from it.
 pub fn agent_client(dir: &Path) -> Result<AgentClient> {
     let pki = dir.join("pki");
-    fs::create_dir_all(&pki).map_err(io(&pki))?;
-    let key_path = pki.join("kubelet-client-ca.key");
-    let ca_path = pki.join("kubelet-client-ca.crt");
-    let key_pem = read_or_create(&key_path, || Ok(KeyPair::generate()?.serialize_pem()))?;
-    let ca_key = KeyPair::from_pem(&key_pem).map_err(|e| Error::Pem {
-        path: key_path.clone(),
-        reason: e.to_string(),
-    })?;
-    let mut ca = ca_params()?;
-    ca.distinguished_name = DistinguishedName::new();
-    ca.distinguished_name
-        .push(DnType::CommonName, "portal-kubelet-client-ca");
-    let ca_pem = read_or_create(&ca_path, || Ok(ca.clone().self_signed(&ca_key)?.pem()))?;
-    let issuer = Issuer::new(ca, ca_key);
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "portal-apiserver-kubelet-client");
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "system:masters");
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let key = KeyPair::generate()?;
-    let cert = params.signed_by(&key, &issuer)?;
-    let chain = vec![
-        cert.der().clone(),
-        CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| Error::Pem {
-            path: ca_path.clone(),
-            reason: e.to_string(),
-        })?,
-    ];
-    let private =
-        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| Error::Pem {
-            path: pki.join("kubelet-client.key"),
-            reason: e.to_string(),
-        })?;
+    let (ca_path, ca_pem, issuer) = own_ca(&pki, "kubelet-client-ca", "portal-kubelet-client-ca")?;
+    let (chain, private) = client_identity(
+        &issuer,
+        &ca_path,
+        "portal-apiserver-kubelet-client",
+        Some("system:masters"),
+    )?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
@@ -252,6 +222,118 @@ pub fn agent_client(dir: &Path) -> Result<AgentClient> {
         ca_pem,
         tls: Arc::new(tls),
     })
+}
+
+/// What the API server presents to extension API servers it proxies to
+/// (API aggregation): a client certificate `CN=front-proxy-client` from a
+/// CA of its own (`pki/front-proxy-ca.crt`, published as
+/// `requestheader-client-ca-file`), whose holder may say who the user is
+/// in `X-Remote-*` headers.
+pub struct FrontProxy {
+    pub ca_pem: String,
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl std::fmt::Debug for FrontProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontProxy").finish_non_exhaustive()
+    }
+}
+
+/// The name extension servers allow (`requestheader-allowed-names`).
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
+/// Loads (or makes) the front-proxy CA and issues this server's client
+/// certificate from it.
+pub fn front_proxy(dir: &Path) -> Result<FrontProxy> {
+    let pki = dir.join("pki");
+    let (ca_path, ca_pem, issuer) = own_ca(&pki, "front-proxy-ca", "portal-front-proxy-ca")?;
+    let (chain, key) = client_identity(&issuer, &ca_path, FRONT_PROXY_CLIENT, None)?;
+    Ok(FrontProxy { ca_pem, chain, key })
+}
+
+/// A CA of one purpose in `pki/STEM.{crt,key}`, made on first start: its
+/// path, certificate and issuer.
+fn own_ca(
+    pki: &Path,
+    stem: &str,
+    common_name: &str,
+) -> Result<(PathBuf, String, Issuer<'static, KeyPair>)> {
+    fs::create_dir_all(pki).map_err(io(pki))?;
+    let key_path = pki.join(format!("{stem}.key"));
+    let ca_path = pki.join(format!("{stem}.crt"));
+    let key_pem = read_or_create(&key_path, || Ok(KeyPair::generate()?.serialize_pem()))?;
+    let ca_key = KeyPair::from_pem(&key_pem).map_err(|e| Error::Pem {
+        path: key_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut ca = ca_params()?;
+    ca.distinguished_name = DistinguishedName::new();
+    ca.distinguished_name.push(DnType::CommonName, common_name);
+    let ca_pem = read_or_create(&ca_path, || Ok(ca.clone().self_signed(&ca_key)?.pem()))?;
+    Ok((ca_path, ca_pem, Issuer::new(ca, ca_key)))
+}
+
+/// A fresh client certificate of `issuer` (whose certificate is at
+/// `ca_path`): the chain to present and its key.
+fn client_identity(
+    issuer: &Issuer<'static, KeyPair>,
+    ca_path: &Path,
+    common_name: &str,
+    organization: Option<&str>,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    if let Some(organization) = organization {
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, organization);
+    }
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, issuer)?;
+    let ca_pem = fs::read(ca_path).map_err(io(ca_path))?;
+    let chain = vec![
+        cert.der().clone(),
+        CertificateDer::from_pem_slice(&ca_pem).map_err(|e| Error::Pem {
+            path: ca_path.to_owned(),
+            reason: e.to_string(),
+        })?,
+    ];
+    let private =
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| Error::Pem {
+            path: ca_path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    Ok((chain, private))
+}
+
+/// The certificates of a PEM bundle (a `caBundle`) as trust roots.
+pub(crate) fn roots(pem: &[u8]) -> std::result::Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_slice_iter(pem) {
+        let certificate = certificate.map_err(|e| format!("caBundle: {e}"))?;
+        roots
+            .add(certificate)
+            .map_err(|e| format!("caBundle: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("caBundle: no certificate".into());
+    }
+    Ok(roots)
+}
+
+/// A verifier that checks a server's signatures but not who issued its
+/// certificate: agents', and extension servers' with
+/// `insecureSkipTLSVerify`.
+pub(crate) fn any_server(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Arc<dyn rustls::client::danger::ServerCertVerifier> {
+    Arc::new(AnyAgent(provider))
 }
 
 /// Agents serve with certificates they make themselves; like

@@ -8,10 +8,8 @@ with a serving certificate of the cluster CA, reached by URL."""
 import base64
 import http.server
 import json
-import ssl
 import subprocess
 import textwrap
-import threading
 
 import kubernetes
 import pytest
@@ -65,24 +63,10 @@ def api(tmp_path_factory):
 def hooks(api, tmp_path_factory):
     """The webhook server, with a certificate of the cluster CA for
     127.0.0.1; stopped at the end (and by the test that needs it gone)."""
-    tmp = tmp_path_factory.mktemp("hooks")
-    pki = api.data_dir / "pki"
-    (tmp / "ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(tmp / "hook.key"), "-out", str(tmp / "hook.csr"), "-subj", "/CN=hooks"],
-                   check=True, capture_output=True, timeout=60)
-    subprocess.run(["openssl", "x509", "-req", "-in", str(tmp / "hook.csr"), "-CA", str(pki / "ca.crt"),
-                    "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "1", "-extfile", str(tmp / "ext"),
-                    "-out", str(tmp / "hook.crt")], check=True, capture_output=True, timeout=60)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hooks)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(tmp / "hook.crt"), str(tmp / "hook.key"))
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    from support.tls import cluster_signed, https_server
+    certificate, key = cluster_signed(tmp_path_factory.mktemp("hooks"), api.data_dir / "pki", "IP:127.0.0.1")
+    with https_server(Hooks, certificate, key) as server:
+        yield server
 
 
 def kubectl(portal, *args, check=True, stdin=None):
@@ -225,17 +209,11 @@ def test_a_webhook_served_by_a_pod_behind_a_service(tmp_path_factory, python_lay
     with AgentNode(tmp_path_factory.mktemp("pod-hook-node")) as node:
         image = debian_images.push(python_layout, node.registry.host, "python-kubernetes")
         pki = node.portal.data_dir / "pki"
-        (tmp / "ext").write_text("subjectAltName=DNS:hook.hooks.svc\nextendedKeyUsage=serverAuth\n")
-        subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-keyout", str(tmp / "tls.key"), "-out", str(tmp / "tls.csr"),
-                        "-subj", "/CN=hook.hooks.svc"], check=True, capture_output=True, timeout=60)
-        subprocess.run(["openssl", "x509", "-req", "-in", str(tmp / "tls.csr"), "-CA", str(pki / "ca.crt"),
-                        "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "1",
-                        "-extfile", str(tmp / "ext"), "-out", str(tmp / "tls.crt")],
-                       check=True, capture_output=True, timeout=60)
+        from support.tls import cluster_signed
+        certificate, key = cluster_signed(tmp, pki, "DNS:hook.hooks.svc", "hook.hooks.svc")
         node.kubectl("create", "namespace", "hooks")
         node.kubectl("-n", "hooks", "create", "secret", "tls", "hook-tls",
-                     f"--cert={tmp / 'tls.crt'}", f"--key={tmp / 'tls.key'}")
+                     f"--cert={certificate}", f"--key={key}")
         manifest = pod_manifest("hook", image, ["python3", "-c", POD_HOOK], labels={"app": "hook"},
                                 volumes=[{"name": "tls", "secret": {"secretName": "hook-tls"}}])
         container = manifest["spec"]["containers"][0]

@@ -92,23 +92,12 @@ def python_layout():
     return debian_images.python_layout()
 
 
-def serving_certificate(tmp, pki, name):
-    """A serving certificate of the cluster CA for `name`."""
-    (tmp / "ext").write_text(f"subjectAltName=DNS:{name}\nextendedKeyUsage=serverAuth\n")
-    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(tmp / "tls.key"), "-out", str(tmp / "tls.csr"),
-                    "-subj", f"/CN={name}"], check=True, capture_output=True, timeout=60)
-    subprocess.run(["openssl", "x509", "-req", "-in", str(tmp / "tls.csr"), "-CA", str(pki / "ca.crt"),
-                    "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "1",
-                    "-extfile", str(tmp / "ext"), "-out", str(tmp / "tls.crt")],
-                   check=True, capture_output=True, timeout=60)
-
-
 @pytest.mark.root
 @pytest.mark.netns
 def test_an_extension_api_server_in_a_pod_serves_its_group(tmp_path_factory, python_layout):
     from support import debian_images
     from support.agent_bed import AgentNode, pod_manifest
+    from support.tls import cluster_signed
     from support.waiting import wait_for
 
     tmp = tmp_path_factory.mktemp("aggregation")
@@ -130,10 +119,10 @@ def test_an_extension_api_server_in_a_pod_serves_its_group(tmp_path_factory, pyt
 
         pki = node.portal.data_dir / "pki"
         image = debian_images.push(python_layout, node.registry.host, "python-kubernetes")
-        serving_certificate(tmp, pki, "api.wardle.svc")
+        certificate, key = cluster_signed(tmp, pki, "DNS:api.wardle.svc", "api.wardle.svc")
         kubectl("create", "namespace", "wardle")
         kubectl("-n", "wardle", "create", "secret", "tls", "api-tls",
-                f"--cert={tmp / 'tls.crt'}", f"--key={tmp / 'tls.key'}")
+                f"--cert={certificate}", f"--key={key}")
         # What metrics-server's manifest grants: reading the trust ConfigMap.
         kubectl("-n", "kube-system", "create", "rolebinding", "wardle-auth-reader",
                 "--role=extension-apiserver-authentication-reader", "--serviceaccount=wardle:default")

@@ -223,6 +223,9 @@ pub(crate) struct ApiState {
     pub(crate) defined: registry::defined::Defined,
     /// Extension API servers behind APIServices.
     pub(crate) aggregator: handlers::aggregation::Aggregator,
+    /// This state itself, for work that outlives a request's borrow (a
+    /// watch converting objects by webhook).
+    pub(crate) this: std::sync::Weak<ApiState>,
 }
 
 /// The resource and namespace a request addresses.
@@ -425,7 +428,8 @@ impl ApiServer {
             })?)),
             None => None,
         };
-        let state = Arc::new(ApiState {
+        let state = Arc::new_cyclic(|this| ApiState {
+            this: this.clone(),
             rbac: security::rbac::Rbac::new(cache.clone()),
             auditor,
             admission: Arc::new(admission::Admitter::default()),

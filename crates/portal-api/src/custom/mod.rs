@@ -34,6 +34,8 @@ pub struct Version {
     columns: Vec<PrinterColumn>,
     scale: Option<ScalePaths>,
     storage_version: &'static str,
+    /// `spec.conversion.webhook` when the strategy is `Webhook`.
+    webhook: Option<Value>,
 }
 
 impl Defined for Version {
@@ -108,6 +110,10 @@ impl Defined for Version {
 
     fn scale(&self) -> Option<&ScalePaths> {
         self.scale.as_ref()
+    }
+
+    fn conversion_webhook(&self) -> Option<&Value> {
+        self.webhook.as_ref()
     }
 
     fn storage_version(&self) -> &'static str {
@@ -281,6 +287,8 @@ fn build(crd: &Value) -> Result<Vec<Built>, String> {
             columns,
             storage_version: storage,
             scale: scale.clone(),
+            webhook: (spec["conversion"]["strategy"] == "Webhook")
+                .then(|| spec["conversion"]["webhook"].clone()),
         };
         let resource = Resource {
             group,

@@ -74,6 +74,13 @@ fn defaults(object: &mut Value) {
     if spec["conversion"].is_null() {
         spec["conversion"] = json!({"strategy": "None"});
     }
+    // (`pointer_mut`: indexing would add the fields it walks through.)
+    let service = spec
+        .pointer_mut("/conversion/webhook/clientConfig/service")
+        .and_then(Value::as_object_mut);
+    if let Some(service) = service {
+        service.entry("port").or_insert(json!(443));
+    }
 }
 
 /// A new definition is being deleted only once its objects are gone, and
@@ -93,6 +100,66 @@ fn prepare_create(object: &mut Value) {
         finalizers.push(json!(CLEANUP_FINALIZER));
     }
     object["metadata"]["finalizers"] = json!(finalizers);
+}
+
+/// Upstream's `validateCustomResourceConversion`: a webhook exactly when
+/// the strategy is `Webhook`, reachable, speaking a review version Portal
+/// speaks.
+fn validate_conversion(spec: &Value, causes: &mut Vec<Cause>) {
+    let conversion = &spec["conversion"];
+    let webhook = &conversion["webhook"];
+    match conversion["strategy"].as_str() {
+        None | Some("None") => {
+            if !webhook.is_null() {
+                causes.push(Cause::forbidden(
+                    "spec.conversion.webhook",
+                    "should not be set when strategy is not set to Webhook",
+                ));
+            }
+        }
+        Some("Webhook") => {
+            if spec["preserveUnknownFields"] == true {
+                causes.push(Cause::invalid(
+                    "spec.conversion.strategy",
+                    "Webhook",
+                    "must be None if spec.preserveUnknownFields is true",
+                ));
+            }
+            if !webhook.is_object() {
+                causes.push(Cause::required(
+                    "spec.conversion.webhook",
+                    "required when strategy is set to Webhook",
+                ));
+                return;
+            }
+            if webhook["clientConfig"].is_object() {
+                super::validating_webhook_configuration::validate_client_config(
+                    &webhook["clientConfig"],
+                    "spec.conversion.webhook.clientConfig",
+                    causes,
+                );
+            } else {
+                causes.push(Cause::required(
+                    "spec.conversion.webhook.clientConfig",
+                    "required when strategy is set to Webhook",
+                ));
+            }
+            let versions = webhook["conversionReviewVersions"]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice);
+            if !versions.iter().any(|v| v == "v1" || v == "v1beta1") {
+                causes.push(Cause::required(
+                    "spec.conversion.webhook.conversionReviewVersions",
+                    "must include at least one of v1, v1beta1",
+                ));
+            }
+        }
+        Some(other) => causes.push(Cause::unsupported(
+            "spec.conversion.strategy",
+            other,
+            &["None", "Webhook"],
+        )),
+    }
 }
 
 /// The version objects are stored at.
@@ -218,19 +285,7 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
             ));
         }
     }
-    match spec["conversion"]["strategy"].as_str() {
-        None | Some("None") => {}
-        Some("Webhook") => causes.push(Cause::unsupported(
-            "spec.conversion.strategy",
-            "Webhook",
-            &["None"],
-        )),
-        Some(other) => causes.push(Cause::unsupported(
-            "spec.conversion.strategy",
-            other,
-            &["None", "Webhook"],
-        )),
-    }
+    validate_conversion(spec, &mut causes);
     validate_versions(spec, &mut causes);
     // Every schema must be structural and its rules compile; the printer
     // columns must read.

@@ -155,42 +155,11 @@ pub(crate) fn validate(object: &Value, mutating: bool) -> Vec<Cause> {
                 )),
             }
         }
-        let config = &webhook["clientConfig"];
-        match (config["url"].as_str(), config["service"].is_object()) {
-            (Some(_), true) | (None, false) => causes.push(Cause::required(
-                &format!("{at}.clientConfig"),
-                "exactly one of url or service is required",
-            )),
-            (Some(url), false) => {
-                if !url.starts_with("https://") {
-                    causes.push(Cause::invalid(
-                        &format!("{at}.clientConfig.url"),
-                        url,
-                        "'https' is the only allowed URL scheme",
-                    ));
-                }
-            }
-            (None, true) => {
-                let service = &config["service"];
-                for field in ["name", "namespace"] {
-                    if service[field].as_str().unwrap_or("").is_empty() {
-                        causes.push(Cause::required(
-                            &format!("{at}.clientConfig.service.{field}"),
-                            "",
-                        ));
-                    }
-                }
-                if let Some(port) = service["port"].as_i64() {
-                    if !(1..=65535).contains(&port) {
-                        causes.push(Cause::invalid(
-                            &format!("{at}.clientConfig.service.port"),
-                            port,
-                            "port is not valid: must be between 1 and 65535, inclusive",
-                        ));
-                    }
-                }
-            }
-        }
+        validate_client_config(
+            &webhook["clientConfig"],
+            &format!("{at}.clientConfig"),
+            &mut causes,
+        );
         for (j, condition) in webhook["matchConditions"]
             .as_array()
             .into_iter()
@@ -210,6 +179,52 @@ pub(crate) fn validate(object: &Value, mutating: bool) -> Vec<Cause> {
         }
     }
     causes
+}
+
+/// A webhook's `clientConfig` (admission and CRD conversion webhooks):
+/// a URL or a Service, as upstream's `ValidateWebhookClientConfig`.
+pub(crate) fn validate_client_config(config: &Value, at: &str, causes: &mut Vec<Cause>) {
+    match (config["url"].as_str(), config["service"].is_object()) {
+        (Some(_), true) | (None, false) => causes.push(Cause::required(
+            at,
+            "exactly one of url or service is required",
+        )),
+        (Some(url), false) => {
+            if !url.starts_with("https://") {
+                causes.push(Cause::invalid(
+                    &format!("{at}.url"),
+                    url,
+                    "'https' is the only allowed URL scheme",
+                ));
+            }
+        }
+        (None, true) => {
+            let service = &config["service"];
+            for field in ["name", "namespace"] {
+                if service[field].as_str().unwrap_or("").is_empty() {
+                    causes.push(Cause::required(&format!("{at}.service.{field}"), ""));
+                }
+            }
+            if let Some(path) = service["path"].as_str() {
+                if !path.starts_with('/') {
+                    causes.push(Cause::invalid(
+                        &format!("{at}.service.path"),
+                        path,
+                        "must start with a '/'",
+                    ));
+                }
+            }
+            if let Some(port) = service["port"].as_i64() {
+                if !(1..=65535).contains(&port) {
+                    causes.push(Cause::invalid(
+                        &format!("{at}.service.port"),
+                        port,
+                        "port is not valid: must be between 1 and 65535, inclusive",
+                    ));
+                }
+            }
+        }
+    }
 }
 
 pub(crate) fn columns() -> Vec<Column> {

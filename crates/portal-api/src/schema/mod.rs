@@ -141,11 +141,20 @@ pub trait Defined: Send + Sync + std::fmt::Debug {
     fn stored_as(&self) -> Option<&'static Resource> {
         None
     }
+    /// The conversion webhook (`spec.conversion.webhook` of a CRD whose
+    /// strategy is `Webhook`): objects change versions only through it,
+    /// which the API server calls; [`Defined::to_version`] and
+    /// [`Defined::to_storage`] leave them as they are.
+    fn conversion_webhook(&self) -> Option<&Value> {
+        None
+    }
     /// `object` (as stored) as `resource` serves it; `true` if it changed.
     /// By default only `apiVersion` changes (`None` conversion).
     fn to_version(&self, resource: &Resource, object: &mut Value) -> bool {
         let wanted = resource.api_version();
-        if object["apiVersion"].as_str() == Some(wanted.as_str()) {
+        if object["apiVersion"].as_str() == Some(wanted.as_str())
+            || self.conversion_webhook().is_some()
+        {
             return false;
         }
         object["apiVersion"] = Value::String(wanted);
@@ -153,8 +162,10 @@ pub trait Defined: Send + Sync + std::fmt::Debug {
     }
     /// `object` (as `resource` serves it) as it is stored.
     fn to_storage(&self, resource: &Resource, object: &mut Value) {
-        object["apiVersion"] =
-            Value::String(format!("{}/{}", resource.group, self.storage_version()));
+        if self.conversion_webhook().is_none() {
+            object["apiVersion"] =
+                Value::String(format!("{}/{}", resource.group, self.storage_version()));
+        }
     }
     /// Whether strategic merge patches apply (kinds users define have no
     /// merge strategies: upstream refuses them).

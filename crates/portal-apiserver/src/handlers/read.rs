@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::registry::cache::list_body;
 use crate::registry::cache::CachedObject;
+use crate::registry::conversion::served_items;
 use crate::registry::lookup::{fresh, stored, Filter};
 use crate::server::http::{json_response, now_seconds, Body, Output, Query};
 use crate::{ApiState, Scope};
@@ -34,6 +35,14 @@ pub(crate) async fn get(
                 .get(scope.resource, &key)
                 .ok_or_else(not_found)?
         }
+    };
+    let object = match output {
+        // A CRD's webhook converts what is read at another version.
+        Output::Json | Output::Table(_) => {
+            let converted = served_items(state, scope.resource, vec![object]).await?;
+            converted.into_iter().next().ok_or_else(not_found)?
+        }
+        _ => object,
     };
     Ok(match output {
         Output::Json => json_response(StatusCode::OK, object.served_json(scope.resource)),
@@ -142,6 +151,12 @@ pub(crate) async fn list(
             })
         })
         .flatten();
+    let items = match output {
+        Output::Json | Output::Table(_) | Output::Protobuf => {
+            served_items(state, resource, items).await?
+        }
+        Output::Metadata => items,
+    };
     if let Output::Table(include) = output {
         let mut list_meta = json!({"resourceVersion": revision.to_string()});
         if let Some(next) = &next {

@@ -38,6 +38,8 @@ struct Watcher {
     bookmarks: bool,
     output: Output,
     tx: mpsc::Sender<Bytes>,
+    /// Set for a CRD whose webhook converts objects to the watched version.
+    converting: Option<Arc<ApiState>>,
 }
 
 fn event_line(kind: &str, object: &[u8]) -> Bytes {
@@ -69,7 +71,34 @@ impl Watcher {
                 (false, false) => return true,
             },
         };
-        self.tx.send(self.line(kind, &event.object)).await.is_ok()
+        self.send_line(kind, &event.object).await
+    }
+
+    /// Sends the event line of `object`; `false` once the client has gone
+    /// or the object could not be converted (the watch then ends with the
+    /// error, as upstream's does).
+    async fn send_line(&self, kind: &str, object: &CachedObject) -> bool {
+        let converted;
+        let object = match (&self.converting, self.output) {
+            (Some(state), Output::Json | Output::Protobuf | Output::Table(_)) => {
+                let items = vec![Arc::new(object.clone())];
+                match crate::registry::conversion::served_items(state, self.resource, items).await {
+                    Ok(mut items) => match items.pop() {
+                        Some(item) => {
+                            converted = item;
+                            converted.as_ref()
+                        }
+                        None => return false,
+                    },
+                    Err(status) => {
+                        let _ = self.tx.send(event_line("ERROR", &status.to_body())).await;
+                        return false;
+                    }
+                }
+            }
+            _ => object,
+        };
+        self.tx.send(self.line(kind, object)).await.is_ok()
     }
 
     /// The event line for `object`: the object itself, or a one-row Table.
@@ -147,6 +176,8 @@ pub(crate) async fn watch(
         bookmarks: query.flag("allowWatchBookmarks"),
         output,
         tx,
+        converting: crate::registry::conversion::webhook(resource)
+            .and_then(|_| state.this.upgrade()),
     };
     let cache = state.cache.clone();
     let store = state.store.clone();
@@ -162,7 +193,7 @@ pub(crate) async fn watch(
                     watcher.filter.matches(resource, &o.value)
                 });
                 for item in items {
-                    if watcher.tx.send(watcher.line("ADDED", &item)).await.is_err() {
+                    if !watcher.send_line("ADDED", &item).await {
                         return;
                     }
                 }

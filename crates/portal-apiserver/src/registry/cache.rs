@@ -27,7 +27,7 @@ const FRESHNESS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// An object as served: its JSON value and the same bytes pre-serialized,
 /// with `metadata.resourceVersion` set.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct CachedObject {
     pub(crate) key: String,
     pub(crate) value: Value,

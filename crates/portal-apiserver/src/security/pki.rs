@@ -312,21 +312,6 @@ fn client_identity(
     Ok((chain, private))
 }
 
-/// The certificates of a PEM bundle (a `caBundle`) as trust roots.
-pub(crate) fn roots(pem: &[u8]) -> std::result::Result<rustls::RootCertStore, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for certificate in CertificateDer::pem_slice_iter(pem) {
-        let certificate = certificate.map_err(|e| format!("caBundle: {e}"))?;
-        roots
-            .add(certificate)
-            .map_err(|e| format!("caBundle: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err("caBundle: no certificate".into());
-    }
-    Ok(roots)
-}
-
 /// A verifier that checks a server's signatures but not who issued its
 /// certificate: agents', and extension servers' with
 /// `insecureSkipTLSVerify`.

@@ -104,7 +104,7 @@ impl Aggregator {
                     .decode(bundle)
                     .map_err(|e| format!("caBundle: {e}"))?,
             };
-            let roots = crate::security::pki::roots(&pem)?;
+            let roots = crate::registry::webhook_client::roots(&pem)?;
             builder.with_root_certificates(roots)
         };
         let mut tls = builder

@@ -132,7 +132,7 @@ pub(crate) async fn apply(
             Err(status) if status.code == 404 && part == Part::Main => continue,
             Err(status) => return Err(status),
             Ok((stored, warnings)) => {
-                return Ok(respond(scope.resource, StatusCode::OK, &stored, &warnings))
+                return respond(state, scope.resource, StatusCode::OK, &stored, &warnings).await
             }
         }
     }

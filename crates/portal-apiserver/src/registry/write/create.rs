@@ -21,12 +21,14 @@ pub(crate) async fn create(
 ) -> Result<Response<Body>, Status> {
     let options = WriteOptions::from_query(query)?;
     let (stored, warnings) = create_object(state, scope, body, &options).await?;
-    Ok(respond(
+    respond(
+        state,
         scope.resource,
         StatusCode::CREATED,
         &stored,
         &warnings,
-    ))
+    )
+    .await
 }
 
 /// Objects of a CustomResourceDefinition being deleted are not created
@@ -119,7 +121,7 @@ pub(crate) async fn create_object(
             reservation.abort(None);
             return Ok((CachedObject::from_value(key, attempt, 0), warnings));
         }
-        let value = stored_bytes(resource, &attempt)?;
+        let value = storable(state, resource, &attempt).await?;
         let mut ops = vec![Op::Create {
             key: key.clone(),
             value,

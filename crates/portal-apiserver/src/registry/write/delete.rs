@@ -101,7 +101,12 @@ pub(crate) async fn delete(
                 dry_run: dry,
             };
             let mut visible = old.clone();
-            portal_api::custom::to_version(resource, &mut visible);
+            crate::registry::conversion::to_version(
+                state,
+                resource,
+                std::slice::from_mut(&mut visible),
+            )
+            .await?;
             warnings = state
                 .admission
                 .validate(state, scope, write, &Value::Null, Some(&visible))
@@ -109,12 +114,14 @@ pub(crate) async fn delete(
         }
         if dry {
             // Checked, not done.
-            return Ok(respond(
+            return respond(
+                state,
                 resource,
                 StatusCode::OK,
                 &CachedObject::from_value(key, old, current.mod_revision),
                 &warnings,
-            ));
+            )
+            .await;
         }
         if resource.kind() == kinds::namespace::KIND {
             return crate::registry::write::namespace::begin_termination(
@@ -128,29 +135,35 @@ pub(crate) async fn delete(
         {
             // Marked (a pod stopping on its node, finalizers): it stays.
             Ok(Outcome::Marked { revision, object }) => {
-                return Ok(respond(
+                return respond(
+                    state,
                     resource,
                     StatusCode::OK,
                     &CachedObject::from_value(key, object, revision),
                     &warnings,
-                ));
+                )
+                .await;
             }
             Ok(Outcome::Pending { object }) => {
-                return Ok(respond(
+                return respond(
+                    state,
                     resource,
                     StatusCode::OK,
                     &CachedObject::from_value(key, object, current.mod_revision),
                     &warnings,
-                ));
+                )
+                .await;
             }
             // Its dependents are the garbage collector's to delete.
             Ok(Outcome::Deleted { revision, .. }) => {
-                return Ok(respond(
+                return respond(
+                    state,
                     resource,
                     StatusCode::OK,
                     &CachedObject::from_value(key, old, revision),
                     &warnings,
-                ));
+                )
+                .await;
             }
             Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
             Err(StoreError::NotFound { .. }) => {
@@ -193,7 +206,12 @@ pub(crate) async fn delete_collection(
             // Each object is admitted as a delete of its own would be.
             let mut old = decode_stored(&current)?;
             if meta::meta_str(&old, "deletionTimestamp").is_none() {
-                portal_api::custom::to_version(resource, &mut old);
+                crate::registry::conversion::to_version(
+                    state,
+                    resource,
+                    std::slice::from_mut(&mut old),
+                )
+                .await?;
                 let write = Write {
                     operation: "DELETE",
                     subresource: None,

@@ -142,13 +142,15 @@ pub(crate) fn decode_body(
     })
 }
 
-fn respond(
+async fn respond(
+    state: &ApiState,
     resource: &Resource,
     code: StatusCode,
     object: &CachedObject,
     warnings: &[String],
-) -> Response<Body> {
-    let mut response = json_response(code, object.served_json(resource));
+) -> Result<Response<Body>, Status> {
+    let served = crate::registry::conversion::served_json(state, resource, object).await?;
+    let mut response = json_response(code, served);
     for warning in warnings {
         let text = format!(
             "299 - {}",
@@ -158,7 +160,7 @@ fn respond(
             response.headers_mut().append("warning", value);
         }
     }
-    response
+    Ok(response)
 }
 
 /// Who a write is recorded as, in `managedFields`: `names` are the field
@@ -239,6 +241,17 @@ fn stored_bytes(resource: &Resource, object: &Value) -> Result<Bytes, Status> {
     let mut stored = object.clone();
     portal_api::custom::to_storage(resource, &mut stored);
     encode(&stored)
+}
+
+/// [`stored_bytes`], for kinds whose versions a webhook converts too (the
+/// webhook is asked first).
+async fn storable(state: &ApiState, resource: &Resource, object: &Value) -> Result<Bytes, Status> {
+    if crate::registry::conversion::webhook(resource).is_none() {
+        return stored_bytes(resource, object);
+    }
+    let mut stored = object.clone();
+    crate::registry::conversion::to_storage(state, resource, &mut stored).await?;
+    stored_bytes(resource, &stored)
 }
 
 /// Metadata and kind-specific problems of an object about to be stored.

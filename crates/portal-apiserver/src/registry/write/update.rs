@@ -25,7 +25,8 @@ pub(crate) async fn guaranteed_update(
         // The stored object as the asked version has it (kinds stored in
         // another form are converted), which the whole update works on.
         let mut old = decode_stored(&current)?;
-        portal_api::custom::to_version(resource, &mut old);
+        crate::registry::conversion::to_version(state, resource, std::slice::from_mut(&mut old))
+            .await?;
         // Clients see (and patch) the object with its resourceVersion.
         let mut visible = old.clone();
         meta::metadata_mut(&mut visible).insert(
@@ -112,7 +113,7 @@ pub(crate) async fn guaranteed_update(
                 warnings,
             ));
         }
-        let value = stored_bytes(resource, &new)?;
+        let value = storable(state, resource, &new).await?;
         let mut ops = vec![Op::Update {
             key: key.clone(),
             value,
@@ -195,7 +196,7 @@ pub(crate) async fn update(
     };
     let options = WriteOptions::from_query(query)?;
     let (stored, warnings) = guaranteed_update(state, scope, name, part, &options, propose).await?;
-    Ok(respond(scope.resource, StatusCode::OK, &stored, &warnings))
+    respond(state, scope.resource, StatusCode::OK, &stored, &warnings).await
 }
 
 /// Decodes a patched object like a request body (strict or not).
@@ -269,5 +270,5 @@ pub(crate) async fn patch(
     };
     let options = WriteOptions::from_query(query)?;
     let (stored, warnings) = guaranteed_update(state, scope, name, part, &options, propose).await?;
-    Ok(respond(scope.resource, StatusCode::OK, &stored, &warnings))
+    respond(state, scope.resource, StatusCode::OK, &stored, &warnings).await
 }

@@ -338,17 +338,40 @@ impl ImageService {
             (None, Some(error)) => return Err(Error::Registry(registry_message(&error))),
             (None, None) => return Err(Error::Registry("no login to try".into())),
         };
-        // Blobs come in three at a time, as containerd fetches them.
-        let mut descriptors: Vec<&OciDescriptor> = vec![&manifest.config];
-        descriptors.extend(manifest.layers.iter());
-        let fetches: Vec<_> = descriptors
-            .into_iter()
-            .map(|descriptor| self.fetch_blob(&client, &reference, descriptor))
-            .collect();
-        futures_util::stream::iter(fetches)
-            .buffer_unordered(PARALLEL_FETCHES)
-            .try_collect::<Vec<()>>()
+        self.fetch_blob(&client, &reference, &manifest.config)
             .await?;
+        // Layers come in three at a time, as containerd fetches them, and
+        // each is applied as soon as those below it are: unpacking the
+        // first overlaps fetching the rest.
+        let target = self.unpacked(&manifest.config.digest)?;
+        let mut unpacking = None;
+        let (layers_ready, ready) = std::sync::mpsc::channel::<PathBuf>();
+        if !target.join("config.json").exists() {
+            let config_blob = self.blob_path(&manifest.config.digest)?;
+            let staging = self.temporary("unpack");
+            let count = manifest.layers.len();
+            unpacking = Some(tokio::task::spawn_blocking(move || {
+                unpack_image(&config_blob, ready, count, &staging, &target)
+            }));
+        }
+        let fetches: Vec<_> = manifest
+            .layers
+            .iter()
+            .map(|descriptor| self.fetch_layer(&client, &reference, descriptor))
+            .collect();
+        let mut fetched = futures_util::stream::iter(fetches).buffered(PARALLEL_FETCHES);
+        while let Some(layer) = fetched.try_next().await? {
+            // A failed unpack ends the pull below, with its reason.
+            if unpacking.is_some() && layers_ready.send(layer).is_err() {
+                break;
+            }
+        }
+        drop(layers_ready);
+        if let Some(unpacking) = unpacking {
+            unpacking
+                .await
+                .map_err(|e| Error::Format(format!("unpacking: {e}")))??;
+        }
         let resolved = Resolved {
             repo_digest: format!(
                 "{}/{}@{manifest_digest}",
@@ -359,6 +382,17 @@ impl ImageService {
             layers: manifest.layers.iter().map(|l| l.digest.clone()).collect(),
         };
         self.store_resolved(key, &resolved).await
+    }
+
+    /// Fetches a layer (unless present): where it is kept.
+    async fn fetch_layer(
+        &self,
+        client: &oci_client::Client,
+        reference: &Reference,
+        descriptor: &OciDescriptor,
+    ) -> Result<PathBuf> {
+        self.fetch_blob(client, reference, descriptor).await?;
+        self.blob_path(&descriptor.digest)
     }
 
     async fn fetch_blob(
@@ -401,7 +435,13 @@ impl ImageService {
             let staging = self.temporary("unpack");
             let target = dir.clone();
             tokio::task::spawn_blocking(move || {
-                unpack_image(&config_blob, &blobs, &staging, &target)
+                let (layers, ready) = std::sync::mpsc::channel();
+                let count = blobs.len();
+                for blob in blobs {
+                    let _ = layers.send(blob);
+                }
+                drop(layers);
+                unpack_image(&config_blob, ready, count, &staging, &target)
             })
             .await
             .map_err(|e| Error::Format(format!("unpacking: {e}")))??;
@@ -432,19 +472,34 @@ impl ImageService {
     }
 }
 
-/// Unpacks layers into `staging/rootfs`, then moves it into place whole.
+/// Unpacks `count` layers, bottom first, into `staging/rootfs` as they
+/// arrive, then moves it into place whole. Fewer layers (the pull failed
+/// and stopped sending) leave nothing behind.
 fn unpack_image(
     config_blob: &Path,
-    layers: &[PathBuf],
+    layers: std::sync::mpsc::Receiver<PathBuf>,
+    count: usize,
     staging: &Path,
     target: &Path,
 ) -> Result<()> {
     let _ = std::fs::remove_dir_all(staging);
     let rootfs = staging.join("rootfs");
     std::fs::create_dir_all(&rootfs).map_err(io(rootfs.display().to_string()))?;
+    let mut applied = 0;
     for layer in layers {
-        unpack::apply_layer(layer, &rootfs)
-            .map_err(|e| Error::Format(format!("layer {}: {e}", layer.display())))?;
+        let result = unpack::apply_layer(&layer, &rootfs)
+            .map_err(|e| Error::Format(format!("layer {}: {e}", layer.display())));
+        if let Err(error) = result {
+            let _ = std::fs::remove_dir_all(staging);
+            return Err(error);
+        }
+        applied += 1;
+    }
+    if applied != count {
+        let _ = std::fs::remove_dir_all(staging);
+        return Err(Error::Format(format!(
+            "the pull ended after {applied} of {count} layers"
+        )));
     }
     let document: serde_json::Value = serde_json::from_slice(
         &std::fs::read(config_blob).map_err(io(config_blob.display().to_string()))?,

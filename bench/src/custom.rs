@@ -6,7 +6,8 @@
 //! no-op validating webhook adds to a create (one client, latency with
 //! and without it, alternating). The webhook is an HTTPS server in this
 //! process on loopback, so the figure is the API server's cost of asking
-//! one (TLS connection, review, answer), not a pod network's.
+//! one (TLS connection, review, answer), not a pod network's. Last, what
+//! API aggregation adds to a read (`crate::aggregation`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +40,14 @@ pub(crate) struct Args {
     /// Sequential creates per webhook round.
     #[arg(long, default_value_t = 400)]
     webhook_creates: usize,
+    /// Sequential reads per API aggregation round.
+    #[arg(long, default_value_t = 1000)]
+    aggregated_gets: usize,
+    /// Where the extension API server listens: an address of this network
+    /// namespace that is not loopback (Endpoints may not name loopback);
+    /// `bench/custom_resources.sh` makes a namespace with one.
+    #[arg(long, default_value = "192.168.77.1")]
+    extension_ip: std::net::IpAddr,
 }
 
 const DEFINITION: &str = r#"{
@@ -136,6 +145,9 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
         eprintln!("round {round} done");
     }
     let webhook = webhook_overhead(&portal, &mut admin, args.webhook_creates).await?;
+    let aggregation =
+        crate::aggregation::overhead(&portal, &mut admin, args.aggregated_gets, args.extension_ip)
+            .await?;
     let anchor_rate = anchor.len() as f64 / anchor_time;
     let custom_rate = custom.len() as f64 / custom_time;
     let (anchor_p99, custom_p99) = (anchor.percentile_ms(0.99), custom.percentile_ms(0.99));
@@ -149,7 +161,8 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
         args.seconds,
         custom_rate / anchor_rate,
         custom_p99 / anchor_p99,
-    ) + &webhook)
+    ) + &webhook
+        + &aggregation)
 }
 
 /// A no-op webhook: every review allowed. Counts the reviews it answers.
@@ -189,19 +202,12 @@ async fn serve_webhook(
     }
 }
 
-/// Latency of sequential ConfigMap creates without and with a no-op
-/// validating webhook, alternating; a table of p50/p99 and what it adds.
-async fn webhook_overhead(
-    portal: &Portal,
-    admin: &mut Client,
-    creates: usize,
-) -> Result<String, Error> {
+/// TLS serving a fresh self-signed certificate for `name`, and that
+/// certificate's PEM (the `caBundle` that trusts it).
+pub(crate) fn self_signed(name: &str) -> Result<(Arc<rustls::ServerConfig>, String), Error> {
     let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
-    let mut params =
-        rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
-    params
-        .subject_alt_names
-        .push(rcgen::SanType::IpAddress([127, 0, 0, 1].into()));
+    // (An address in `name` becomes an IP subject alternative name.)
+    let params = rcgen::CertificateParams::new(vec![name.to_owned()]).map_err(|e| e.to_string())?;
     let certificate = params.self_signed(&key).map_err(|e| e.to_string())?;
     let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -214,13 +220,24 @@ async fn webhook_overhead(
         rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
     )
     .map_err(|e| e.to_string())?;
+    Ok((Arc::new(tls), certificate.pem()))
+}
+
+/// Latency of sequential ConfigMap creates without and with a no-op
+/// validating webhook, alternating; a table of p50/p99 and what it adds.
+async fn webhook_overhead(
+    portal: &Portal,
+    admin: &mut Client,
+    creates: usize,
+) -> Result<String, Error> {
+    let (tls, pem) = self_signed("127.0.0.1")?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let answered = Arc::new(AtomicU64::new(0));
-    tokio::spawn(serve_webhook(listener, Arc::new(tls), answered.clone()));
-    let bundle = base64::engine::general_purpose::STANDARD.encode(certificate.pem());
+    tokio::spawn(serve_webhook(listener, tls, answered.clone()));
+    let bundle = base64::engine::general_purpose::STANDARD.encode(pem);
     let configuration = serde_json::json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": "noop"},

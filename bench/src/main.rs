@@ -12,6 +12,7 @@
 // A command-line report: printing is its output.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod aggregation;
 mod custom;
 mod endpoints;
 mod etcd;

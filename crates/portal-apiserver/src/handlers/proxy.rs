@@ -163,7 +163,13 @@ pub(crate) async fn serve(
         dropped: |_| false,
         added: http::HeaderMap::new(),
     };
-    forward(sender, request, upstream, &unreachable).await
+    let Prepared { outgoing, upgrade } = prepare(request, upstream)?;
+    let mut sender = sender;
+    let response = sender
+        .send_request(outgoing)
+        .await
+        .map_err(|e| unreachable(&e))?;
+    relay(response, upgrade)
 }
 
 /// Where and how a request goes on: its path and query, `Host`, the
@@ -176,16 +182,20 @@ pub(crate) struct Upstream {
     pub(crate) added: http::HeaderMap,
 }
 
-/// Sends `request` on `sender` as `upstream` says; the answer streams
-/// back, and an upgrade (a WebSocket, SPDY) is spliced both ways.
-pub(crate) async fn forward(
-    mut sender: hyper::client::conn::http1::SendRequest<RequestBody>,
+/// A request made ready to go on: the outgoing request, and the caller's
+/// side of an upgrade it asks for.
+pub(crate) struct Prepared {
+    pub(crate) outgoing: Request<RequestBody>,
+    pub(crate) upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+/// The request as `upstream` says it goes on.
+pub(crate) fn prepare(
     mut request: Request<RequestBody>,
     upstream: Upstream,
-    unreachable: &(dyn Fn(&dyn std::fmt::Display) -> Status + Sync),
-) -> Result<Response<Body>, Status> {
+) -> Result<Prepared, Status> {
     let upgrading = request.headers().contains_key(header::UPGRADE);
-    let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut request));
+    let upgrade = upgrading.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
     let mut builder = Request::builder().method(parts.method).uri(upstream.uri);
     for (name, value) in &parts.headers {
@@ -206,12 +216,17 @@ pub(crate) async fn forward(
         .header(header::HOST, upstream.host)
         .body(body)
         .map_err(|e| Status::internal(e.to_string()))?;
-    let mut response = sender
-        .send_request(outgoing)
-        .await
-        .map_err(|e| unreachable(&e))?;
+    Ok(Prepared { outgoing, upgrade })
+}
+
+/// The backend's answer as the caller's: it streams back, and an upgrade
+/// (a WebSocket, SPDY) is spliced both ways.
+pub(crate) fn relay(
+    mut response: Response<hyper::body::Incoming>,
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
+) -> Result<Response<Body>, Status> {
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-        let Some(client_upgrade) = client_upgrade else {
+        let Some(client_upgrade) = upgrade else {
             return Err(Status::internal("the backend switched protocols unasked"));
         };
         let backend_upgrade = hyper::upgrade::on(&mut response);

@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use rustls_pki_types::{pem::PemObject, ServerName};
 use serde_json::Value;
 
+use crate::server::pool::Pool;
 use crate::ApiState;
 
 /// The largest answer read from a webhook.
@@ -73,7 +74,7 @@ pub(crate) async fn post(
             .body(Full::new(body.clone()))
             .map_err(|e| e.to_string())
     };
-    let (mut sender, response) = match take(&key) {
+    let (mut sender, response) = match pool().take(&key) {
         Some(mut idle) => match idle.send_request(request()?).await {
             Ok(response) => (idle, response),
             // The webhook closed the idle connection: a new one.
@@ -102,7 +103,7 @@ pub(crate) async fn post(
         .map_err(|e| e.to_string())?
         .to_bytes();
     if sender.ready().await.is_ok() {
-        give(key, sender);
+        pool().give(key, sender);
     }
     if !code.is_success() {
         return Err(format!(
@@ -126,39 +127,9 @@ struct PoolKey {
     bundle: String,
 }
 
-/// Idle connections kept per webhook endpoint.
-const IDLE_PER_ENDPOINT: usize = 8;
-
-fn pool() -> &'static parking_lot::Mutex<std::collections::HashMap<PoolKey, Vec<Sender>>> {
-    static POOL: std::sync::OnceLock<
-        parking_lot::Mutex<std::collections::HashMap<PoolKey, Vec<Sender>>>,
-    > = std::sync::OnceLock::new();
+fn pool() -> &'static Pool<PoolKey, Full<Bytes>> {
+    static POOL: std::sync::OnceLock<Pool<PoolKey, Full<Bytes>>> = std::sync::OnceLock::new();
     POOL.get_or_init(Default::default)
-}
-
-/// An idle connection that is still open.
-fn take(key: &PoolKey) -> Option<Sender> {
-    let mut pool = pool().lock();
-    let idle = pool.get_mut(key)?;
-    while let Some(sender) = idle.pop() {
-        if !sender.is_closed() {
-            return Some(sender);
-        }
-    }
-    None
-}
-
-fn give(key: PoolKey, sender: Sender) {
-    let mut pool = pool().lock();
-    // Endpoints come and go: forget those whose connections all closed.
-    pool.retain(|_, idle| {
-        idle.retain(|s| !s.is_closed());
-        !idle.is_empty()
-    });
-    let idle = pool.entry(key).or_default();
-    if idle.len() < IDLE_PER_ENDPOINT {
-        idle.push(sender);
-    }
 }
 
 async fn dial(

@@ -23,6 +23,8 @@ use rustls_pki_types::ServerName;
 use serde_json::Value;
 
 use crate::security::pki::FrontProxy;
+use crate::server::http::RequestBody;
+use crate::server::pool::Pool;
 use crate::ApiState;
 
 /// Time to reach an extension server (dial and TLS).
@@ -35,6 +37,8 @@ pub(crate) struct Aggregator {
     tls: parking_lot::Mutex<HashMap<(String, bool), Arc<rustls::ClientConfig>>>,
     /// Each remote APIService's last discovery, by name.
     remotes: parking_lot::RwLock<HashMap<String, Remote>>,
+    /// Connections to extension servers, kept for the next request.
+    pub(crate) connections: Arc<Pool<Destination, RequestBody>>,
 }
 
 /// A remote group version's discovery (an `APIResourceList`) as last
@@ -57,6 +61,7 @@ impl Aggregator {
             identity,
             tls: Default::default(),
             remotes: Default::default(),
+            connections: Default::default(),
         }
     }
 
@@ -169,6 +174,25 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let destination = destination(state, api_service).await?;
+    let address = destination.address;
+    Ok((dial(state, api_service, &destination).await?, address))
+}
+
+/// Where requests for an APIService go now (a ready endpoint, chosen at
+/// random) and how it is trusted: connections are kept by this.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Destination {
+    pub(crate) address: std::net::SocketAddr,
+    server_name: String,
+    bundle: String,
+    insecure: bool,
+}
+
+pub(crate) async fn destination(
+    state: &ApiState,
+    api_service: &Value,
+) -> Result<Destination, String> {
     let spec = &api_service["spec"];
     let service = &spec["service"];
     let namespace = service["namespace"].as_str().unwrap_or("");
@@ -177,9 +201,29 @@ where
     let address = crate::registry::lookup::service_endpoint(state, namespace, name, Some(&port))
         .await
         .map_err(|status| status.message)?;
-    let tls = state.aggregator.tls(state, spec)?;
+    Ok(Destination {
+        address,
+        server_name: format!("{name}.{namespace}.svc"),
+        bundle: spec["caBundle"].as_str().unwrap_or("").to_owned(),
+        insecure: spec["insecureSkipTLSVerify"] == true,
+    })
+}
+
+/// A new TLS connection to `destination`.
+pub(crate) async fn dial<B>(
+    state: &ApiState,
+    api_service: &Value,
+    destination: &Destination,
+) -> Result<hyper::client::conn::http1::SendRequest<B>, String>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let address = destination.address;
+    let tls = state.aggregator.tls(state, &api_service["spec"])?;
     let server_name =
-        ServerName::try_from(format!("{name}.{namespace}.svc")).map_err(|e| e.to_string())?;
+        ServerName::try_from(destination.server_name.clone()).map_err(|e| e.to_string())?;
     let dial = async {
         let tcp = tokio::net::TcpStream::connect(address)
             .await
@@ -193,10 +237,9 @@ where
     let stream = tokio::time::timeout(DIAL_TIMEOUT, dial)
         .await
         .map_err(|_| format!("dial tcp {address}: timed out"))??;
-    let sender = crate::server::http::upstream_connection(stream)
+    crate::server::http::upstream_connection(stream)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok((sender, address))
+        .map_err(|e| e.to_string())
 }
 
 /// The headers that say who a proxied request is made as, in the names

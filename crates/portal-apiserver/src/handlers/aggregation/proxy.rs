@@ -9,7 +9,7 @@ use http::{Request, Response};
 use portal_api::Status;
 use serde_json::Value;
 
-use crate::handlers::proxy::{forward, Upstream};
+use crate::handlers::proxy::{prepare, relay, Prepared, Upstream};
 use crate::security::user::User;
 use crate::server::http::{Body, RequestBody};
 use crate::ApiState;
@@ -25,9 +25,12 @@ pub(crate) async fn serve(
     if !super::available(api_service) {
         return Err(Status::service_unavailable("service unavailable"));
     }
-    let (sender, address) = super::connect(state, api_service)
+    let unreachable = |e: &dyn std::fmt::Display| {
+        Status::service_unavailable(format!("error trying to reach service: {e}"))
+    };
+    let destination = super::destination(state, api_service)
         .await
-        .map_err(|e| Status::service_unavailable(format!("error trying to reach service: {e}")))?;
+        .map_err(|e| unreachable(&e))?;
     let uri = request
         .uri()
         .path_and_query()
@@ -46,8 +49,50 @@ pub(crate) async fn serve(
         dropped: super::identity_header,
         added: super::identity_headers(&user.name, &user.groups, &user.extra),
     };
-    let unreachable = |e: &dyn std::fmt::Display| {
-        Status::service_unavailable(format!("error trying to reach service {address}: {e}"))
+    let Prepared { outgoing, upgrade } = prepare(request, upstream)?;
+    let pool = &state.aggregator.connections;
+    // A kept connection first; one the server closed meanwhile gives the
+    // request back, which then goes on a new one.
+    let (mut sender, response) = match pool.take(&destination) {
+        Some(mut kept) => match kept.try_send_request(outgoing).await {
+            Ok(response) => (kept, response),
+            Err(mut failed) => match failed.take_message() {
+                Some(outgoing) => send_fresh(state, api_service, &destination, outgoing)
+                    .await
+                    .map_err(|e| unreachable(&e))?,
+                None => return Err(unreachable(failed.error())),
+            },
+        },
+        None => send_fresh(state, api_service, &destination, outgoing)
+            .await
+            .map_err(|e| unreachable(&e))?,
     };
-    forward(sender, request, upstream, &unreachable).await
+    // Kept once the answer has been read (an upgraded one is spliced, and
+    // its connection is no longer HTTP).
+    if upgrade.is_none() {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            if sender.ready().await.is_ok() {
+                pool.give(destination, sender);
+            }
+        });
+    }
+    relay(response, upgrade)
 }
+
+/// Sends `outgoing` on a new connection to `destination`.
+async fn send_fresh(
+    state: &ApiState,
+    api_service: &Value,
+    destination: &super::Destination,
+    outgoing: Request<RequestBody>,
+) -> Result<(Sender, Response<hyper::body::Incoming>), String> {
+    let mut sender: Sender = super::dial(state, api_service, destination).await?;
+    let response = sender
+        .send_request(outgoing)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((sender, response))
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<RequestBody>;

@@ -7,7 +7,6 @@
 
 use serde_json::{json, Value};
 
-use super::nothing;
 use crate::schema::{openapi_schema, typed, Generation, Kind, ListStrategy, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, AGE, NAME};
@@ -38,7 +37,7 @@ pub static RESOURCE: Resource = Resource {
     >,
     defaults,
     validate,
-    prepare_create: nothing,
+    prepare_create,
     kept_on_update: &[],
     generation: Generation::Spec,
     create_on_update: false,
@@ -58,6 +57,12 @@ fn list_strategy(path: &[&str]) -> ListStrategy {
         ["status", "conditions"] => ListStrategy::MergeKey("type"),
         _ => ListStrategy::Replace,
     }
+}
+
+/// A new APIService is not available until checked (as upstream, a
+/// creator's `status` is dropped).
+fn prepare_create(object: &mut Value) {
+    object["status"] = json!({});
 }
 
 fn defaults(object: &mut Value) {
@@ -248,5 +253,13 @@ mod tests {
             "group": "example.com", "version": "v2", "groupPriorityMinimum": 1,
             "versionPriority": 1, "caBundle": "AAAA"}});
         assert!(messages(local)[0].contains("local APIServices may not have a caBundle"));
+        let mut claimed =
+            json!({"status": {"conditions": [{"type": "Available", "status": "True"}]}});
+        prepare_create(&mut claimed);
+        assert_eq!(
+            claimed["status"],
+            json!({}),
+            "a creator does not say it is available"
+        );
     }
 }

@@ -550,7 +550,9 @@ async fn proxy_to_extension(
         return Err(auth::forbidden_request(user, namespace, &asked));
     }
     labels.0 = verb;
-    labels.1 = format!("{}.{}", api_path.resource, api_path.group);
+    // (The group version, not the caller's resource name: metrics labels
+    // stay as few as the APIServices.)
+    labels.1 = format!("{}/{}", api_path.group, api_path.version);
     aggregation::proxy::serve(state, api_service, user, request).await
 }
 

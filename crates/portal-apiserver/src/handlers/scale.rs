@@ -142,6 +142,12 @@ pub(crate) async fn get(
         .cache
         .get(scope.resource, &key)
         .ok_or_else(|| Status::not_found(scope.target(), name))?;
+    // The scale paths are the asked version's: the object at it first.
+    let converted =
+        crate::registry::conversion::served_items(state, scope.resource, vec![rc]).await?;
+    let rc = converted
+        .first()
+        .ok_or_else(|| Status::not_found(scope.target(), name))?;
     Ok(respond(scope.resource, &rc.value))
 }
 

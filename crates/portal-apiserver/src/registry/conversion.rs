@@ -218,6 +218,9 @@ fn checked(original: &Value, converted: &Value, desired: &str) -> Result<Value, 
             original["kind"], converted["kind"]
         ));
     }
+    if !converted["metadata"].is_object() {
+        return Err("missing metadata in converted object".into());
+    }
     let mut result = converted.clone();
     let mut metadata = original["metadata"].clone();
     for field in ["labels", "annotations"] {

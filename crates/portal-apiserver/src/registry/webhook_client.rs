@@ -74,27 +74,26 @@ pub(crate) async fn post(
             .body(Full::new(body.clone()))
             .map_err(|e| e.to_string())
     };
+    // A kept connection first: one the webhook closed meanwhile hands the
+    // review back unsent, which then goes on a new one (a review that may
+    // have been delivered is not sent twice).
+    let fresh = |request: http::Request<Full<Bytes>>| async {
+        let mut sender = dial(state, config, address, &server_name).await?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((sender, response))
+    };
     let (mut sender, response) = match pool().take(&key) {
-        Some(mut idle) => match idle.send_request(request()?).await {
+        Some(mut idle) => match idle.try_send_request(request()?).await {
             Ok(response) => (idle, response),
-            // The webhook closed the idle connection: a new one.
-            Err(_) => {
-                let mut sender = dial(state, config, address, &server_name).await?;
-                let response = sender
-                    .send_request(request()?)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                (sender, response)
-            }
+            Err(mut failed) => match failed.take_message() {
+                Some(unsent) => fresh(unsent).await?,
+                None => return Err(failed.error().to_string()),
+            },
         },
-        None => {
-            let mut sender = dial(state, config, address, &server_name).await?;
-            let response = sender
-                .send_request(request()?)
-                .await
-                .map_err(|e| e.to_string())?;
-            (sender, response)
-        }
+        None => fresh(request()?).await?,
     };
     let code = response.status();
     let body = Limited::new(response.into_body(), MAX_RESPONSE)

@@ -154,8 +154,14 @@ impl Query {
             .map(|(_, v)| v.as_str())
     }
 
+    /// A boolean parameter as Kubernetes reads one: present and not
+    /// `0`, `false` or `off` (any case) is true, even empty.
     pub(crate) fn flag(&self, name: &str) -> bool {
-        matches!(self.get(name), Some("true" | "1"))
+        self.get(name).is_some_and(|v| {
+            !["0", "false", "off"]
+                .iter()
+                .any(|no| v.eq_ignore_ascii_case(no))
+        })
     }
 
     /// A non-negative integer parameter; 400 when malformed.
@@ -333,4 +339,17 @@ pub(crate) fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade
         )
         .await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Query;
+
+    #[test]
+    fn flags_read_as_kubernetes_reads_booleans() {
+        let query = Query::parse(Some("watch=True&a=&b=off&c=FALSE&d=0&e=yes"));
+        assert!(query.flag("watch") && query.flag("a") && query.flag("e"));
+        assert!(!query.flag("b") && !query.flag("c") && !query.flag("d"));
+        assert!(!query.flag("missing"));
+    }
 }

@@ -4,15 +4,22 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
 
 /// Idle connections kept per destination.
 const IDLE_PER_DESTINATION: usize = 8;
+/// How long an idle connection is kept (Go's transport: 90 s); a peer
+/// that vanished without closing it is not waited on for ever.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A kept connection, and since when it has been idle.
+type Idle<B> = (Instant, SendRequest<B>);
 
 /// Connections by destination `K`, each sending bodies of type `B`.
 pub(crate) struct Pool<K, B> {
-    idle: parking_lot::Mutex<HashMap<K, Vec<SendRequest<B>>>>,
+    idle: parking_lot::Mutex<HashMap<K, Vec<Idle<B>>>>,
 }
 
 impl<K, B> Default for Pool<K, B> {
@@ -28,8 +35,8 @@ impl<K: Eq + Hash, B> Pool<K, B> {
     pub(crate) fn take(&self, key: &K) -> Option<SendRequest<B>> {
         let mut idle = self.idle.lock();
         let kept = idle.get_mut(key)?;
-        while let Some(sender) = kept.pop() {
-            if !sender.is_closed() {
+        while let Some((since, sender)) = kept.pop() {
+            if !sender.is_closed() && since.elapsed() < IDLE_TIMEOUT {
                 return Some(sender);
             }
         }
@@ -39,14 +46,15 @@ impl<K: Eq + Hash, B> Pool<K, B> {
     /// Keeps a connection that is ready for another request.
     pub(crate) fn give(&self, key: K, sender: SendRequest<B>) {
         let mut idle = self.idle.lock();
-        // Destinations come and go: forget those whose connections all closed.
+        // Destinations come and go: forget those whose connections all
+        // closed or idled too long.
         idle.retain(|_, kept| {
-            kept.retain(|s| !s.is_closed());
+            kept.retain(|(since, s)| !s.is_closed() && since.elapsed() < IDLE_TIMEOUT);
             !kept.is_empty()
         });
         let kept = idle.entry(key).or_default();
         if kept.len() < IDLE_PER_DESTINATION {
-            kept.push(sender);
+            kept.push((Instant::now(), sender));
         }
     }
 }

@@ -262,13 +262,28 @@ async fn discover(state: &ApiState, api_service: &Value) -> Result<Option<Value>
     } else {
         format!("/apis/{group}/{version}")
     };
+    // Messages name the Service, not the endpoint chosen at random: the
+    // condition stays the same while the failure does.
+    let service = &spec["service"];
+    let host = format!(
+        "{}.{}.svc:{}",
+        service["name"].as_str().unwrap_or(""),
+        service["namespace"].as_str().unwrap_or(""),
+        service["port"].as_u64().unwrap_or(443)
+    );
+    let url = format!("https://{host}{path}");
     let asked = async {
-        let (mut sender, address) = super::connect::<Empty<Bytes>>(state, api_service).await?;
-        let url = format!("https://{address}{path}");
-        let failing =
-            |e: &dyn std::fmt::Display| format!("failing or missing response from {url}: {e}");
+        let destination = super::destination(state, api_service).await?;
+        let address = destination.address;
+        let failing = |e: &dyn std::fmt::Display| {
+            let why = e.to_string().replace(&address.to_string(), &host);
+            format!("failing or missing response from {url}: {why}")
+        };
+        let mut sender = super::dial::<Empty<Bytes>>(state, api_service, &destination)
+            .await
+            .map_err(|e| failing(&e))?;
         let mut request = http::Request::get(path.as_str())
-            .header(http::header::HOST, address.to_string())
+            .header(http::header::HOST, host.as_str())
             .header(http::header::ACCEPT, "application/json")
             .body(Empty::new())
             .map_err(|e| e.to_string())?;
@@ -299,12 +314,7 @@ async fn discover(state: &ApiState, api_service: &Value) -> Result<Option<Value>
     };
     tokio::time::timeout(DISCOVERY_TIMEOUT, asked)
         .await
-        .map_err(|_| {
-            format!(
-                "timed out waiting for https://{}{path}",
-                spec["service"]["name"].as_str().unwrap_or("")
-            )
-        })?
+        .map_err(|_| format!("timed out waiting for {url}"))?
 }
 
 /// Writes (or merges into) the ConfigMap extension servers trust this

@@ -157,28 +157,6 @@ pub(crate) fn available(api_service: &Value) -> bool {
         .any(|c| c["type"] == "Available" && c["status"] == "True")
 }
 
-/// A connection to a ready endpoint of the APIService's Service: what to
-/// send requests on, and the address it reached.
-pub(crate) async fn connect<B>(
-    state: &ApiState,
-    api_service: &Value,
-) -> Result<
-    (
-        hyper::client::conn::http1::SendRequest<B>,
-        std::net::SocketAddr,
-    ),
-    String,
->
-where
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let destination = destination(state, api_service).await?;
-    let address = destination.address;
-    Ok((dial(state, api_service, &destination).await?, address))
-}
-
 /// Where requests for an APIService go now (a ready endpoint, chosen at
 /// random) and how it is trusted: connections are kept by this.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -267,6 +267,7 @@ pub(crate) async fn delete_collection(
         }
     }
     let revision = state.store.current_revision().await.map_err(store_error)?;
+    let deleted = crate::registry::conversion::served_items(state, resource, deleted).await?;
     Ok(json_response(
         StatusCode::OK,
         crate::registry::cache::list_body(resource, revision, &deleted, None, 0),

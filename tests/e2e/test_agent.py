@@ -25,9 +25,13 @@ from support.waiting import holds_for, wait_for
 pytestmark = [pytest.mark.root, pytest.mark.netns]
 
 
+EXTERNAL_IP = "203.0.113.7"
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    with AgentNode(tmp_path_factory.mktemp("agent")) as node:
+    # An address from outside the cluster (a documentation range).
+    with AgentNode(tmp_path_factory.mktemp("agent"), extra_args=["--node-external-ip", EXTERNAL_IP]) as node:
         node.web = web_image(node)
         node.busybox = busybox_image(node)
         yield node
@@ -69,6 +73,18 @@ def pod_output(node, name, timeout=60):
     """Runs to completion; returns what the pod printed."""
     wait_for(lambda: node.pod(name).status.phase in ("Succeeded", "Failed"), f"pod {name} to finish", timeout)
     return node.log(name)
+
+
+def test_the_node_publishes_its_addresses(node):
+    """The reference tutorial finds a node's ExternalIP in `kubectl get
+    nodes -o yaml`; `-o wide` shows both addresses."""
+    addresses = {(a.type, a.address) for a in node.core.read_node(node.node_name).status.addresses}
+    assert ("ExternalIP", EXTERNAL_IP) in addresses and ("InternalIP", nodes.NODE_IP) in addresses, addresses
+    wide = node.kubectl("get", "nodes", "-o", "wide")
+    columns = wide.splitlines()[0].split()
+    row = next(line.split() for line in wide.splitlines()[1:] if line.startswith(node.node_name))
+    assert row[columns.index("EXTERNAL-IP")] == EXTERNAL_IP, wide
+    assert "ExternalIP" in node.kubectl("get", "nodes", "-o", "yaml")
 
 
 def test_replicated_pods_behind_a_service(node):

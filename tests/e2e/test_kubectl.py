@@ -5,6 +5,7 @@ Runs with every kubectl in KUBECTLS: the machine's (`/usr/bin/kubectl` or
 PATH) and, when `scripts/setup` unpacked it, Debian's kubectl 1.20.
 """
 
+import re
 import subprocess
 import sys
 import time
@@ -405,3 +406,14 @@ def test_debug_copy_to_sends_a_pod_as_protobuf(kubectl):
     assert containers["web"]["image"] == "registry.local/web:1"
     assert containers["web"]["env"] == [{"name": "MODE", "value": "prod"}]
     assert containers["debugger"]["image"] == "registry.local/tools:1"
+
+
+def test_cluster_info_lists_the_control_plane_and_the_dns(kubectl):
+    """`kubectl cluster-info` (a newcomer's first command): the control
+    plane and the cluster DNS, found by its `kubernetes.io/cluster-service`
+    label, each with the address to reach it."""
+    # (kubectl 1.20 colours its output even when it is not a terminal.)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", kubectl.out("cluster-info"))
+    assert "Kubernetes control plane is running at https://" in out, out
+    assert "Portal-DNS is running at https://" in out, out
+    assert "/api/v1/namespaces/kube-system/services/kube-dns:dns/proxy" in out, out

@@ -93,6 +93,8 @@ pub struct Config {
     pub pod_network: routes::PodNetwork,
     /// The node's address; default: its first global IPv4 address.
     pub node_ip: Option<Ipv4Addr>,
+    /// The node's `ExternalIP`s.
+    pub external_ips: Vec<std::net::IpAddr>,
     /// Keeps images, containers, pod files, logs and address leases.
     pub data_dir: PathBuf,
     pub cluster_domain: String,
@@ -188,6 +190,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         lease_seconds: config.lease_seconds,
         pod_cidr: None,
         storage_root: Some(data.join("storage")),
+        external_ips: config.external_ips.clone(),
     };
     let range = cluster::pod_range(client.as_ref(), &config, &me, &data).await?;
     let me = node::Identity {

@@ -43,6 +43,9 @@ pub struct Identity {
     /// Where this node keeps local-path volumes (published on its Node
     /// for the provisioner), if it keeps them.
     pub storage_root: Option<std::path::PathBuf>,
+    /// Addresses the node is reached at from outside the cluster, published
+    /// as its `ExternalIP`s (`--node-external-ip`; k3s's flag).
+    pub external_ips: Vec<std::net::IpAddr>,
 }
 
 /// The annotation that publishes [`Identity::storage_root`].
@@ -151,17 +154,20 @@ fn status(me: &Identity, previous: Option<&NodeStatus>) -> NodeStatus {
         last_transition_time: Some(since(type_, status)),
     };
     let capacity = capacity();
+    let mut addresses = vec![NodeAddress {
+        type_: "InternalIP".into(),
+        address: me.ip.to_string(),
+    }];
+    addresses.extend(me.external_ips.iter().map(|ip| NodeAddress {
+        type_: "ExternalIP".into(),
+        address: ip.to_string(),
+    }));
+    addresses.push(NodeAddress {
+        type_: "Hostname".into(),
+        address: me.name.clone(),
+    });
     NodeStatus {
-        addresses: Some(vec![
-            NodeAddress {
-                type_: "InternalIP".into(),
-                address: me.ip.to_string(),
-            },
-            NodeAddress {
-                type_: "Hostname".into(),
-                address: me.name.clone(),
-            },
-        ]),
+        addresses: Some(addresses),
         allocatable: Some(capacity.clone()),
         capacity: Some(capacity),
         conditions: Some(vec![

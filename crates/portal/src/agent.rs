@@ -25,6 +25,10 @@ pub(crate) struct AgentOptions {
     /// The DNS server pods use (default: the kube-dns Service's address).
     #[arg(long)]
     pub cluster_dns: Option<Ipv4Addr>,
+    /// Addresses this node is reached at from outside the cluster, shown as
+    /// its ExternalIPs (comma-separated or repeated).
+    #[arg(long = "node-external-ip", value_name = "IP", value_delimiter = ',')]
+    pub node_external_ips: Vec<std::net::IpAddr>,
     /// The port of the agent's API (logs, exec, attach, port-forward).
     #[arg(long, default_value_t = 10250)]
     pub agent_port: u16,
@@ -113,6 +117,7 @@ impl AgentOptions {
                 PodNetwork::Vxlan => portal_agent::routes::PodNetwork::Vxlan,
             },
             node_ip,
+            external_ips: self.node_external_ips.clone(),
             data_dir,
             cluster_domain: cluster_domain.to_owned(),
             cluster_dns: self.cluster_dns,

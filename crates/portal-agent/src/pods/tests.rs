@@ -71,6 +71,7 @@ impl Bed {
                 lease_seconds: 40,
                 pod_cidr: None,
                 storage_root: None,
+                external_ips: Vec::new(),
             },
             runtime: runtime.clone(),
             images: Arc::new(FakeImages),

@@ -22,7 +22,12 @@ pub(crate) async fn ensure_dns(state: &ApiState) -> Result<(), Status> {
     };
     let svc = json!({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "Portal-DNS"}},
+        // `kubectl cluster-info` lists the kube-system Services labelled
+        // `kubernetes.io/cluster-service`, by their `kubernetes.io/name`.
+        "metadata": {"name": "kube-dns", "labels": {
+            "k8s-app": "kube-dns", "kubernetes.io/name": "Portal-DNS",
+            "kubernetes.io/cluster-service": "true",
+        }},
         "spec": {
             "type": "ClusterIP",
             "clusterIP": address,
@@ -34,9 +39,28 @@ pub(crate) async fn ensure_dns(state: &ApiState) -> Result<(), Status> {
     });
     let writer = Writer::new(state, &kinds::service::RESOURCE, MANAGER);
     match writer.create(Some("kube-system"), svc).await {
-        // Taken already (by a user's Service, or a second server).
         Ok(_) => Ok(()),
-        Err(status) if status.code == 409 => Ok(()),
+        // Taken already (by a user's Service, or a second server); one this
+        // server made before it carried the cluster-service label gets it.
+        Err(status) if status.code == 409 => {
+            let labelled = writer
+                .update(Some("kube-system"), "kube-dns", Part::Main, |current| {
+                    let labels = &current["metadata"]["labels"];
+                    if labels["kubernetes.io/name"] != "Portal-DNS"
+                        || !labels["kubernetes.io/cluster-service"].is_null()
+                    {
+                        return Change::Keep;
+                    }
+                    let mut svc = current.clone();
+                    svc["metadata"]["labels"]["kubernetes.io/cluster-service"] = json!("true");
+                    Change::Write(svc)
+                })
+                .await;
+            match labelled {
+                Err(status) if status.code != 404 && status.code != 409 => Err(status),
+                _ => Ok(()),
+            }
+        }
         Err(status) => Err(status),
     }
 }

@@ -87,6 +87,21 @@ def test_the_node_publishes_its_addresses(node):
     assert "ExternalIP" in node.kubectl("get", "nodes", "-o", "yaml")
 
 
+def test_cluster_info_dump_carries_pod_logs(node):
+    """`kubectl cluster-info dump` (what a newcomer is told to run when
+    something is wrong) reads every kind it lists and each pod's log."""
+    node.core.create_namespaced_pod(NS, pod_manifest("chatty", node.busybox,
+                                                     ["sh", "-c", "echo hello from chatty; sleep 3600"]))
+    try:
+        node.wait_running("chatty")
+        wait_for(lambda: "hello from chatty" in node.log("chatty"), "the pod's first line")
+        out = node.kubectl("cluster-info", "dump", "--namespaces", NS)
+        assert f"==== START logs for container chatty of pod {NS}/chatty ====" in out, out[-2000:]
+        assert "hello from chatty" in out
+    finally:
+        node.core.delete_namespaced_pod("chatty", NS, grace_period_seconds=0)
+
+
 def test_replicated_pods_behind_a_service(node):
     """An RC of 3 + a Service: pods Running on the node's range, listed in
     the Endpoints, reachable by cluster IP and by name from a pod, each

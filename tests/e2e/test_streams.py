@@ -6,6 +6,9 @@ run for real in a node namespace the test makes."""
 
 import hashlib
 import os
+import pty
+import select
+import signal
 import socket
 import ssl
 import subprocess
@@ -83,6 +86,43 @@ def test_exec_on_a_terminal_with_its_size(node, binary):
     code, screen = in_terminal(node, binary, "exec -it shell -- sh -c 'sleep 0.5; tty; stty size'")
     assert code == 0, screen
     assert "/dev/pts/" in screen and "45 123" in screen
+
+
+@pytest.mark.parametrize("websockets", ["true", "false"], ids=["websocket", "spdy"])
+def test_a_terminal_session_reads_only_what_was_typed(node, websockets):
+    """Nothing but what the user types reaches the container's terminal
+    (kubectl once showed `^@^@` before the first prompt: NUL bytes at the
+    start of every interactive session). The container, in raw mode,
+    reports the first six bytes it reads."""
+    pid, terminal = pty.fork()
+    if pid == 0:
+        os.execvpe(KUBECTLS[0], [
+            KUBECTLS[0], "--kubeconfig", str(node.portal.kubeconfig), "-n", NS, "exec", "-it", "shell", "--",
+            "sh", "-c", "stty raw; echo READY; dd bs=1 count=6 2>/dev/null | od -c"],
+            {**os.environ, "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": websockets})
+    seen = b""
+    try:
+        def read_until(marker):
+            nonlocal seen
+            deadline = time.monotonic() + 60
+            while marker not in seen:
+                assert time.monotonic() < deadline, f"no {marker!r} in {seen!r}"
+                if select.select([terminal], [], [], 0.5)[0]:
+                    chunk = os.read(terminal, 4096)
+                    assert chunk, f"the session ended: {seen!r}"
+                    seen += chunk
+        read_until(b"READY")
+        os.write(terminal, b"abcdef")
+        read_until(b"0000006")
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(terminal)
+    report = seen.split(b"READY", 1)[1]
+    assert b"a   b   c   d   e   f" in report and b"\\0" not in report, seen
 
 
 @pytest.mark.parametrize("binary", KUBECTLS, ids=KUBECTL_IDS)

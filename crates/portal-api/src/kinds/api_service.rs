@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use crate::schema::{openapi_schema, typed, Generation, Kind, ListStrategy, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Generation, Kind, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, AGE, NAME};
 use crate::Cause;
@@ -44,20 +44,13 @@ pub static RESOURCE: Resource = Resource {
     selectable_fields: &[],
     field_paths: &[],
     field_defaults: &[],
-    own_list_strategy: list_strategy,
+    own_list_strategy: super::conditions_by_type,
     list_map_keys: &[],
     columns,
     cells,
     custom: None,
     subresources: &[],
 };
-
-fn list_strategy(path: &[&str]) -> ListStrategy {
-    match path {
-        ["status", "conditions"] => ListStrategy::MergeKey("type"),
-        _ => ListStrategy::Replace,
-    }
-}
 
 /// A new APIService is not available until checked (as upstream, a
 /// creator's `status` is dropped).

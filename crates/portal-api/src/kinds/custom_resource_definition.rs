@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use crate::custom;
-use crate::schema::{openapi_schema, typed, Generation, Kind, ListStrategy, NameRule, Resource};
+use crate::schema::{openapi_schema, typed, Generation, Kind, NameRule, Resource};
 use crate::Cause;
 
 /// The kind this module defines.
@@ -43,20 +43,13 @@ pub static RESOURCE: Resource = Resource {
     selectable_fields: &[],
     field_paths: &[],
     field_defaults: &[],
-    own_list_strategy: list_strategy,
+    own_list_strategy: super::conditions_by_type,
     list_map_keys: &[],
     columns: super::role::columns,
     cells: super::role::cells,
     custom: None,
     subresources: &[],
 };
-
-fn list_strategy(path: &[&str]) -> ListStrategy {
-    match path {
-        ["status", "conditions"] => ListStrategy::MergeKey("type"),
-        _ => ListStrategy::Replace,
-    }
-}
 
 /// Upstream's defaults: the singular and list kind from the kind, `None`
 /// conversion.

@@ -129,6 +129,14 @@ fn replace_lists(_: &[&str]) -> ListStrategy {
     ListStrategy::Replace
 }
 
+/// For kinds whose only keyed list is `status.conditions` (by `type`).
+fn conditions_by_type(path: &[&str]) -> ListStrategy {
+    match path {
+        ["status", "conditions"] => ListStrategy::MergeKey("type"),
+        _ => ListStrategy::Replace,
+    }
+}
+
 /// The `DATA` column of ConfigMaps and Secrets: how many keys they hold
 /// (upstream types it a string, though it prints a number).
 fn data_column() -> crate::table::Column {

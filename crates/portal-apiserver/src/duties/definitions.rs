@@ -13,6 +13,7 @@ use portal_api::Status;
 use serde_json::{json, Value};
 
 use crate::registry::deletion::{self, Propagation};
+use crate::registry::strategy::set_condition;
 use crate::registry::write::internal::{Change, Writer};
 use crate::registry::write::Part;
 use crate::ApiState;
@@ -215,30 +216,4 @@ fn current_condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|c| c["type"] == kind)
-}
-
-/// Sets a condition, its transition time changing only with its status.
-fn set_condition(status: &mut Value, kind: &str, holds: bool, reason: &str, message: &str) {
-    let value = if holds { "True" } else { "False" };
-    if !status["conditions"].is_array() {
-        status["conditions"] = json!([]);
-    }
-    let Some(conditions) = status["conditions"].as_array_mut() else {
-        return;
-    };
-    let now = crate::registry::strategy::now();
-    match conditions.iter_mut().find(|c| c["type"] == kind) {
-        Some(condition) => {
-            if condition["status"] != value {
-                condition["lastTransitionTime"] = json!(now);
-            }
-            condition["status"] = json!(value);
-            condition["reason"] = json!(reason);
-            condition["message"] = json!(message);
-        }
-        None => conditions.push(json!({
-            "type": kind, "status": value, "reason": reason, "message": message,
-            "lastTransitionTime": now,
-        })),
-    }
 }

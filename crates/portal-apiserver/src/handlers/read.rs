@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::registry::cache::list_body;
 use crate::registry::cache::CachedObject;
-use crate::registry::conversion::served_items;
+use crate::registry::conversion::{served, served_items};
 use crate::registry::lookup::{fresh, stored, Filter};
 use crate::server::http::{json_response, now_seconds, Body, Output, Query};
 use crate::{ApiState, Scope};
@@ -38,10 +38,7 @@ pub(crate) async fn get(
     };
     let object = match output {
         // A CRD's webhook converts what is read at another version.
-        Output::Json | Output::Table(_) => {
-            let converted = served_items(state, scope.resource, vec![object]).await?;
-            converted.into_iter().next().ok_or_else(not_found)?
-        }
+        Output::Json | Output::Table(_) => served(state, scope.resource, object).await?,
         _ => object,
     };
     Ok(match output {

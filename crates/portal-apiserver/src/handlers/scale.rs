@@ -143,11 +143,7 @@ pub(crate) async fn get(
         .get(scope.resource, &key)
         .ok_or_else(|| Status::not_found(scope.target(), name))?;
     // The scale paths are the asked version's: the object at it first.
-    let converted =
-        crate::registry::conversion::served_items(state, scope.resource, vec![rc]).await?;
-    let rc = converted
-        .first()
-        .ok_or_else(|| Status::not_found(scope.target(), name))?;
+    let rc = crate::registry::conversion::served(state, scope.resource, rc).await?;
     Ok(respond(scope.resource, &rc.value))
 }
 

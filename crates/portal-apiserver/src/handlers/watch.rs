@@ -81,15 +81,12 @@ impl Watcher {
         let converted;
         let object = match (&self.converting, self.output) {
             (Some(state), Output::Json | Output::Protobuf | Output::Table(_)) => {
-                let items = vec![Arc::new(object.clone())];
-                match crate::registry::conversion::served_items(state, self.resource, items).await {
-                    Ok(mut items) => match items.pop() {
-                        Some(item) => {
-                            converted = item;
-                            converted.as_ref()
-                        }
-                        None => return false,
-                    },
+                let object = Arc::new(object.clone());
+                match crate::registry::conversion::served(state, self.resource, object).await {
+                    Ok(item) => {
+                        converted = item;
+                        converted.as_ref()
+                    }
                     Err(status) => {
                         let _ = self.tx.send(event_line("ERROR", &status.to_body())).await;
                         return false;

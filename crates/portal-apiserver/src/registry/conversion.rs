@@ -80,6 +80,18 @@ pub(crate) async fn served_json(
     Ok(Bytes::from(serde_json::to_vec(&value).unwrap_or_default()))
 }
 
+/// One cached object as `resource` serves it (see [`served_items`]).
+pub(crate) async fn served(
+    state: &ApiState,
+    resource: &Resource,
+    object: Arc<CachedObject>,
+) -> Result<Arc<CachedObject>, Status> {
+    let mut items = served_items(state, resource, vec![object]).await?;
+    items
+        .pop()
+        .ok_or_else(|| Status::internal("a conversion lost its object"))
+}
+
 /// Cached objects as `resource` serves them (converted copies where the
 /// webhook must convert them; the same objects otherwise).
 pub(crate) async fn served_items(

@@ -12,6 +12,38 @@ pub(crate) fn now() -> String {
         .to_string()
 }
 
+/// Sets a condition, its transition time changing only with its status.
+pub(crate) fn set_condition(
+    status: &mut Value,
+    kind: &str,
+    holds: bool,
+    reason: &str,
+    message: &str,
+) {
+    let value = if holds { "True" } else { "False" };
+    if !status["conditions"].is_array() {
+        status["conditions"] = json!([]);
+    }
+    let Some(conditions) = status["conditions"].as_array_mut() else {
+        return;
+    };
+    let now = now();
+    match conditions.iter_mut().find(|c| c["type"] == kind) {
+        Some(condition) => {
+            if condition["status"] != value {
+                condition["lastTransitionTime"] = json!(now);
+            }
+            condition["status"] = json!(value);
+            condition["reason"] = json!(reason);
+            condition["message"] = json!(message);
+        }
+        None => conditions.push(json!({
+            "type": kind, "status": value, "reason": reason, "message": message,
+            "lastTransitionTime": now,
+        })),
+    }
+}
+
 /// Fills in system metadata and the initial status of a new object.
 pub(crate) fn prepare_create(resource: &Resource, object: &mut Value, namespace: Option<&str>) {
     let metadata = meta::metadata_mut(object);

@@ -24,6 +24,7 @@ use portal_api::Status;
 use serde_json::{json, Value};
 
 use super::Remote;
+use crate::registry::strategy::set_condition;
 use crate::registry::write::internal::{Change, Writer};
 use crate::registry::write::Part;
 use crate::ApiState;
@@ -159,29 +160,14 @@ async fn write_condition(state: &ApiState, api_service: &Value, condition: &Cond
 }
 
 fn set_available(status: &mut Value, condition: &Condition) {
-    if !status["conditions"].is_array() {
-        status["conditions"] = json!([]);
-    }
-    let Some(conditions) = status["conditions"].as_array_mut() else {
-        return;
-    };
-    let now = crate::registry::strategy::now();
-    let fresh = json!({
-        "type": "Available", "status": condition.status, "reason": condition.reason,
-        "message": condition.message, "lastTransitionTime": now,
-    });
-    match conditions.iter_mut().find(|c| c["type"] == "Available") {
-        Some(old) => {
-            let since = if old["status"] == condition.status {
-                old["lastTransitionTime"].clone()
-            } else {
-                json!(now)
-            };
-            *old = fresh;
-            old["lastTransitionTime"] = since;
-        }
-        None => conditions.push(fresh),
-    }
+    let holds = condition.status == "True";
+    set_condition(
+        status,
+        "Available",
+        holds,
+        condition.reason,
+        &condition.message,
+    );
 }
 
 /// Checks a remote APIService: its condition, and its discovery document
@@ -264,13 +250,7 @@ async fn discover(state: &ApiState, api_service: &Value) -> Result<Option<Value>
     };
     // Messages name the Service, not the endpoint chosen at random: the
     // condition stays the same while the failure does.
-    let service = &spec["service"];
-    let host = format!(
-        "{}.{}.svc:{}",
-        service["name"].as_str().unwrap_or(""),
-        service["namespace"].as_str().unwrap_or(""),
-        service["port"].as_u64().unwrap_or(443)
-    );
+    let host = super::service_host(api_service);
     let url = format!("https://{host}{path}");
     let asked = async {
         let destination = super::destination(state, api_service).await?;

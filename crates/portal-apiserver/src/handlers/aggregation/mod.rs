@@ -157,6 +157,18 @@ pub(crate) fn available(api_service: &Value) -> bool {
         .any(|c| c["type"] == "Available" && c["status"] == "True")
 }
 
+/// The APIService's Service as its requests name it
+/// (`name.namespace.svc:port`).
+pub(crate) fn service_host(api_service: &Value) -> String {
+    let service = &api_service["spec"]["service"];
+    format!(
+        "{}.{}.svc:{}",
+        service["name"].as_str().unwrap_or(""),
+        service["namespace"].as_str().unwrap_or(""),
+        service["port"].as_u64().unwrap_or(443)
+    )
+}
+
 /// Where requests for an APIService go now (a ready endpoint, chosen at
 /// random) and how it is trusted: connections are kept by this.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

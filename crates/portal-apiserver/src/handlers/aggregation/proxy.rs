@@ -36,16 +36,9 @@ pub(crate) async fn serve(
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".to_owned());
-    let service = &api_service["spec"]["service"];
-    let host = format!(
-        "{}.{}.svc:{}",
-        service["name"].as_str().unwrap_or(""),
-        service["namespace"].as_str().unwrap_or(""),
-        service["port"].as_u64().unwrap_or(443)
-    );
     let upstream = Upstream {
         uri,
-        host,
+        host: super::service_host(api_service),
         dropped: super::identity_header,
         added: super::identity_headers(&user.name, &user.groups, &user.extra),
     };

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use stats::Samples;
 
@@ -166,10 +165,7 @@ async fn etcd_puts(
                 let name = format!("{tag}-{w}-{i}");
                 let key = format!("/registry/services/bench/{name}");
                 let sent = Instant::now();
-                client
-                    .put(key, service_body(&name).to_vec(), None)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                client.put(key, service_body(&name)).await?;
                 samples.push(sent.elapsed());
                 i += 1;
             }
@@ -242,23 +238,19 @@ async fn etcd_list(etcd: &etcd::Etcd, count: usize) -> Result<Samples, Error> {
         client
             .put(
                 format!("/registry/services/bench-list/{name}"),
-                service_body(&name).to_vec(),
-                None,
+                service_body(&name),
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
     }
     let mut samples = Samples::default();
     for _ in 0..40 {
         let sent = Instant::now();
-        let options = etcd_client::GetOptions::new().with_prefix();
-        let reply = client
-            .get("/registry/services/bench-list/", Some(options))
-            .await
-            .map_err(|e| e.to_string())?;
+        let found = client
+            .range_prefix("/registry/services/bench-list/")
+            .await?;
         samples.push(sent.elapsed());
-        if reply.kvs().len() != count {
-            return Err(format!("etcd range returned {}", reply.kvs().len()));
+        if found != count {
+            return Err(format!("etcd range returned {found}"));
         }
     }
     Ok(samples)
@@ -368,17 +360,17 @@ async fn etcd_watch(etcd: &etcd::Etcd, watchers: usize, writes: usize) -> Result
     for _ in 0..watchers {
         let mut client = etcd.connect().await?;
         let mut stream = client
-            .watch(
-                "/registry/services/bench-watch/",
-                Some(etcd_client::WatchOptions::new().with_prefix()),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+            .watch_prefix("/registry/services/bench-watch/")
+            .await?;
         let (tx, sent) = (tx.clone(), sent.clone());
         tokio::spawn(async move {
-            while let Some(Ok(response)) = stream.next().await {
-                for event in response.events() {
-                    let key = event.kv().and_then(|kv| kv.key_str().ok()).unwrap_or("");
+            while let Ok(Some(response)) = stream.message().await {
+                for event in &response.events {
+                    let key = event
+                        .kv
+                        .as_ref()
+                        .and_then(|kv| std::str::from_utf8(&kv.key).ok())
+                        .unwrap_or("");
                     if let Some(i) = key
                         .rsplit('/')
                         .next()
@@ -400,11 +392,9 @@ async fn etcd_watch(etcd: &etcd::Etcd, watchers: usize, writes: usize) -> Result
         writer
             .put(
                 format!("/registry/services/bench-watch/{name}"),
-                service_body(&name).to_vec(),
-                None,
+                service_body(&name),
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
     }
     collect(&mut rx, watchers * writes).await
 }

@@ -23,8 +23,11 @@ START_TIMEOUT = 30
 class Portal:
     """One `portal server` process on a data directory that outlives it."""
 
-    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False, api_bind="127.0.0.1:0", command="server"):
+    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False, api_bind="127.0.0.1:0", command="server", launcher=()):
         self.data_dir = pathlib.Path(data_dir)
+        # A command the binary runs under, as a user would start it (e.g.
+        # `ip netns exec NODE`); it must exec the binary (same pid).
+        self.launcher = list(launcher)
         self.api_bind = api_bind
         self.command = command
         # The proxy and the node agent change the network namespace they run
@@ -48,7 +51,7 @@ class Portal:
             kubeconfig.unlink()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [BINARY, self.command, "--data-dir", str(self.data_dir), "--api-bind", self.api_bind, *self.extra_args],
+            [*self.launcher, BINARY, self.command, "--data-dir", str(self.data_dir), "--api-bind", self.api_bind, *self.extra_args],
             stdout=log,
             stderr=log,
         )

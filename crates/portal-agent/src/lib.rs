@@ -14,6 +14,7 @@
 
 mod actions;
 mod backoff;
+mod cgroups;
 mod cluster;
 mod durable;
 pub mod env;
@@ -167,6 +168,8 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
             "the node agent needs root (namespaces, mounts, cgroups)".into(),
         ));
     }
+    // Before any container: runc needs the hierarchies where it runs.
+    cgroups::ensure_mounted()?;
     let data = &config.data_dir;
     pods::ensure_dir(data)?;
     let data = std::fs::canonicalize(data).map_err(|source| Error::Io {

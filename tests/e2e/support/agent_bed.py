@@ -43,8 +43,12 @@ def agent_tag(data_dir, node_name):
 class AgentNode:
     """`with AgentNode(tmp) as node:` a node running pods."""
 
-    def __init__(self, data_dir, node_name="node-1", extra_args=()):
+    def __init__(self, data_dir, node_name="node-1", extra_args=(), ip_netns_exec=False):
         self.data_dir = pathlib.Path(data_dir)
+        # Started as the README says, `ip netns exec NODE portal server`
+        # (a mount namespace of its own with a fresh /sys), rather than
+        # from this process's network namespace.
+        self.ip_netns_exec = ip_netns_exec
         self.node_name = node_name
         self.extra_args = list(extra_args)
         self.cluster = nodes.Cluster(bridge=False)
@@ -57,11 +61,11 @@ class AgentNode:
             # Inside the node namespace: the node's loopback (and its address,
             # for other test nodes).
             self.registry = registry.Registry(bind="0.0.0.0").__enter__()
-            self.portal = Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0").start()
+            self.portal = self.server().start()
             self.core = self.portal.core()
             wait_for(self.node_ready, "the node to be Ready with a pod range")
-        except BaseException:
-            self.__exit__(None, None, None)
+        except BaseException as error:
+            self.__exit__(type(error), error, None)
             raise
         return self
 
@@ -80,8 +84,12 @@ class AgentNode:
             self.portal.kill()
         else:
             self.portal.stop()
-        self.portal = Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0").start()
+        self.portal = self.server().start()
         self.core = self.portal.core()
+
+    def server(self):
+        launcher = ["ip", "netns", "exec", self.cluster.node] if self.ip_netns_exec else []
+        return Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0", launcher=launcher)
 
     def node_ready(self):
         try:

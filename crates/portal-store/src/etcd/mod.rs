@@ -12,18 +12,33 @@
 //!   keeps `r` readable, so it becomes etcd's compaction at `r + 1`;
 //! - large lists are read in pages at one revision (gRPC messages are
 //!   bounded), so a list is still one snapshot.
+//!
+//! The client is etcd's v3 API generated into [`api`] and committed (no
+//! `protoc` needed to build Portal), one [`member`] connection per member.
+
+pub mod api;
+mod member;
+
+pub use member::channel;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
-    Identity, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
-};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
+use tonic::{Status, Streaming};
+
+use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use api::etcdserverpb::kv_client::KvClient;
+use api::etcdserverpb::{
+    request_op, response_op, watch_request, CompactionRequest, Compare, DeleteRangeRequest,
+    PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest,
+    WatchResponse,
+};
+use api::mvccpb::{self, event::EventType};
+use member::Member;
 
 use crate::{
     Error, Event, EventBatch, EventKind, KeyValue, Op, Result, Revision, Store, WatchStream,
@@ -35,12 +50,6 @@ const LIST_PAGE: i64 = 500;
 
 /// The largest response accepted from etcd (a page of large objects).
 const MAX_MESSAGE: usize = 256 * 1024 * 1024;
-
-/// How often a quiet watch hears from etcd; also detects a dead member.
-const KEEP_ALIVE: Duration = Duration::from_secs(10);
-
-/// How long connecting to one member may take before the next is tried.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The pause before a request is sent to the next member.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -121,8 +130,8 @@ impl EtcdOptions {
 /// shared.
 #[derive(Clone)]
 pub struct EtcdStore {
-    /// One client per member, in the order given.
-    members: Arc<[Client]>,
+    /// One connection per member, in the order given.
+    members: Arc<[Member]>,
     /// The member requests go to until it fails.
     preferred: Arc<AtomicUsize>,
 }
@@ -133,7 +142,7 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
-fn backend(error: etcd_client::Error) -> Error {
+fn backend(error: Status) -> Error {
     Error::Backend(format!("etcd: {error}"))
 }
 
@@ -158,15 +167,13 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0] // every key
 }
 
-fn key_value(kv: &etcd_client::KeyValue) -> Result<KeyValue> {
+fn key_value(kv: mvccpb::KeyValue) -> Result<KeyValue> {
     Ok(KeyValue {
-        key: kv
-            .key_str()
-            .map_err(|_| Error::Corrupt("etcd key is not UTF-8".into()))?
-            .to_owned(),
-        value: Bytes::copy_from_slice(kv.value()),
-        create_revision: revision(kv.create_revision()),
-        mod_revision: revision(kv.mod_revision()),
+        key: String::from_utf8(kv.key)
+            .map_err(|_| Error::Corrupt("etcd key is not UTF-8".into()))?,
+        value: kv.value,
+        create_revision: revision(kv.create_revision),
+        mod_revision: revision(kv.mod_revision),
     })
 }
 
@@ -183,22 +190,17 @@ enum Failure {
     Final,
 }
 
-fn failure(error: &etcd_client::Error) -> Failure {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => match status.code() {
-            // tonic says Unavailable, with a connect error, when no
-            // connection could be made at all.
-            tonic::Code::Unavailable if status.message().contains("connect") => Failure::NotSent,
-            // A member that went away or stopped answering (our own request
-            // timeout is Cancelled): the request may have been applied.
-            tonic::Code::Unavailable
-            | tonic::Code::DeadlineExceeded
-            | tonic::Code::Cancelled
-            | tonic::Code::Unknown => Failure::Ambiguous,
-            _ => Failure::Final,
-        },
-        etcd_client::Error::TransportError(_) => Failure::NotSent,
-        etcd_client::Error::IoError(_) => Failure::Ambiguous,
+fn failure(status: &Status) -> Failure {
+    match status.code() {
+        // tonic says Unavailable, with a connect error, when no connection
+        // could be made at all.
+        tonic::Code::Unavailable if status.message().contains("connect") => Failure::NotSent,
+        // A member that went away or stopped answering (our own request
+        // timeout is Cancelled): the request may have been applied.
+        tonic::Code::Unavailable
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Cancelled
+        | tonic::Code::Unknown => Failure::Ambiguous,
         _ => Failure::Final,
     }
 }
@@ -206,36 +208,17 @@ fn failure(error: &etcd_client::Error) -> Failure {
 impl EtcdStore {
     /// Connects to the cluster and checks that it answers.
     pub async fn connect(options: &EtcdOptions) -> Result<Self> {
-        let mut connect = ConnectOptions::new()
-            .with_keep_alive(KEEP_ALIVE, KEEP_ALIVE)
-            .with_keep_alive_while_idle(true)
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(options.request_timeout)
-            .with_require_leader(true);
-        if options.is_secure() {
-            let tls = options.tls.as_ref().ok_or_else(|| {
-                Error::Backend("https:// etcd endpoints need the etcd CA (--etcd-cafile)".into())
-            })?;
-            let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
-            if let Some((cert, key)) = &tls.identity {
-                config = config.identity(Identity::from_pem(cert, key));
-            }
-            connect = connect.with_tls(config);
-        }
         if options.endpoints.is_empty() {
             return Err(Error::Backend("no etcd endpoints".into()));
         }
-        // One client per member, not one balanced channel: a dead member
-        // must be left for the next one at once, and only this code knows
-        // whether a failed write may be sent again.
-        let mut members = Vec::with_capacity(options.endpoints.len());
-        for endpoint in &options.endpoints {
-            members.push(
-                Client::connect([endpoint], Some(connect.clone()))
-                    .await
-                    .map_err(backend)?,
-            );
-        }
+        // One connection per member, not one balanced channel: a dead
+        // member must be left for the next one at once, and only this code
+        // knows whether a failed write may be sent again.
+        let members = options
+            .endpoints
+            .iter()
+            .map(|endpoint| Member::new(endpoint, options))
+            .collect::<Result<Vec<_>>>()?;
         let store = EtcdStore {
             members: members.into(),
             preferred: Arc::new(AtomicUsize::new(0)),
@@ -261,7 +244,7 @@ impl EtcdStore {
     }
 
     /// The member requests go to now, and its index.
-    fn member(&self) -> (usize, &Client) {
+    fn member(&self) -> (usize, &Member) {
         let index = self.preferred.load(Ordering::Relaxed) % self.members.len();
         (index, &self.members[index])
     }
@@ -274,10 +257,6 @@ impl EtcdStore {
             .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    fn kv(client: &Client) -> etcd_client::KvClient {
-        client.kv_client().max_decoding_message_size(MAX_MESSAGE)
-    }
-
     /// How many times a request is sent before giving up: every member
     /// twice (one may be restarting).
     fn attempts(&self) -> usize {
@@ -287,14 +266,14 @@ impl EtcdStore {
     /// Runs a read, again on another member if this one failed.
     async fn read<T, F, Fut>(&self, mut attempt: F) -> Result<T>
     where
-        F: FnMut(etcd_client::KvClient) -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+        F: FnMut(KvClient<member::Service>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
     {
         let mut tries = 0;
         loop {
-            let (index, client) = self.member();
-            match attempt(Self::kv(client)).await {
-                Ok(value) => return Ok(value),
+            let (index, member) = self.member();
+            match attempt(member.kv()).await {
+                Ok(response) => return Ok(response.into_inner()),
                 Err(error) if failure(&error) != Failure::Final && tries + 1 < self.attempts() => {
                     tries += 1;
                     self.failed(index);
@@ -309,11 +288,14 @@ impl EtcdStore {
     async fn get_key(&self, key: &str) -> Result<Option<KeyValue>> {
         let response = self
             .read(|mut kv| {
-                let key = key.to_owned();
-                async move { kv.get(key, None).await }
+                let request = RangeRequest {
+                    key: key.as_bytes().to_vec(),
+                    ..Default::default()
+                };
+                async move { kv.range(request).await }
             })
             .await?;
-        response.kvs().first().map(key_value).transpose()
+        response.kvs.into_iter().next().map(key_value).transpose()
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
@@ -322,36 +304,41 @@ impl EtcdStore {
         let mut from = prefix.as_bytes().to_vec();
         let mut at: Option<i64> = None;
         loop {
-            let mut options = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(LIST_PAGE);
-            if let Some(at) = at {
-                options = options.with_revision(at);
-            }
+            let request = RangeRequest {
+                key: from.clone(),
+                range_end: end.clone(),
+                limit: LIST_PAGE,
+                revision: at.unwrap_or(0),
+                ..Default::default()
+            };
             let page = self
                 .read(|mut kv| {
-                    let (from, options) = (from.clone(), options.clone());
-                    async move { kv.get(from, Some(options)).await }
+                    let request = request.clone();
+                    async move { kv.range(request).await }
                 })
                 .await?;
-            let snapshot = page.header().map_or(0, |h| h.revision());
+            let snapshot = page.header.as_ref().map_or(0, |h| h.revision);
             let at = *at.get_or_insert(snapshot);
-            for kv in page.kvs() {
+            let next = match page.kvs.last() {
+                Some(last) if page.more => {
+                    let mut next = last.key.clone();
+                    next.push(0);
+                    Some(next)
+                }
+                _ => None,
+            };
+            for kv in page.kvs {
+                let key = String::from_utf8_lossy(&kv.key).into_owned();
                 match key_value(kv) {
                     Ok(item) => items.push(item),
                     // Not written by Portal: one bad key must not make the
                     // whole range unreadable.
-                    Err(error) => {
-                        tracing::warn!(%error, key = ?String::from_utf8_lossy(kv.key()), "skipping a key in etcd")
-                    }
+                    Err(error) => tracing::warn!(%error, key, "skipping a key in etcd"),
                 }
             }
-            match page.kvs().last() {
-                Some(last) if page.more() => {
-                    from = last.key().to_vec();
-                    from.push(0);
-                }
-                _ => return Ok((items, revision(at))),
+            match next {
+                Some(next) => from = next,
+                None => return Ok((items, revision(at))),
             }
         }
     }
@@ -368,43 +355,13 @@ impl EtcdStore {
                 });
             }
         }
-        let mut compares = Vec::with_capacity(ops.len());
-        let mut writes = Vec::with_capacity(ops.len());
-        let mut reads = Vec::with_capacity(ops.len());
-        for op in &ops {
-            let key = op.key().to_owned();
-            let compare = match op {
-                Op::Create { .. } => Compare::mod_revision(key.clone(), CompareOp::Equal, 0),
-                Op::Update {
-                    expected_revision, ..
-                } => {
-                    Compare::mod_revision(key.clone(), CompareOp::Equal, signed(*expected_revision))
-                }
-                Op::Delete {
-                    expected_revision: Some(expected),
-                    ..
-                } => Compare::mod_revision(key.clone(), CompareOp::Equal, signed(*expected)),
-                Op::Delete {
-                    expected_revision: None,
-                    ..
-                } => Compare::mod_revision(key.clone(), CompareOp::Greater, 0),
-            };
-            compares.push(compare);
-            writes.push(match op {
-                Op::Create { value, .. } | Op::Update { value, .. } => {
-                    TxnOp::put(key.clone(), value.to_vec(), None)
-                }
-                Op::Delete { .. } => TxnOp::delete(key.clone(), None::<DeleteOptions>),
-            });
-            reads.push(TxnOp::get(key, None));
-        }
-        let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
+        let txn = transaction(&ops);
         let mut tries = 0;
         let mut uncertain = false;
         let response = loop {
-            let (index, client) = self.member();
-            match Self::kv(client).txn(txn.clone()).await {
-                Ok(response) => break response,
+            let (index, member) = self.member();
+            match member.kv().txn(txn.clone()).await {
+                Ok(response) => break response.into_inner(),
                 Err(error) => {
                     let failure = failure(&error);
                     if failure == Failure::Final || tries + 1 >= self.attempts() {
@@ -421,15 +378,18 @@ impl EtcdStore {
                 }
             }
         };
-        if response.succeeded() {
-            return Ok(response.header().map_or(0, |h| revision(h.revision())));
+        let at = response.header.as_ref().map_or(0, |h| revision(h.revision));
+        if response.succeeded {
+            return Ok(at);
         }
         // The else branch read every key in the same atomic step.
         let found: Vec<Option<KeyValue>> = response
-            .op_responses()
+            .responses
             .into_iter()
-            .map(|r| match r {
-                TxnOpResponse::Get(get) => get.kvs().first().map(key_value).transpose(),
+            .map(|r| match r.response {
+                Some(response_op::Response::ResponseRange(range)) => {
+                    range.kvs.into_iter().next().map(key_value).transpose()
+                }
                 _ => Ok(None),
             })
             .collect::<Result<_>>()?;
@@ -442,7 +402,7 @@ impl EtcdStore {
             if ops.iter().all(|op| matches!(op, Op::Delete { .. }))
                 && found.iter().all(Option::is_none)
             {
-                return Ok(response.header().map_or(0, |h| revision(h.revision())));
+                return Ok(at);
             }
             // The lost attempt may have committed and been changed since:
             // saying "precondition failed" could be false.
@@ -455,25 +415,33 @@ impl EtcdStore {
 
     /// Creates a watch on one member and waits for etcd to confirm it.
     async fn start_watch(
-        client: &Client,
-        prefix: &str,
-        options: WatchOptions,
-    ) -> Result<etcd_client::WatchStream> {
-        let mut watch = client
-            .watch_client()
-            .max_decoding_message_size(MAX_MESSAGE)
-            .watch(prefix.to_owned(), Some(options))
+        member: &Member,
+        create: WatchCreateRequest,
+    ) -> Result<Streaming<WatchResponse>> {
+        let request = WatchRequest {
+            request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
+        };
+        // The request side stays open for as long as the watch: a client
+        // that half-closes its side has ended the stream for etcd.
+        let requests = futures_util::StreamExt::chain(
+            futures_util::stream::iter([request]),
+            futures_util::stream::pending(),
+        );
+        let mut watch = member
+            .watch()
+            .watch(requests)
             .await
-            .map_err(backend)?;
+            .map_err(backend)?
+            .into_inner();
         match watch.message().await.map_err(backend)? {
-            Some(created) if created.created() && !created.canceled() => Ok(watch),
-            Some(refused) if refused.compact_revision() > 0 => Err(Error::Compacted {
+            Some(created) if created.created && !created.canceled => Ok(watch),
+            Some(refused) if refused.compact_revision > 0 => Err(Error::Compacted {
                 requested: 0,
-                compacted: revision(refused.compact_revision()).saturating_sub(1),
+                compacted: revision(refused.compact_revision).saturating_sub(1),
             }),
             Some(refused) => Err(Error::Backend(format!(
                 "etcd refused the watch: {}",
-                refused.cancel_reason()
+                refused.cancel_reason
             ))),
             None => Err(Error::Backend("etcd closed the watch".into())),
         }
@@ -484,14 +452,17 @@ impl EtcdStore {
         // moment later; a read at the start revision says so at once.
         let start = signed(after).saturating_add(1);
         if after > 0 {
+            let request = RangeRequest {
+                key: prefix.as_bytes().to_vec(),
+                range_end: prefix_end(prefix),
+                revision: start,
+                count_only: true,
+                ..Default::default()
+            };
             let probe = self
                 .read(|mut kv| {
-                    let key = prefix.to_owned();
-                    let options = GetOptions::new()
-                        .with_count_only()
-                        .with_revision(start)
-                        .with_range(prefix_end(prefix));
-                    async move { kv.get(key, Some(options)).await }
+                    let request = request.clone();
+                    async move { kv.range(request).await }
                 })
                 .await;
             match probe {
@@ -506,15 +477,18 @@ impl EtcdStore {
                 Ok(_) => {}
             }
         }
-        let options = WatchOptions::new()
-            .with_range(prefix_end(prefix))
-            .with_start_revision(start)
-            .with_prev_key()
-            .with_progress_notify();
+        let create = WatchCreateRequest {
+            key: prefix.as_bytes().to_vec(),
+            range_end: prefix_end(prefix),
+            start_revision: start,
+            prev_kv: true,
+            progress_notify: true,
+            ..Default::default()
+        };
         let mut tries = 0;
         let (watch, member) = loop {
-            let (index, client) = self.member();
-            let error = match Self::start_watch(client, prefix, options.clone()).await {
+            let (index, member) = self.member();
+            let error = match Self::start_watch(member, create.clone()).await {
                 Ok(watch) => break (watch, index),
                 Err(Error::Compacted { compacted, .. }) => {
                     return Err(Error::Compacted {
@@ -554,28 +528,28 @@ impl EtcdStore {
                             return Some((Err(backend(error)), None));
                         }
                     };
-                    if response.canceled() {
-                        let error = if response.compact_revision() > 0 {
+                    if response.canceled {
+                        let error = if response.compact_revision > 0 {
                             Error::Compacted {
                                 requested: last,
-                                compacted: revision(response.compact_revision()).saturating_sub(1),
+                                compacted: revision(response.compact_revision).saturating_sub(1),
                             }
                         } else {
                             Error::Backend(format!(
                                 "etcd cancelled the watch: {}",
-                                response.cancel_reason()
+                                response.cancel_reason
                             ))
                         };
                         return Some((Err(error), None));
                     }
                     // Progress notifications carry no events.
-                    if response.events().is_empty() {
+                    if response.events.is_empty() {
                         continue;
                     }
                     // etcd never splits one revision over two responses (no
                     // fragmenting asked), so one response holds whole
                     // transactions.
-                    let batches = match batches(response.events()) {
+                    let batches = match batches(response.events) {
                         Ok(batches) => batches,
                         Err(error) => return Some((Err(error), None)),
                     };
@@ -596,6 +570,60 @@ impl EtcdStore {
         });
         Ok(Box::pin(flattened))
     }
+}
+
+/// `ops` as one etcd transaction: each op's precondition compares the key's
+/// `mod_revision`; if all hold, the writes; if not, a read of every key (so
+/// the answer says which precondition failed, read in the same step).
+fn transaction(ops: &[Op]) -> TxnRequest {
+    let mut txn = TxnRequest::default();
+    for op in ops {
+        let key = op.key().as_bytes().to_vec();
+        let (result, expected) = match op {
+            Op::Create { .. } => (CompareResult::Equal, 0),
+            Op::Update {
+                expected_revision, ..
+            } => (CompareResult::Equal, signed(*expected_revision)),
+            Op::Delete {
+                expected_revision: Some(expected),
+                ..
+            } => (CompareResult::Equal, signed(*expected)),
+            Op::Delete {
+                expected_revision: None,
+                ..
+            } => (CompareResult::Greater, 0),
+        };
+        txn.compare.push(Compare {
+            result: result as i32,
+            target: CompareTarget::Mod as i32,
+            key: key.clone(),
+            range_end: Vec::new(),
+            target_union: Some(TargetUnion::ModRevision(expected)),
+        });
+        let write = match op {
+            Op::Create { value, .. } | Op::Update { value, .. } => {
+                request_op::Request::RequestPut(PutRequest {
+                    key: key.clone(),
+                    value: value.clone(),
+                    ..Default::default()
+                })
+            }
+            Op::Delete { .. } => request_op::Request::RequestDeleteRange(DeleteRangeRequest {
+                key: key.clone(),
+                ..Default::default()
+            }),
+        };
+        txn.success.push(RequestOp {
+            request: Some(write),
+        });
+        txn.failure.push(RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key,
+                ..Default::default()
+            })),
+        });
+    }
+    txn
 }
 
 /// Whether the keys show `ops` committed (by an earlier attempt whose
@@ -653,12 +681,14 @@ fn precondition_failure(ops: &[Op], found: &[Option<KeyValue>]) -> Error {
 }
 
 /// etcd's events of one response as Portal's batches, one per revision.
-fn batches(events: &[etcd_client::Event]) -> Result<Vec<EventBatch>> {
+fn batches(events: Vec<mvccpb::Event>) -> Result<Vec<EventBatch>> {
     let mut batches: Vec<EventBatch> = Vec::new();
     for event in events {
-        let Some(kv) = event.kv() else { continue };
-        let prev = event.prev_kv().map(key_value).transpose()?;
-        let event = match event.event_type() {
+        let kind = EventType::try_from(event.r#type)
+            .map_err(|_| Error::Corrupt(format!("etcd event type {}", event.r#type)))?;
+        let Some(kv) = event.kv else { continue };
+        let prev = event.prev_kv.map(key_value).transpose()?;
+        let event = match kind {
             EventType::Put => Event {
                 kind: EventKind::Put,
                 kv: key_value(kv)?,
@@ -707,10 +737,15 @@ impl Store for EtcdStore {
         async move {
             let response = self
                 .read(|mut kv| async move {
-                    kv.get("/", Some(GetOptions::new().with_count_only())).await
+                    let request = RangeRequest {
+                        key: b"/".to_vec(),
+                        count_only: true,
+                        ..Default::default()
+                    };
+                    kv.range(request).await
                 })
                 .await?;
-            Ok(response.header().map_or(0, |h| revision(h.revision())))
+            Ok(response.header.map_or(0, |h| revision(h.revision)))
         }
         .boxed()
     }
@@ -725,7 +760,13 @@ impl Store for EtcdStore {
                 return Ok(());
             }
             let compacted = self
-                .read(|mut kv| async move { kv.compact(signed(at), None).await })
+                .read(|mut kv| async move {
+                    let request = CompactionRequest {
+                        revision: signed(at),
+                        physical: false,
+                    };
+                    kv.compact(request).await
+                })
                 .await;
             match compacted {
                 Ok(_) => Ok(()),

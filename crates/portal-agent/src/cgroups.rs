@@ -15,22 +15,11 @@ use std::path::Path;
 
 use nix::mount::{mount, MsFlags};
 
+use crate::mountinfo::{read_mountinfo, MountEntry};
 use crate::Error;
 
 /// Where cgroup hierarchies are mounted on every distribution.
 const ROOT: &str = "/sys/fs/cgroup";
-
-/// One line of a `mountinfo` file, the fields needed to mount it again.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct MountEntry {
-    point: String,
-    /// Per-mount options (`rw,nosuid,nodev,noexec,relatime`).
-    options: String,
-    fstype: String,
-    source: String,
-    /// Per-superblock options (`rw,cpu,cpuacct`, `rw,nsdelegate`).
-    super_options: String,
-}
 
 /// What the check found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,54 +62,6 @@ pub(crate) fn ensure_mounted() -> Result<Hierarchies, Error> {
 
 fn is_cgroup(fstype: &str) -> bool {
     fstype == "cgroup" || fstype == "cgroup2"
-}
-
-fn read_mountinfo(path: &Path) -> Result<Vec<MountEntry>, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    Ok(text.lines().filter_map(parse_line).collect())
-}
-
-/// `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue`
-/// (proc(5)): optional fields end at the lone `-`.
-fn parse_line(line: &str) -> Option<MountEntry> {
-    let (mount_part, super_part) = line.split_once(" - ")?;
-    let fields: Vec<&str> = mount_part.split(' ').collect();
-    let mut rest = super_part.split(' ');
-    Some(MountEntry {
-        point: unescape(fields.get(4)?),
-        options: (*fields.get(5)?).to_owned(),
-        fstype: rest.next()?.to_owned(),
-        source: unescape(rest.next()?),
-        super_options: rest.next().unwrap_or("").to_owned(),
-    })
-}
-
-/// mountinfo writes space, tab, newline and backslash as octal escapes.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok())
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The machine's cgroup mounts and the tmpfs holding them, parents first
@@ -220,6 +161,7 @@ fn copy_symlinks() -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mountinfo::parse_line;
 
     const HYBRID: &str = "\
 25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
@@ -229,17 +171,6 @@ mod tests {
 31 26 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,cpu,cpuacct
 40 30 0:40 / /mnt/with\\040space rw - ext4 /dev/vdb rw
 ";
-
-    #[test]
-    fn reads_mountinfo_with_optional_fields_and_escapes() {
-        let entries: Vec<MountEntry> = HYBRID.lines().filter_map(parse_line).collect();
-        assert_eq!(entries.len(), 6);
-        assert_eq!(entries[4].point, "/sys/fs/cgroup/cpu,cpuacct");
-        assert_eq!(entries[4].fstype, "cgroup");
-        assert_eq!(entries[4].super_options, "rw,cpu,cpuacct");
-        assert_eq!(entries[5].point, "/mnt/with space");
-        assert_eq!(parse_line("not a mountinfo line"), None);
-    }
 
     #[test]
     fn picks_the_tmpfs_and_every_hierarchy_parents_first() {

@@ -27,6 +27,7 @@ pub mod images;
 pub mod join;
 pub mod metrics;
 mod mirror;
+mod mountinfo;
 pub mod netlink;
 pub mod network;
 pub mod node;
@@ -34,6 +35,7 @@ pub mod objects;
 mod pods;
 mod probe_results;
 pub mod prober;
+pub mod reset;
 pub mod routes;
 pub mod runtime;
 pub mod server;
@@ -178,10 +180,14 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
     })?;
     // Names on the machine (netns, cgroups) carry this tag: several agents
     // side by side never collide.
-    let tag = format!(
-        "{:08x}",
-        short_hash(&format!("{}|{}", data.display(), config.node_name))
-    );
+    let tag = reset::tag(&data, &config.node_name);
+    // `portal reset` finds the tag again from the data directory.
+    std::fs::write(data.join(reset::NODE_NAME_FILE), &config.node_name).map_err(|source| {
+        Error::Io {
+            path: data.join(reset::NODE_NAME_FILE).display().to_string(),
+            source,
+        }
+    })?;
     let ip = match config.node_ip {
         Some(ip) => ip,
         None => node_address().await,

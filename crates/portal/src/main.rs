@@ -9,6 +9,7 @@ use std::time::Duration;
 mod agent;
 mod apiserver;
 mod node;
+mod reset;
 mod store;
 
 use clap::{Parser, Subcommand};
@@ -55,6 +56,10 @@ enum Command {
     /// apart) with a client certificate of the cluster CA: run it where
     /// the API server keeps its data.
     Kubeconfig(KubeconfigArgs),
+    /// Stop and remove what Portal left on this machine after it stopped:
+    /// containers, pod namespaces, mounts, cgroups, the node's bridge,
+    /// routes and nftables tables (and with --remove-data its data).
+    Reset(reset::ResetArgs),
     /// One container's supervisor (started by the agent).
     #[command(hide = true)]
     Shim(agent::ShimArgs),
@@ -788,6 +793,7 @@ fn main() -> ExitCode {
             Command::Images(args) => agent::images(args).await,
             Command::Store(command) => store::store(command).await,
             Command::Kubeconfig(args) => kubeconfig(args),
+            Command::Reset(args) => reset::reset(args).await,
             Command::Shim(_) => Ok(()),
         }
     });

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 mod agent;
 mod apiserver;
+mod config_file;
 mod node;
 mod reset;
 mod store;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use mimalloc::MiMalloc;
 use portal_apiserver::Ipv4Cidr;
 
@@ -25,6 +26,11 @@ static ALLOCATOR: MiMalloc = MiMalloc;
 #[derive(Parser, Debug)]
 #[command(name = "portal", version, about = "Kubernetes Services in one binary")]
 struct Cli {
+    /// A YAML file of flag settings (`node-ip: 10.0.0.1`), placed before
+    /// the command line's; default `$PORTAL_CONFIG_FILE`, else
+    /// /etc/portal/config.yaml if it exists.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -764,7 +770,14 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let args = match config_file::apply(std::env::args_os().collect(), &Cli::command()) {
+        Ok(args) => args,
+        Err(error) => {
+            tracing::error!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(args);
     if let Command::Shim(args) = cli.command {
         // A plain process: no async runtime, no threads before it forks runc.
         return ExitCode::from(u8::try_from(agent::shim(args)).unwrap_or(1));

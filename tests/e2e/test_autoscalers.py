@@ -1,6 +1,7 @@
 """HorizontalPodAutoscalers (`autoscaling/v2`, issue 27): `kubectl
 autoscale` makes one, stored with Kubernetes' defaults and shown as kubectl
-shows it. Nothing scales on metrics yet (no resource metrics are served)."""
+shows it (no node here, so no metrics: `<unknown>`). Scaling on metrics is
+tested in test_resource_metrics.py."""
 
 from kubernetes import client
 

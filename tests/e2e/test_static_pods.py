@@ -22,6 +22,7 @@ import yaml
 from conftest import BINARY, Portal
 from support import agent_bed, nodes, registry
 from support.agent_bed import NS, AgentNode, container_pids, running_containers_of, web_image
+from support.tls import agent_client_certificate
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.netns]
@@ -301,18 +302,6 @@ def test_a_manifest_url_runs_survives_its_server_going_and_follows_changes(node)
     wait_for(lambda: gone(node, name), "the URL pod to go with an empty manifest")
 
 
-def client_certificate(tmp, pki):
-    """A client certificate from the agent API's CA (as the API server's)."""
-    key, csr, crt = tmp / "client.key", tmp / "client.csr", tmp / "client.crt"
-    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", key, "-subj", "/CN=static-pod-test", "-out", csr], check=True, capture_output=True)
-    ext = tmp / "client.ext"
-    ext.write_text("extendedKeyUsage=clientAuth\n")
-    subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", pki / "kubelet-client-ca.crt", "-CAkey", pki / "kubelet-client-ca.key",
-                    "-CAcreateserial", "-days", "1", "-out", crt, "-extfile", ext], check=True, capture_output=True)
-    return crt, key
-
-
 def agent_api(method, path, body=None, cert=None):
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
@@ -332,7 +321,7 @@ def test_manifests_pushed_to_the_agent_api(node, tmp_path):
     # No anonymous access: without a client certificate the handshake fails.
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
         agent_api("GET", "/manifests")
-    cert = client_certificate(tmp_path, node.data_dir / "pki")
+    cert = agent_client_certificate(tmp_path, node.data_dir / "pki")
     status, text = agent_api("PUT", "/manifests", b"metadata: {name: bad}\nspec: {}\n", cert)
     assert status == 400 and "spec.containers" in text
     status, text = agent_api("PUT", "/manifests", yaml.safe_dump(static_pod("pushed", node.web)).encode(), cert)

@@ -41,6 +41,7 @@ pub mod runtime;
 pub mod server;
 pub mod shim;
 pub mod sources;
+pub mod stats;
 pub mod status;
 pub mod storage;
 pub mod tokens;
@@ -293,6 +294,9 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         tokens: tokens::Tokens::default(),
     });
     let tasks = portal_client::Supervisor::new();
+    // Resource usage for `kubectl top` and autoscalers (the agent API).
+    let usage = stats::Stats::new(&context.me.name);
+    tasks.critical("resource usage", usage.clone().run(context.runtime.clone()));
     tasks.critical(
         "image garbage collection",
         collect_images(images, context.runtime.clone(), config.image_gc),
@@ -309,7 +313,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
             let endpoint = statics.manifest_endpoint.then(|| {
                 server::manifests::Endpoint::new(context.me.name.clone(), updates.clone())
             });
-            server::serve(context.clone(), addr, tls, endpoint).await?;
+            server::serve(context.clone(), addr, tls, endpoint, usage.clone()).await?;
         }
         None if statics.manifest_endpoint => {
             return Err(Error::Config(

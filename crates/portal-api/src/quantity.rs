@@ -1,5 +1,6 @@
 //! Kubernetes resource quantities as numbers: memory in bytes (`64Mi`,
-//! `1G`, `128974848`, `129e6`), CPU in millicores (`500m`, `1`, `0.25`).
+//! `1G`, `128974848`, `129e6`), CPU in millicores (`500m`, `1`, `0.25`,
+//! `250000000n` as the metrics API writes it).
 
 /// The value of a quantity in units of 1/`scale` (scale 1 for bytes,
 /// 1000 for millicores), rounded up; `None` when malformed or too big.
@@ -12,6 +13,8 @@ fn parse(text: &str, scale: f64) -> Option<i64> {
     let number: f64 = number.parse().ok()?;
     let multiplier = match suffix {
         "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
         "m" => 1e-3,
         "k" => 1e3,
         "M" => 1e6,
@@ -56,6 +59,9 @@ mod tests {
         assert_eq!(millicores("500m"), Some(500));
         assert_eq!(millicores("2"), Some(2000));
         assert_eq!(millicores("0.25"), Some(250));
+        // The metrics API writes nanocores; a part of a millicore rounds up.
+        assert_eq!(millicores("1001442537n"), Some(1002));
+        assert_eq!(millicores("250u"), Some(1));
         assert_eq!(bytes("12 parsecs"), None);
         assert_eq!(bytes("-1"), None);
     }

@@ -8,6 +8,7 @@
 //! scheduler, the load-balancer provider, the garbage collector and
 //! namespace termination.
 
+pub mod autoscaler;
 pub mod cron_job;
 pub mod daemon_set;
 pub mod deployment;
@@ -270,6 +271,7 @@ pub async fn run(client: Client, config: Config) {
     let budgets = disruption::run(client.clone(), pods.store(), pods.subscribe());
     let scheduler = scheduler::run(client.clone(), pods.store(), pods.subscribe());
     let volumes = volumes::run(client.clone(), pods.store(), pods.subscribe());
+    let autoscalers = autoscaler::run(client.clone(), pods.store());
     tokio::join!(
         pods.run(),
         endpoints,
@@ -287,6 +289,7 @@ pub async fn run(client: Client, config: Config) {
         node_lifecycle,
         scheduler,
         volumes,
+        autoscalers,
         load_balancer::run(client.clone(), config.load_balancer),
         garbage_collector::run(client.clone()),
         service_accounts::run(client.clone(), config.root_ca_pem),

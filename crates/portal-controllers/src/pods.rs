@@ -86,6 +86,8 @@ pub fn project(pod: &mut Pod) {
         pod.status = Some(PodStatus {
             phase: status.phase,
             conditions: status.conditions,
+            // The autoscaler trusts a new pod's CPU only after a while.
+            start_time: status.start_time,
             pod_ip: status.pod_ip,
             pod_ips: status.pod_ips,
             // Restarts (deletion order, Jobs' backoff) and exit codes

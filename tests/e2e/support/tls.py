@@ -36,3 +36,15 @@ def https_server(handler, certificate, key):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def agent_client_certificate(tmp, pki):
+    """A client certificate from the agent API's CA (as the API server's)."""
+    key, csr, crt = tmp / "client.key", tmp / "client.csr", tmp / "client.crt"
+    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", key, "-subj", "/CN=static-pod-test", "-out", csr], check=True, capture_output=True)
+    ext = tmp / "client.ext"
+    ext.write_text("extendedKeyUsage=clientAuth\n")
+    subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", pki / "kubelet-client-ca.crt", "-CAkey", pki / "kubelet-client-ca.key",
+                    "-CAcreateserial", "-days", "1", "-out", crt, "-extfile", ext], check=True, capture_output=True)
+    return crt, key

@@ -184,6 +184,11 @@ pub trait Runtime: Send + Sync + 'static {
     ) -> impl Future<Output = Result<ExecSession>> + Send;
     /// The container's attach socket (see `shim::attach`).
     fn attach_socket(&self, id: &str) -> PathBuf;
+    /// The container's cgroup (absolute, the same in every hierarchy),
+    /// below its pod's; `None` where the runtime keeps none.
+    fn cgroup(&self, _container: &ContainerStatus) -> Option<String> {
+        None
+    }
 }
 
 /// A process started by [`Runtime::exec_session`].

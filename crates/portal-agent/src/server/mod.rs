@@ -107,6 +107,7 @@ pub(crate) async fn serve<R: Runtime>(
     addr: SocketAddr,
     tls: Arc<rustls::ServerConfig>,
     manifests: Option<manifests::Endpoint>,
+    usage: Arc<crate::stats::Stats>,
 ) -> Result<(), Error> {
     let manifests = manifests.map(Arc::new);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -121,7 +122,12 @@ pub(crate) async fn serve<R: Runtime>(
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            let (acceptor, ctx, manifests) = (acceptor.clone(), ctx.clone(), manifests.clone());
+            let (acceptor, ctx, manifests, usage) = (
+                acceptor.clone(),
+                ctx.clone(),
+                manifests.clone(),
+                usage.clone(),
+            );
             tokio::spawn(async move {
                 let handshake =
                     tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
@@ -134,9 +140,9 @@ pub(crate) async fn serve<R: Runtime>(
                     Err(_) => return,
                 };
                 let service = hyper::service::service_fn(move |request| {
-                    let (ctx, manifests) = (ctx.clone(), manifests.clone());
+                    let (ctx, manifests, usage) = (ctx.clone(), manifests.clone(), usage.clone());
                     async move {
-                        let response = route(&ctx, manifests.as_deref(), request).await;
+                        let response = route(&ctx, manifests.as_deref(), &usage, request).await;
                         Ok::<_, std::convert::Infallible>(response)
                     }
                 });
@@ -171,6 +177,7 @@ fn query_pairs(request: &Request<Incoming>) -> Vec<(String, String)> {
 async fn route<R: Runtime>(
     ctx: &Arc<Context<R>>,
     manifests: Option<&manifests::Endpoint>,
+    usage: &crate::stats::Stats,
     request: Request<Incoming>,
 ) -> Response<Body> {
     let path = request.uri().path().to_owned();
@@ -187,6 +194,22 @@ async fn route<R: Runtime>(
     let upgrade_method = matches!(*request.method(), Method::GET | Method::POST);
     match parts.as_slice() {
         ["healthz"] => text(StatusCode::OK, "ok"),
+        ["stats", "summary"] if request.method() == Method::GET => {
+            let mut response = text(StatusCode::OK, usage.summary().to_string());
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        ["metrics", "resource"] if request.method() == Method::GET => {
+            let mut response = text(StatusCode::OK, usage.resource_metrics());
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            response
+        }
         ["manifests"] => match (manifests, request.method().clone()) {
             (Some(endpoint), Method::GET) => endpoint.get().await,
             (Some(endpoint), Method::PUT) => endpoint.put(request.into_body()).await,

@@ -209,20 +209,25 @@ async fn agent_address(state: &ApiState, node: &str) -> Result<SocketAddr, Statu
     let object = crate::registry::lookup::stored(state, &nodes.key(None, node))
         .await?
         .ok_or_else(|| Status::not_found(Scope::cluster(nodes).target(), node))?;
-    let status = &object.value["status"];
+    agent_address_of(&object.value)
+        .ok_or_else(|| Status::bad_request(format!("node {node} has no InternalIP address")))
+}
+
+/// A Node object's agent address; `None` without an InternalIP.
+pub(crate) fn agent_address_of(node: &serde_json::Value) -> Option<SocketAddr> {
+    let status = &node["status"];
     let ip = status["addresses"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|a| a["type"] == "InternalIP")
-        .find_map(|a| a["address"].as_str()?.parse::<IpAddr>().ok())
-        .ok_or_else(|| Status::bad_request(format!("node {node} has no InternalIP address")))?;
+        .find_map(|a| a["address"].as_str()?.parse::<IpAddr>().ok())?;
     let port = status["daemonEndpoints"]["kubeletEndpoint"]["Port"]
         .as_u64()
         .and_then(|p| u16::try_from(p).ok())
         .filter(|p| *p != 0)
         .unwrap_or(10250);
-    Ok(SocketAddr::new(ip, port))
+    Some(SocketAddr::new(ip, port))
 }
 
 fn unreachable_node(node: &str, error: impl std::fmt::Display) -> Status {
@@ -230,7 +235,7 @@ fn unreachable_node(node: &str, error: impl std::fmt::Display) -> Status {
 }
 
 /// A TLS connection to the agent, ready for one request (upgrades kept).
-async fn dial(
+pub(crate) async fn dial(
     state: &ApiState,
     address: SocketAddr,
     node: &str,

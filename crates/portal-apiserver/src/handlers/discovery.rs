@@ -3,6 +3,7 @@
 
 use portal_api::resources;
 
+use crate::handlers::metrics;
 use crate::handlers::review::REVIEWS;
 use serde_json::{json, Value};
 
@@ -33,7 +34,8 @@ pub(crate) fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
     let served = resources()
         .filter(|r| !r.group.is_empty())
         .map(|r| (r.group, r.version))
-        .chain(REVIEWS.iter().map(|(group, ..)| (*group, "v1")));
+        .chain(REVIEWS.iter().map(|(group, ..)| (*group, "v1")))
+        .chain(std::iter::once((metrics::GROUP, metrics::VERSION)));
     for (group, version) in served {
         match groups.iter_mut().find(|(g, _)| *g == group) {
             Some((_, versions)) if !versions.contains(&version) => versions.push(version),
@@ -119,6 +121,17 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
                 "namespaced": namespaced,
                 "kind": kind,
                 "verbs": ["create"],
+            }));
+        }
+    }
+    if group == metrics::GROUP && version == metrics::VERSION {
+        for (plural, singular, kind, namespaced) in metrics::RESOURCES {
+            resources.push(json!({
+                "name": plural,
+                "singularName": singular,
+                "namespaced": namespaced,
+                "kind": kind,
+                "verbs": ["get", "list"],
             }));
         }
     }

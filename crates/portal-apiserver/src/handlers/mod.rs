@@ -4,7 +4,8 @@
 //! token), the review APIs (who am I, may I), and
 //! the streams and proxies that reach nodes and pods, and API aggregation
 //! (`aggregation`: extension API servers behind APIServices, with the
-//! checks that keep their availability and discovery). Writes go through
+//! checks that keep their availability and discovery), and the resource
+//! metrics API built from the agents' usage (`metrics`). Writes go through
 //! the registry.
 
 pub(crate) mod aggregation;
@@ -12,6 +13,7 @@ pub(crate) mod binding;
 pub(crate) mod connect;
 pub(crate) mod discovery;
 pub(crate) mod eviction;
+pub(crate) mod metrics;
 pub(crate) mod openapi;
 pub(crate) mod proxy;
 pub(crate) mod read;

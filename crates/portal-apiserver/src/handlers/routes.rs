@@ -14,6 +14,7 @@ use crate::handlers::binding;
 use crate::handlers::connect;
 use crate::handlers::discovery;
 use crate::handlers::eviction;
+use crate::handlers::metrics;
 use crate::handlers::openapi;
 use crate::handlers::proxy;
 use crate::handlers::read;
@@ -338,6 +339,25 @@ async fn serve(
         {
             return proxy_to_extension(state, &api_service, &user, &api_path, request, labels)
                 .await;
+        }
+        // The resource metrics this server builds itself (unless an
+        // APIService above, metrics-server's, took the group over).
+        if api_path.group == metrics::GROUP
+            && api_path.version == metrics::VERSION
+            && api_path.subresource.is_none()
+        {
+            labels.0 = if api_path.name.is_some() {
+                "GET"
+            } else {
+                "LIST"
+            };
+            labels.1 = format!("{}/{}", metrics::GROUP, api_path.resource);
+            let target = metrics::Target {
+                resource: &api_path.resource,
+                namespace: api_path.namespace.as_deref(),
+                name: api_path.name.as_deref(),
+            };
+            return metrics::serve(state, &user, target, request).await;
         }
     }
     let span = tracing::Span::current();

@@ -322,6 +322,14 @@ impl Runtime for Runc {
         socket_dir(&self.tag).join(format!("{id}.attach"))
     }
 
+    fn cgroup(&self, container: &ContainerStatus) -> Option<String> {
+        Some(format!(
+            "{}/{}",
+            self.pod_cgroup(&container.meta.pod_uid),
+            container.id
+        ))
+    }
+
     fn containers(&self) -> Vec<ContainerStatus> {
         let Ok(entries) = std::fs::read_dir(self.dir.join("containers")) else {
             return Vec::new();

@@ -4,6 +4,7 @@ server to the node agent, with every kubectl the machine has (1.32 speaks
 WebSocket first, 1.20 only SPDY) and the Python client's `stream`. Pods
 run for real in a node namespace the test makes."""
 
+import fcntl
 import hashlib
 import os
 import pty
@@ -11,7 +12,9 @@ import select
 import signal
 import socket
 import ssl
+import struct
 import subprocess
+import termios
 import threading
 import time
 
@@ -88,41 +91,92 @@ def test_exec_on_a_terminal_with_its_size(node, binary):
     assert "/dev/pts/" in screen and "45 123" in screen
 
 
-@pytest.mark.parametrize("websockets", ["true", "false"], ids=["websocket", "spdy"])
-def test_a_terminal_session_reads_only_what_was_typed(node, websockets):
+# Every interactive protocol: kubectl 1.32 over WebSocket and SPDY, and
+# kubectl 1.20 (SPDY only) when it is there.
+SESSIONS = [(KUBECTLS[0], "true"), (KUBECTLS[0], "false")] + [(k, "false") for k in KUBECTLS[1:]]
+SESSION_IDS = ["websocket", "spdy"] + ["kubectl-1.20-spdy" for _ in KUBECTLS[1:]]
+
+
+class TerminalSession:
+    """`kubectl exec -it shell -- ARGV` on a pseudo-terminal of ours."""
+
+    def __init__(self, node, binary, websockets, argv, size=(24, 80)):
+        pid, self.terminal = pty.fork()
+        if pid == 0:
+            # The child never returns into the test process's code.
+            try:
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
+                os.execvpe(binary, [
+                    binary, "--kubeconfig", str(node.portal.kubeconfig), "-n", NS, "exec", "-it", "shell", "--", *argv],
+                    {**os.environ, "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": websockets})
+            finally:
+                os._exit(127)
+        self.pid = pid
+        self.seen = b""
+
+    def read_until(self, marker, timeout=60):
+        deadline = time.monotonic() + timeout
+        while marker not in self.seen:
+            assert time.monotonic() < deadline, f"no {marker!r} in {self.seen!r}"
+            if select.select([self.terminal], [], [], 0.5)[0]:
+                chunk = os.read(self.terminal, 4096)
+                assert chunk, f"the session ended: {self.seen!r}"
+                self.seen += chunk
+
+    def resize(self, rows, cols):
+        # The kernel tells the terminal's foreground process (kubectl) with
+        # SIGWINCH, as when a user resizes the window.
+        fcntl.ioctl(self.terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def close(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        os.close(self.terminal)
+
+
+@pytest.mark.parametrize(("binary", "websockets"), SESSIONS, ids=SESSION_IDS)
+def test_a_terminal_session_reads_only_what_was_typed(node, binary, websockets):
     """Nothing but what the user types reaches the container's terminal
     (kubectl once showed `^@^@` before the first prompt: NUL bytes at the
     start of every interactive session). The container, in raw mode,
     reports the first six bytes it reads."""
-    pid, terminal = pty.fork()
-    if pid == 0:
-        os.execvpe(KUBECTLS[0], [
-            KUBECTLS[0], "--kubeconfig", str(node.portal.kubeconfig), "-n", NS, "exec", "-it", "shell", "--",
-            "sh", "-c", "stty raw; echo READY; dd bs=1 count=6 2>/dev/null | od -c"],
-            {**os.environ, "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": websockets})
-    seen = b""
+    session = TerminalSession(node, binary, websockets, ["sh", "-c", "stty raw; echo READY; dd bs=1 count=6 2>/dev/null | od -c"])
     try:
-        def read_until(marker):
-            nonlocal seen
-            deadline = time.monotonic() + 60
-            while marker not in seen:
-                assert time.monotonic() < deadline, f"no {marker!r} in {seen!r}"
-                if select.select([terminal], [], [], 0.5)[0]:
-                    chunk = os.read(terminal, 4096)
-                    assert chunk, f"the session ended: {seen!r}"
-                    seen += chunk
-        read_until(b"READY")
-        os.write(terminal, b"abcdef")
-        read_until(b"0000006")
+        session.read_until(b"READY")
+        os.write(session.terminal, b"abcdef")
+        session.read_until(b"0000006")
     finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(pid, 0)
-        os.close(terminal)
-    report = seen.split(b"READY", 1)[1]
-    assert b"a   b   c   d   e   f" in report and b"\\0" not in report, seen
+        session.close()
+    report = session.seen.split(b"READY", 1)[1]
+    assert b"a   b   c   d   e   f" in report and b"\\0" not in report, session.seen
+
+
+@pytest.mark.parametrize(("binary", "websockets"), SESSIONS, ids=SESSION_IDS)
+def test_a_terminal_follows_its_window_when_resized(node, binary, websockets):
+    """Resizing the user's window mid-session resizes the container's
+    terminal (kubectl's resize stream / channel 4)."""
+    script = "while read line; do echo \"size=$(stty size | tr ' ' x)\"; done"
+    session = TerminalSession(node, binary, websockets, ["sh", "-c", script], size=(30, 100))
+
+    def until_size(expected):
+        """Asks (a line) until the container reports `expected`."""
+        deadline = time.monotonic() + 30
+        while expected not in session.seen:
+            assert time.monotonic() < deadline, session.seen
+            os.write(session.terminal, b"\n")
+            if select.select([session.terminal], [], [], 0.3)[0]:
+                session.seen += os.read(session.terminal, 4096)
+
+    try:
+        # (The first size is applied a moment after the start, as by runc.)
+        until_size(b"size=30x100")
+        session.resize(52, 140)
+        until_size(b"size=52x140")
+    finally:
+        session.close()
 
 
 @pytest.mark.parametrize("binary", KUBECTLS, ids=KUBECTL_IDS)

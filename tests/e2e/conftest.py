@@ -23,8 +23,11 @@ START_TIMEOUT = 30
 class Portal:
     """One `portal server` process on a data directory that outlives it."""
 
-    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False, api_bind="127.0.0.1:0", command="server", launcher=()):
+    def __init__(self, data_dir, extra_args=(), proxy=False, agent=False, api_bind="127.0.0.1:0", command="server", launcher=(),
+                 data_dir_flag=True):
         self.data_dir = pathlib.Path(data_dir)
+        # False: `--data-dir` is not passed (a configuration file gives it).
+        self.data_dir_flag = data_dir_flag
         # A command the binary runs under, as a user would start it (e.g.
         # `ip netns exec NODE`); it must exec the binary (same pid).
         self.launcher = list(launcher)
@@ -51,7 +54,8 @@ class Portal:
             kubeconfig.unlink()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [*self.launcher, BINARY, self.command, "--data-dir", str(self.data_dir), "--api-bind", self.api_bind, *self.extra_args],
+            [*self.launcher, BINARY, self.command, *(["--data-dir", str(self.data_dir)] if self.data_dir_flag else []),
+             "--api-bind", self.api_bind, *self.extra_args],
             stdout=log,
             stderr=log,
         )

@@ -10,6 +10,7 @@ import pytest
 from conftest import BINARY
 from support import nodes
 from support.agent_bed import NS, AgentNode, alive, busybox_image, container_pids, pod_manifest
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.netns]
 
@@ -91,10 +92,36 @@ def test_reset_removes_one_nodes_leftovers_and_no_other(tmp_path):
 
 
 def test_reset_refuses_while_portal_runs(tmp_path):
-    with AgentNode(tmp_path) as node:
+    """However the server was started (here its data directory comes from a
+    configuration file): its agent holds the directory's lock."""
+    data = tmp_path / "server"
+    data.mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data-dir: {data}\n")
+    with AgentNode(data, extra_args=["--config", str(config)], data_dir_flag=False) as node:
+        wait_for(lambda: "portal0" in network_objects()["links"] and network_objects()["tables"],
+                 "the agent's bridge and the proxy's table")
         refused = reset(node)
         assert refused.returncode != 0
-        assert f"(pid {node.portal.process.pid}) still runs on" in refused.stderr, refused.stderr
+        assert "still runs on" in refused.stderr, refused.stderr
+        # A mistyped directory is an error, and the namespace's network
+        # stays (the server uses it).
+        missing = subprocess.run(
+            ["nsenter", f"--net=/var/run/netns/{node.cluster.node}", BINARY, "reset", "--data-dir", str(tmp_path / "nope")],
+            capture_output=True, text=True, timeout=60)
+        assert missing.returncode != 0 and "nope" in missing.stderr, missing.stderr
+        # Another, idle directory: its network objects are this server's.
+        idle = tmp_path / "idle"
+        idle.mkdir()
+        other = subprocess.run(
+            ["nsenter", f"--net=/var/run/netns/{node.cluster.node}", BINARY, "reset", "--data-dir", str(idle), "--node-name", "x"],
+            capture_output=True, text=True, timeout=60)
+        assert other.returncode != 0 and "runs in this network namespace" in other.stderr, other.stderr
+        kept = subprocess.run(
+            ["nsenter", f"--net=/var/run/netns/{node.cluster.node}", BINARY, "reset", "--data-dir", str(idle), "--node-name", "x", "--keep-network"],
+            capture_output=True, text=True, timeout=60)
+        assert kept.returncode == 0, kept.stderr
+        assert "portal0" in network_objects()["links"] and network_objects()["tables"]
         assert node.node_ready()
 
 
@@ -102,6 +129,8 @@ def test_reset_with_remove_data_deletes_the_data_directory(tmp_path):
     data = tmp_path / "cluster"
     data.mkdir()
     with AgentNode(data) as node:
+        wait_for(lambda: "portal0" in network_objects()["links"] and network_objects()["tables"],
+                 "the agent's bridge and the proxy's table")
         node.portal.stop()
         removed = reset(node, "--remove-data")
         assert removed.returncode == 0, removed.stderr

@@ -64,21 +64,34 @@ def test_kubectl_top_shows_a_busy_pod_and_the_node(node):
         node.core.patch_namespaced_pod("burn", NS, {"metadata": {"labels": {"app": "burn"}}})
         selected = node.kubectl("top", "pods", "-n", NS, "-l", "app=burn", "--no-headers").split()
         assert selected[0] == "burn", selected
-        missing = node.kubectl("get", "--raw", f"/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods/nope", check=False)
-        assert missing == ""
+        missing = raw_status(node, f"/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods/nope")
+        assert "NotFound" in missing and 'pods.metrics.k8s.io "nope" not found' in missing, missing
     finally:
         for name in ("burn", "idle"):
             node.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def raw_status(node, path, *extra):
+    """`kubectl get --raw PATH` that must fail: its error text."""
+    result = subprocess.run(["kubectl", "--kubeconfig", node.portal.kubeconfig, "get", "--raw", path, *extra],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0, result.stdout
+    return result.stderr
 
 
 def test_discovery_and_permissions(node):
     resources = node.kubectl("api-resources", "--api-group=metrics.k8s.io", "--no-headers")
     names = sorted(line.split()[0] for line in resources.splitlines())
     assert names == ["nodes", "pods"], resources
-    denied = node.kubectl("top", "pods", "-n", NS, "--as=nobody", check=False)
-    assert denied == ""
-    result = node.kubectl("get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes", "--as=nobody", check=False)
-    assert result == ""
+    denied = raw_status(node, f"/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods", "--as=nobody")
+    assert 'pods.metrics.k8s.io is forbidden: User "nobody" cannot list resource "pods"' in denied, denied
+    denied = raw_status(node, "/apis/metrics.k8s.io/v1beta1/nodes", "--as=nobody")
+    assert "Forbidden" in denied, denied
+    # Node metrics are cluster-scoped: a namespace's path does not exist
+    # (a namespaced Role never reads every node), nor does a watch.
+    assert "NotFound" in raw_status(node, f"/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/nodes")
+    assert "MethodNotAllowed" in raw_status(node, "/apis/metrics.k8s.io/v1beta1/nodes?watch=true") \
+        or "not allow" in raw_status(node, "/apis/metrics.k8s.io/v1beta1/nodes?watch=true")
 
 
 def test_the_agent_serves_the_kubelets_resource_metrics(node, tmp_path):

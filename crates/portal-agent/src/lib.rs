@@ -181,6 +181,10 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
     })?;
     // Names on the machine (netns, cgroups) carry this tag: several agents
     // side by side never collide.
+    // One agent per data directory; `portal reset` checks the same lock,
+    // and the one of the network namespace it programs.
+    reset::lock_for_life(&data)?;
+    reset::hold_network_lock();
     let tag = reset::tag(&data, &config.node_name);
     // `portal reset` finds the tag again from the data directory.
     std::fs::write(data.join(reset::NODE_NAME_FILE), &config.node_name).map_err(|source| {

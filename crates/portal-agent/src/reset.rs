@@ -18,6 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{Flock, FlockArg};
 use nix::mount::{umount2, MntFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -76,28 +77,138 @@ impl std::fmt::Display for Report {
     }
 }
 
+/// The file a running agent holds locked (`flock`) in its data directory:
+/// how `portal reset` knows the directory is in use, however the agent
+/// was started.
+const LOCK_FILE: &str = "lock";
+
+/// Locks the agent's data directory for as long as this process runs; an
+/// error if another process holds it.
+pub(crate) fn lock_for_life(agent_dir: &Path) -> Result<(), Error> {
+    static HELD: parking_lot::Mutex<Vec<Flock<std::fs::File>>> =
+        parking_lot::Mutex::new(Vec::new());
+    let lock = try_lock(agent_dir)?.ok_or_else(|| {
+        Error::Config(format!(
+            "another portal process runs on {} (it holds {LOCK_FILE})",
+            agent_dir.display()
+        ))
+    })?;
+    HELD.lock().push(lock);
+    Ok(())
+}
+
+/// The data directory's lock if no one holds it.
+fn try_lock(agent_dir: &Path) -> Result<Option<Flock<std::fs::File>>, Error> {
+    let path = agent_dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, errno)) => Err(Error::Config(format!(
+            "locking {}: {errno}",
+            path.display()
+        ))),
+    }
+}
+
 /// Removes what the agent with data directory `agent_dir` left (see the
 /// module documentation). `node_name` is the one it ran as, when its data
-/// directory does not say (agents before this file was kept).
-pub async fn reset(agent_dir: &Path, node_name: Option<&str>, network: bool) -> Report {
+/// directory does not say (agents before this file was kept). Refused
+/// while a process holds the directory's lock, and for the network while
+/// another `portal` process runs in this network namespace.
+pub async fn reset(
+    agent_dir: &Path,
+    node_name: Option<&str>,
+    network: bool,
+) -> Result<Report, Error> {
+    let agent_dir = std::fs::canonicalize(agent_dir).map_err(|source| Error::Io {
+        path: agent_dir.display().to_string(),
+        source,
+    })?;
+    // Held to the end: no agent starts on the directory meanwhile.
+    let _lock = try_lock(&agent_dir)?.ok_or_else(|| {
+        Error::Config(format!(
+            "a portal process (server, node or agent) still runs on {}: stop it first",
+            agent_dir.display()
+        ))
+    })?;
+    let _network = if network {
+        Some(network_unused().ok_or_else(|| {
+            Error::Config(
+                "another portal process runs in this network namespace and uses its bridge and tables: stop it first, or pass --keep-network".into(),
+            )
+        })?)
+    } else {
+        None
+    };
     let mut report = Report::default();
-    if let Ok(agent_dir) = std::fs::canonicalize(agent_dir) {
-        let name = std::fs::read_to_string(agent_dir.join(NODE_NAME_FILE))
-            .ok()
-            .map(|n| n.trim().to_owned())
-            .or_else(|| node_name.map(str::to_owned));
-        match name {
-            Some(name) => agent_objects(&agent_dir, &name, &mut report).await,
-            None => report.failures.push(format!(
-                "{}: no {NODE_NAME_FILE} file; give the node name (--node-name)",
-                agent_dir.display()
-            )),
-        }
+    let name = std::fs::read_to_string(agent_dir.join(NODE_NAME_FILE))
+        .ok()
+        .map(|n| n.trim().to_owned())
+        .or_else(|| node_name.map(str::to_owned));
+    match name {
+        Some(name) => agent_objects(&agent_dir, &name, &mut report).await,
+        None => report.failures.push(format!(
+            "{}: no {NODE_NAME_FILE} file; give the node name (--node-name)",
+            agent_dir.display()
+        )),
     }
     if network {
         node_network(&mut report).await;
     }
-    report
+    Ok(report)
+}
+
+/// The lock every Portal process that programs a network namespace (the
+/// agent's bridge and routes, the proxy's tables) holds shared while it
+/// runs; reset takes it exclusively before it removes them.
+fn network_lock_path() -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let namespace = std::fs::metadata("/proc/self/ns/net").ok()?;
+    Some(PathBuf::from("/run/portal").join(format!(
+        "net-{}-{}.lock",
+        namespace.dev(),
+        namespace.ino()
+    )))
+}
+
+fn open_network_lock() -> Option<std::fs::File> {
+    let path = network_lock_path()?;
+    std::fs::create_dir_all(path.parent()?).ok()?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ok()
+}
+
+/// Marks this process as one that uses this network namespace's Portal
+/// objects, for as long as it runs (best effort: without root there is
+/// nothing of Portal's in the namespace to protect).
+pub fn hold_network_lock() {
+    static HELD: parking_lot::Mutex<Vec<Flock<std::fs::File>>> =
+        parking_lot::Mutex::new(Vec::new());
+    if let Some(file) = open_network_lock() {
+        if let Ok(lock) = Flock::lock(file, FlockArg::LockSharedNonblock) {
+            HELD.lock().push(lock);
+        }
+    }
+}
+
+/// Whether no other Portal process uses this network namespace: the
+/// exclusive lock, held while the objects are removed.
+fn network_unused() -> Option<Flock<std::fs::File>> {
+    let file = open_network_lock()?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()
 }
 
 /// The agent's tag, as it computes it at start.
@@ -251,9 +362,11 @@ fn shims_of(agent_dir: &Path) -> Vec<i32> {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
                 let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
                 args.contains(&b"shim".as_slice())
-                    && args
-                        .iter()
-                        .any(|a| String::from_utf8_lossy(a).starts_with(&marker))
+                    && args.iter().any(|a| {
+                        let arg = String::from_utf8_lossy(a);
+                        // This directory or below it, not `/data/n10` for `/data/n1`.
+                        arg == marker || arg.starts_with(&format!("{marker}/"))
+                    })
             })
         })
         .collect()

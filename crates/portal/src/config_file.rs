@@ -15,8 +15,9 @@
 //! placed before the command line's, and a flag given on the command line
 //! wins over the file's (lists too: the command line's replace the file's).
 //! One file serves every command: a key that is a flag of another command
-//! (`token-file` for `portal node`) is left out of the others; a key that
-//! is no command's flag is an error, as a misspelt flag is.
+//! (`kubeconfig` for `portal proxy`) is left out of the others; a key that
+//! is no command's flag is an error, as a misspelt flag is. `portal images`
+//! takes none (its `--data-dir` is the agent's directory, not the server's).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -57,8 +58,11 @@ pub(crate) fn apply(args: Vec<OsString>, command: &clap::Command) -> Result<Vec<
         current = sub;
         insert_at += 1;
     }
-    if insert_at == 1 || current.get_name() == "shim" {
-        return Ok(args); // no command to configure (help, version, the shim)
+    // No command to configure (help, version), or one whose flags mean
+    // something else: `images import --data-dir` is the agent's directory,
+    // not the server's, and the shim is the agent's own.
+    if insert_at == 1 || ["shim", "images"].contains(&args[1].to_str().unwrap_or("")) {
+        return Ok(args);
     }
     let text = read(&path)?;
     let settings = settings(&text).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -180,11 +184,8 @@ fn flags_for(
             ));
         };
         let flag = format!("--{}", setting.name);
-        // The command line wins.
-        if command_line.iter().any(|a| {
-            a.to_str()
-                .is_some_and(|a| a == flag || a.starts_with(&format!("{flag}=")))
-        }) {
+        // The command line wins (by any of the flag's names).
+        if given(arg, command_line) {
             continue;
         }
         match arg.get_action() {
@@ -210,6 +211,29 @@ fn flags_for(
         }
     }
     Ok(flags)
+}
+
+/// Whether the command line gives `arg`: `--name`, `--name=…`, an alias,
+/// or its short form (`-n`, `-nVALUE`).
+fn given(arg: &clap::Arg, command_line: &[OsString]) -> bool {
+    let longs: Vec<String> = arg
+        .get_long()
+        .into_iter()
+        .chain(arg.get_all_aliases().unwrap_or_default())
+        .map(|name| format!("--{name}"))
+        .collect();
+    let shorts: Vec<String> = arg
+        .get_short()
+        .into_iter()
+        .chain(arg.get_all_short_aliases().unwrap_or_default())
+        .map(|c| format!("-{c}"))
+        .collect();
+    command_line.iter().filter_map(|a| a.to_str()).any(|a| {
+        longs
+            .iter()
+            .any(|long| a == long || a.starts_with(&format!("{long}=")))
+            || (!a.starts_with("--") && shorts.iter().any(|short| a.starts_with(short.as_str())))
+    })
 }
 
 fn any_command_has(command: &clap::Command, name: &str) -> bool {
@@ -280,6 +304,31 @@ mod tests {
             with_file("token-file: /t\n", &["node"]).expect("applies"),
             ["portal", "node", "--token-file=/t"]
         );
+    }
+
+    #[test]
+    fn a_short_flag_wins_and_images_is_left_alone() {
+        let root = || {
+            Command::new("portal")
+                .subcommand(
+                    Command::new("server").arg(Arg::new("node-ip").long("node-ip").short('n')),
+                )
+                .subcommand(Command::new("images").arg(Arg::new("data-dir").long("data-dir")))
+        };
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let file = dir.path().join("c.yaml");
+        std::fs::write(&file, "node-ip: 10.0.0.1\ndata-dir: /srv\n").expect("written");
+        let run = |args: &[&str]| {
+            let mut all: Vec<OsString> = vec!["portal".into()];
+            all.extend(args.iter().map(OsString::from));
+            all.push(format!("--config={}", file.display()).into());
+            apply(all, &root()).expect("applies")
+        };
+        assert_eq!(
+            run(&["server", "-n", "10.0.0.2"]),
+            ["portal", "server", "-n", "10.0.0.2"]
+        );
+        assert_eq!(run(&["images"]), ["portal", "images"]);
     }
 
     #[test]

@@ -477,6 +477,8 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             Some(IpAddr::V4(ip)) => Some(ip),
             _ => None,
         };
+        // `portal reset` leaves this namespace's tables while it runs.
+        portal_agent::reset::hold_network_lock();
         let proxy = portal_proxy::start(
             client,
             args.proxy_mode
@@ -679,6 +681,8 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Metrics { addr, source })?;
+    // `portal reset` leaves this namespace's tables while it runs.
+    portal_agent::reset::hold_network_lock();
     let proxy = portal_proxy::start(
         client,
         args.mode.config(

@@ -57,6 +57,8 @@ pub(crate) async fn node(args: NodeArgs) -> Result<(), Error> {
         })?;
 
     let client = portal_client::client_from_kubeconfig(&joined.kubeconfig, "portal-node").await?;
+    // `portal reset` leaves this namespace's tables while it runs.
+    portal_agent::reset::hold_network_lock();
     let proxy = portal_proxy::start(
         client.clone(),
         args.proxy_mode

@@ -43,12 +43,14 @@ def agent_tag(data_dir, node_name):
 class AgentNode:
     """`with AgentNode(tmp) as node:` a node running pods."""
 
-    def __init__(self, data_dir, node_name="node-1", extra_args=(), ip_netns_exec=False):
+    def __init__(self, data_dir, node_name="node-1", extra_args=(), ip_netns_exec=False, data_dir_flag=True):
         self.data_dir = pathlib.Path(data_dir)
         # Started as the README says, `ip netns exec NODE portal server`
         # (a mount namespace of its own with a fresh /sys), rather than
         # from this process's network namespace.
         self.ip_netns_exec = ip_netns_exec
+        # False: the data directory comes from a configuration file.
+        self.data_dir_flag = data_dir_flag
         self.node_name = node_name
         self.extra_args = list(extra_args)
         self.cluster = nodes.Cluster(bridge=False)
@@ -89,7 +91,8 @@ class AgentNode:
 
     def server(self):
         launcher = ["ip", "netns", "exec", self.cluster.node] if self.ip_netns_exec else []
-        return Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0", launcher=launcher)
+        return Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0", launcher=launcher,
+                      data_dir_flag=self.data_dir_flag)
 
     def node_ready(self):
         try:

@@ -50,6 +50,8 @@ pub(crate) struct Target<'a> {
     pub(crate) resource: &'a str,
     pub(crate) namespace: Option<&'a str>,
     pub(crate) name: Option<&'a str>,
+    /// The deprecated `/watch/` prefix was used: not served.
+    pub(crate) watch: bool,
 }
 
 /// Serves one request (see the module documentation).
@@ -59,8 +61,19 @@ pub(crate) async fn serve(
     target: Target<'_>,
     request: Request<RequestBody>,
 ) -> Result<Response<Body>, Status> {
+    // NodeMetrics are cluster-scoped: under a namespace they do not exist
+    // (else a namespaced Role would read every node).
+    let scoped = RESOURCES
+        .iter()
+        .find(|(plural, ..)| *plural == target.resource)
+        .map(|(.., namespaced)| *namespaced);
+    match scoped {
+        Some(false) if target.namespace.is_some() => return Err(Status::no_route()),
+        None => return Err(Status::no_route()),
+        _ => {}
+    }
     let query = Query::parse(request.uri().query());
-    if request.method() != Method::GET || query.flag("watch") {
+    if request.method() != Method::GET || query.flag("watch") || target.watch {
         return Err(Status::method_not_allowed(format!(
             "the server does not allow this method on the requested resource ({} {})",
             request.method(),
@@ -197,18 +210,20 @@ async fn pod_metrics(
             .is_some_and(|name| wanted.contains(name))
     });
     let summaries = summaries(state, &nodes).await;
-    // Each pod's stats by UID, from its node's summary.
-    let mut by_uid: HashMap<&str, &Value> = HashMap::new();
-    for summary in summaries.values() {
+    // Each pod's stats by node and UID: only the node the pod is bound to
+    // speaks for it.
+    let mut by_uid: HashMap<(&str, &str), &Value> = HashMap::new();
+    for (node, summary) in &summaries {
         for pod in summary["pods"].as_array().into_iter().flatten() {
             if let Some(uid) = pod["podRef"]["uid"].as_str() {
-                by_uid.insert(uid, pod);
+                by_uid.insert((node.as_str(), uid), pod);
             }
         }
     }
     pods.iter()
         .filter_map(|pod| {
-            let stats = by_uid.get(pod.value["metadata"]["uid"].as_str()?)?;
+            let node = pod.value["spec"]["nodeName"].as_str()?;
+            let stats = by_uid.get(&(node, pod.value["metadata"]["uid"].as_str()?))?;
             let containers: Vec<Value> = stats["containers"]
                 .as_array()?
                 .iter()

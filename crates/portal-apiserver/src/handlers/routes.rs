@@ -356,6 +356,7 @@ async fn serve(
                 resource: &api_path.resource,
                 namespace: api_path.namespace.as_deref(),
                 name: api_path.name.as_deref(),
+                watch: api_path.watch_prefix,
             };
             return metrics::serve(state, &user, target, request).await;
         }

@@ -60,11 +60,29 @@ pub(crate) fn rules(
 }
 
 /// One autoscaler's memory: its recent recommendations and scalings.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct History {
     recommendations: Vec<(Instant, i32)>,
     /// When, and by how many replicas (positive up, negative down).
     scalings: Vec<(Instant, i32)>,
+    /// The last full sync (status writes wake the controller in between).
+    pub(crate) synced: Option<Instant>,
+    /// Last looked at (histories of deleted autoscalers are dropped).
+    pub(crate) seen: Instant,
+}
+
+impl History {
+    /// A new autoscaler's history starts with the count it found, as
+    /// upstream's: a restart of the controller must not skip the
+    /// scale-down window.
+    pub(crate) fn starting_at(now: Instant, current: i32) -> Self {
+        History {
+            recommendations: vec![(now, current)],
+            scalings: Vec::new(),
+            synced: None,
+            seen: now,
+        }
+    }
 }
 
 /// Why the count was held back, for the `ScalingLimited` condition.
@@ -143,13 +161,18 @@ impl History {
         self.scalings.push((now, to - from));
     }
 
-    fn changed_within(&self, now: Instant, period: i32, up: bool) -> i32 {
+    /// The count at the start of a policy's period: now, less what was
+    /// added and plus what was removed within it (upstream's
+    /// `periodStartReplicas`, the same for both directions).
+    fn period_start(&self, now: Instant, current: i32, period: i32) -> i32 {
         let period = Duration::from_secs(u64::try_from(period).unwrap_or(0));
-        self.scalings
+        let changed: i32 = self
+            .scalings
             .iter()
-            .filter(|(at, change)| now.duration_since(*at) < period && (*change > 0) == up)
-            .map(|(_, change)| change.abs())
-            .sum()
+            .filter(|(at, _)| now.duration_since(*at) < period)
+            .map(|(_, change)| *change)
+            .sum();
+        current - changed
     }
 
     fn up_limit(&self, now: Instant, current: i32, rules: &HPAScalingRules) -> i32 {
@@ -158,7 +181,7 @@ impl History {
             return current;
         }
         let proposals = rules.policies.iter().flatten().map(|policy| {
-            let start = current - self.changed_within(now, policy.period_seconds, true);
+            let start = self.period_start(now, current, policy.period_seconds);
             match policy.type_.as_str() {
                 "Pods" => start.saturating_add(policy.value),
                 _ => (f64::from(start) * (1.0 + f64::from(policy.value) / 100.0)).ceil() as i32,
@@ -177,7 +200,7 @@ impl History {
             return current;
         }
         let proposals = rules.policies.iter().flatten().map(|policy| {
-            let start = current + self.changed_within(now, policy.period_seconds, false);
+            let start = self.period_start(now, current, policy.period_seconds);
             match policy.type_.as_str() {
                 "Pods" => start - policy.value,
                 _ => (f64::from(start) * (1.0 - f64::from(policy.value) / 100.0)) as i32,
@@ -199,7 +222,7 @@ mod tests {
     #[test]
     fn scale_down_waits_out_its_window_and_scale_up_is_rate_limited() {
         let rules = rules(None);
-        let mut history = History::default();
+        let mut history = History::starting_at(Instant::now(), 1);
         let start = Instant::now();
         // Up from 1 to 10 at once: at most max(1 + 4, 1 * 2) = 5.
         assert_eq!(
@@ -231,7 +254,7 @@ mod tests {
             ..HorizontalPodAutoscalerBehavior::default()
         };
         let rules = rules(Some(&behavior));
-        let mut history = History::default();
+        let mut history = History::starting_at(Instant::now(), 1);
         let now = Instant::now();
         assert_eq!(
             history.normalize(now, 3, 1, &rules, (2, 5)),

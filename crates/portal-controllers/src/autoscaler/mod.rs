@@ -50,6 +50,9 @@ pub const SYNC_PERIOD: Duration = Duration::from_secs(15);
 /// ready throughout (`--horizontal-pod-autoscaler-cpu-initialization-period`).
 const CPU_INITIALIZATION: Duration = Duration::from_secs(300);
 
+/// A history not looked at for this long belongs to a deleted autoscaler.
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
+
 /// Readiness changes this soon after start are the first readiness, not
 /// a pod going unready (`…-initial-readiness-delay`).
 const INITIAL_READINESS_DELAY: Duration = Duration::from_secs(30);
@@ -59,8 +62,9 @@ struct Context {
     pods: Store<Pod>,
     events: events::Recorder,
     retries: crate::Retries,
-    /// Each autoscaler's recommendations and scalings, by namespace/name.
-    histories: Mutex<HashMap<(String, String), behavior::History>>,
+    /// Each autoscaler's recommendations and scalings, by UID (a new
+    /// autoscaler of the same name starts afresh).
+    histories: Mutex<HashMap<String, behavior::History>>,
     /// Targets' API resources by (apiVersion, kind), found by discovery.
     resources: Mutex<HashMap<(String, String), ApiResource>>,
 }
@@ -107,7 +111,6 @@ async fn reconcile(hpa: Arc<HorizontalPodAutoscaler>, ctx: Arc<Context>) -> Resu
     }
     ctx.pods.wait_until_ready().await?;
     let namespace = hpa.namespace().unwrap_or_default();
-    let name = hpa.name_any();
     let spec = hpa.spec.clone().unwrap_or_default();
     let target = &spec.scale_target_ref;
     let this = reference(&hpa);
@@ -135,7 +138,69 @@ async fn reconcile(hpa: Arc<HorizontalPodAutoscaler>, ctx: Arc<Context>) -> Resu
     let current = scale.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
     let observed = scale.status.as_ref().map_or(0, |s| s.replicas);
     let min = spec.min_replicas.unwrap_or(1);
-    let outcome = if current == 0 && min != 0 {
+    let uid = hpa.metadata.uid.clone().unwrap_or_default();
+    let now = Instant::now();
+    {
+        let mut histories = ctx.histories.lock();
+        histories.retain(|_, h| now.duration_since(h.seen) < FORGET_AFTER);
+        let history = histories
+            .entry(uid.clone())
+            .or_insert_with(|| behavior::History::starting_at(now, current));
+        history.seen = now;
+        // Woken by its own status write (or another change that is not the
+        // spec's) before the period is up: wait for the period.
+        let unchanged = hpa.metadata.generation.is_some()
+            && hpa.metadata.generation == hpa.status.as_ref().and_then(|s| s.observed_generation);
+        if let Some(synced) = history.synced.filter(|_| unchanged) {
+            let since = now.duration_since(synced);
+            if since < SYNC_PERIOD {
+                return Ok(Action::requeue(SYNC_PERIOD - since));
+            }
+        }
+        history.synced = Some(now);
+    }
+    let outcome = if current > spec.max_replicas || (current < min && current != 0) {
+        // Out of bounds: back within them first, whatever the metrics say.
+        let desired = current.clamp(min, spec.max_replicas);
+        let (reason, why) = if current > spec.max_replicas {
+            (
+                "TooManyReplicas",
+                "Current number of replicas above Spec.MaxReplicas",
+            )
+        } else {
+            (
+                "TooFewReplicas",
+                "Current number of replicas below Spec.MinReplicas",
+            )
+        };
+        let mut conditions = vec![
+            (
+                "AbleToScale",
+                true,
+                "SucceededGetScale",
+                "the HPA controller was able to get the target's current scale".to_owned(),
+            ),
+            ("ScalingLimited", true, reason, why.to_owned()),
+        ];
+        let scaled = rescale(
+            &ctx,
+            &api,
+            &target.name,
+            &mut scale,
+            &this,
+            &uid,
+            (current, desired),
+            why,
+            &mut conditions,
+        )
+        .await;
+        Outcome {
+            desired,
+            metrics: Vec::new(),
+            conditions,
+            scaled,
+        }
+    } else if current == 0 && min != 0 {
         Outcome {
             desired: 0,
             metrics: Vec::new(),
@@ -196,15 +261,9 @@ async fn reconcile(hpa: Arc<HorizontalPodAutoscaler>, ctx: Arc<Context>) -> Resu
                 let (desired, limit) = ctx
                     .histories
                     .lock()
-                    .entry((namespace.clone(), name.clone()))
-                    .or_default()
-                    .normalize(
-                        Instant::now(),
-                        current,
-                        recommended,
-                        &rules,
-                        (min, spec.max_replicas),
-                    );
+                    .entry(uid.clone())
+                    .or_insert_with(|| behavior::History::starting_at(now, current))
+                    .normalize(now, current, recommended, &rules, (min, spec.max_replicas));
                 conditions.push((
                     "ScalingActive",
                     true,
@@ -214,54 +273,33 @@ async fn reconcile(hpa: Arc<HorizontalPodAutoscaler>, ctx: Arc<Context>) -> Resu
                     ),
                 ));
                 conditions.push(limited(limit));
-                let mut scaled = false;
-                if desired != current {
-                    if let Some(scale_spec) = scale.spec.as_mut() {
-                        scale_spec.replicas = Some(desired);
-                    }
-                    match api
-                        .replace_scale(&target.name, &PostParams::default(), &scale)
-                        .await
-                    {
-                        Ok(_) => {
-                            scaled = true;
-                            ctx.histories
-                                .lock()
-                                .entry((namespace.clone(), name.clone()))
-                                .or_default()
-                                .scaled(Instant::now(), current, desired);
-                            let why = if desired > current {
-                                format!("{about} above target")
-                            } else {
-                                "All metrics below target".into()
-                            };
-                            ctx.events
-                                .record(
-                                    &this,
-                                    "Normal",
-                                    "SuccessfulRescale",
-                                    &format!("New size: {desired}; reason: {why}"),
-                                )
-                                .await;
-                            conditions[0] = ("AbleToScale", true, "SucceededRescale", format!("the HPA controller was able to update the target scale to {desired}"));
-                        }
-                        Err(error) => {
-                            let message =
-                                format!("can't scale {} to {desired}: {error}", target.name);
-                            ctx.events
-                                .record(&this, "Warning", "FailedRescale", &message)
-                                .await;
-                            conditions[0] = ("AbleToScale", false, "FailedUpdateScale", format!("the HPA controller was unable to update the target scale: {error}"));
-                        }
-                    }
-                } else {
+                let scaled = if desired == current {
                     conditions[0] = (
                         "AbleToScale",
                         true,
                         "ReadyForNewScale",
                         "recommended size matches current size".into(),
                     );
-                }
+                    false
+                } else {
+                    let why = if desired > current {
+                        format!("{about} above target")
+                    } else {
+                        "All metrics below target".into()
+                    };
+                    rescale(
+                        &ctx,
+                        &api,
+                        &target.name,
+                        &mut scale,
+                        &this,
+                        &uid,
+                        (current, desired),
+                        &why,
+                        &mut conditions,
+                    )
+                    .await
+                };
                 Outcome {
                     desired,
                     metrics,
@@ -273,6 +311,59 @@ async fn reconcile(hpa: Arc<HorizontalPodAutoscaler>, ctx: Arc<Context>) -> Resu
     };
     write_status(&ctx, &hpa, observed, outcome).await?;
     Ok(Action::requeue(SYNC_PERIOD))
+}
+
+/// Sets the target's replicas (`from`, `to`); whether it took. The Event
+/// and the `AbleToScale` condition (first in `conditions`) say how it went.
+#[allow(clippy::too_many_arguments)]
+async fn rescale(
+    ctx: &Context,
+    api: &Api<DynamicObject>,
+    name: &str,
+    scale: &mut k8s_openapi::api::autoscaling::v1::Scale,
+    this: &ObjectReference,
+    uid: &str,
+    (from, to): (i32, i32),
+    why: &str,
+    conditions: &mut [(&'static str, bool, &'static str, String)],
+) -> bool {
+    if let Some(scale_spec) = scale.spec.as_mut() {
+        scale_spec.replicas = Some(to);
+    }
+    match api
+        .replace_scale(name, &PostParams::default(), &*scale)
+        .await
+    {
+        Ok(_) => {
+            if let Some(history) = ctx.histories.lock().get_mut(uid) {
+                history.scaled(Instant::now(), from, to);
+            }
+            let message = format!("New size: {to}; reason: {why}");
+            ctx.events
+                .record(this, "Normal", "SuccessfulRescale", &message)
+                .await;
+            conditions[0] = (
+                "AbleToScale",
+                true,
+                "SucceededRescale",
+                format!("the HPA controller was able to update the target scale to {to}"),
+            );
+            true
+        }
+        Err(error) => {
+            let message = format!("can't scale {name} to {to}: {error}");
+            ctx.events
+                .record(this, "Warning", "FailedRescale", &message)
+                .await;
+            conditions[0] = (
+                "AbleToScale",
+                false,
+                "FailedUpdateScale",
+                format!("the HPA controller was unable to update the target scale: {error}"),
+            );
+            false
+        }
+    }
 }
 
 /// CPU at 80% of requests: what an autoscaler without metrics means.
@@ -352,94 +443,115 @@ async fn compute(
     let usage = pod_usage(ctx, namespace, selector).await?;
     let mut best: Option<(i32, String)> = None;
     let mut statuses = Vec::new();
+    let mut failures: Vec<(&'static str, String)> = Vec::new();
     for metric in metrics {
-        let (resource, container, target) = match (metric.type_.as_str(), &metric.resource, &metric.container_resource) {
-            ("Resource", Some(r), _) => (r.name.clone(), None, r.target.clone()),
-            ("ContainerResource", _, Some(c)) => (c.name.clone(), Some(c.container.clone()), c.target.clone()),
-            (other, ..) => {
-                return Err((
-                    "FailedGetExternalMetric",
-                    format!("{other} metrics need a custom or external metrics API, which this cluster does not serve"),
-                ))
+        match one_metric(metric, &pods, &usage, current) {
+            Ok((recommendation, status, about)) => {
+                statuses.push(status);
+                if best.as_ref().is_none_or(|(r, _)| recommendation > *r) {
+                    best = Some((recommendation, about));
+                }
             }
-        };
-        let goal = match (
-            target.type_.as_str(),
-            target.average_utilization,
-            &target.average_value,
-        ) {
-            ("Utilization", Some(percent), _) => Target::Utilization(i64::from(percent)),
-            ("AverageValue", _, Some(value)) => {
-                Target::AverageValue(amount(&resource, &value.0).ok_or_else(|| {
-                    (
-                        "FailedGetResourceMetric",
-                        format!("invalid target value {}", value.0),
-                    )
-                })?)
-            }
-            _ => {
-                return Err((
-                    "FailedGetResourceMetric",
-                    format!("invalid target for {resource}"),
-                ))
-            }
-        };
-        let samples: Vec<PodSample> = pods
-            .iter()
-            .map(|pod| sample(pod, &resource, container.as_deref(), &usage))
-            .collect();
-        let recommendation = replicas::replicas(current, &samples, goal).map_err(|message| {
-            (
-                "FailedGetResourceMetric",
-                format!("failed to get {resource} utilization: {message}"),
-            )
-        })?;
-        let about = match (goal, &container) {
-            (Target::Utilization(_), None) => {
-                format!("{resource} resource utilization (percentage of request)")
-            }
-            (Target::Utilization(_), Some(c)) => {
-                format!("{resource} container resource utilization (percentage of request) of {c}")
-            }
-            (Target::AverageValue(_), _) => format!("{resource} resource"),
-        };
-        let value = MetricValueStatus {
-            average_utilization: recommendation
-                .utilization
-                .and_then(|u| i32::try_from(u).ok()),
-            average_value: Some(Quantity(quantity(&resource, recommendation.average))),
-            value: None,
-        };
-        statuses.push(match &container {
-            None => MetricStatus {
-                type_: "Resource".into(),
-                resource: Some(ResourceMetricStatus {
-                    name: resource.clone(),
-                    current: value,
-                }),
-                ..MetricStatus::default()
-            },
-            Some(c) => MetricStatus {
-                type_: "ContainerResource".into(),
-                container_resource: Some(
-                    k8s_openapi::api::autoscaling::v2::ContainerResourceMetricStatus {
-                        name: resource.clone(),
-                        container: c.clone(),
-                        current: value,
-                    },
-                ),
-                ..MetricStatus::default()
-            },
-        });
-        if best
-            .as_ref()
-            .is_none_or(|(r, _)| recommendation.replicas > *r)
-        {
-            best = Some((recommendation.replicas, about));
+            Err(failure) => failures.push(failure),
         }
+    }
+    // As upstream: a failed metric stops a scale-down (it might have
+    // asked for more) but not what the others found otherwise.
+    match (&best, failures.first()) {
+        (None, Some(failure)) => return Err(failure.clone()),
+        (Some((replicas, _)), Some(failure)) if *replicas < current => return Err(failure.clone()),
+        _ => {}
     }
     let (replicas, about) = best.ok_or(("FailedGetResourceMetric", "no metrics".to_owned()))?;
     Ok((replicas, statuses, about))
+}
+
+/// One metric's count, current value and what it is about (for messages).
+fn one_metric(
+    metric: &MetricSpec,
+    pods: &[Arc<Pod>],
+    usage: &HashMap<String, PodUsage>,
+    current: i32,
+) -> Result<(i32, MetricStatus, String), (&'static str, String)> {
+    let (resource, container, target) = match (metric.type_.as_str(), &metric.resource, &metric.container_resource) {
+        ("Resource", Some(r), _) => (r.name.clone(), None, r.target.clone()),
+        ("ContainerResource", _, Some(c)) => (c.name.clone(), Some(c.container.clone()), c.target.clone()),
+        (other, ..) => {
+            return Err((
+                "FailedGetExternalMetric",
+                format!("{other} metrics need a custom or external metrics API, which this cluster does not serve"),
+            ))
+        }
+    };
+    let goal = match (
+        target.type_.as_str(),
+        target.average_utilization,
+        &target.average_value,
+    ) {
+        ("Utilization", Some(percent), _) => Target::Utilization(i64::from(percent)),
+        ("AverageValue", _, Some(value)) => {
+            Target::AverageValue(amount(&resource, &value.0).ok_or_else(|| {
+                (
+                    "FailedGetResourceMetric",
+                    format!("invalid target value {}", value.0),
+                )
+            })?)
+        }
+        _ => {
+            return Err((
+                "FailedGetResourceMetric",
+                format!("invalid target for {resource}"),
+            ))
+        }
+    };
+    let samples: Vec<PodSample> = pods
+        .iter()
+        .map(|pod| sample(pod, &resource, container.as_deref(), usage))
+        .collect();
+    let recommendation = replicas::replicas(current, &samples, goal).map_err(|message| {
+        (
+            "FailedGetResourceMetric",
+            format!("failed to get {resource} utilization: {message}"),
+        )
+    })?;
+    let about = match (goal, &container) {
+        (Target::Utilization(_), None) => {
+            format!("{resource} resource utilization (percentage of request)")
+        }
+        (Target::Utilization(_), Some(c)) => {
+            format!("{resource} container resource utilization (percentage of request) of {c}")
+        }
+        (Target::AverageValue(_), _) => format!("{resource} resource"),
+    };
+    let value = MetricValueStatus {
+        average_utilization: recommendation
+            .utilization
+            .and_then(|u| i32::try_from(u).ok()),
+        average_value: Some(Quantity(quantity(&resource, recommendation.average))),
+        value: None,
+    };
+    let status = match &container {
+        None => MetricStatus {
+            type_: "Resource".into(),
+            resource: Some(ResourceMetricStatus {
+                name: resource.clone(),
+                current: value,
+            }),
+            ..MetricStatus::default()
+        },
+        Some(c) => MetricStatus {
+            type_: "ContainerResource".into(),
+            container_resource: Some(
+                k8s_openapi::api::autoscaling::v2::ContainerResourceMetricStatus {
+                    name: resource.clone(),
+                    container: c.clone(),
+                    current: value,
+                },
+            ),
+            ..MetricStatus::default()
+        },
+    };
+    Ok((recommendation.replicas, status, about))
 }
 
 /// A pod's usage from the metrics API: per container, each resource.
@@ -560,12 +672,19 @@ fn sample(
         };
     }
     let metrics = usage.get(&name);
-    let used = metrics.map(|m| {
-        m.containers
-            .iter()
-            .filter(|(c, _)| container.is_none_or(|name| c.as_str() == name))
-            .map(|(_, (cpu, memory))| if resource == "cpu" { *cpu } else { *memory })
-            .sum()
+    // (A container the metrics do not list has no sample: the pod's
+    // usage is missing, not zero.)
+    let used = metrics.and_then(|m| {
+        if container.is_some_and(|name| !m.containers.contains_key(name)) {
+            return None;
+        }
+        Some(
+            m.containers
+                .iter()
+                .filter(|(c, _)| container.is_none_or(|name| c.as_str() == name))
+                .map(|(_, (cpu, memory))| if resource == "cpu" { *cpu } else { *memory })
+                .sum(),
+        )
     });
     PodSample {
         group: group(pod, resource, metrics),

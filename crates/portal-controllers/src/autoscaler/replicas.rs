@@ -114,7 +114,7 @@ pub(crate) fn replicas(
     for pod in &missing {
         if ratio < 1.0 {
             let request = requests.get(pod).copied().unwrap_or(0);
-            usage.insert(pod, request * percent.max(100) / 100);
+            usage.insert(pod, request.saturating_mul(percent.max(100)) / 100);
         } else if ratio > 1.0 {
             usage.insert(pod, 0);
         }

@@ -205,6 +205,14 @@ fn failure(status: &Status) -> Failure {
     }
 }
 
+/// A running etcd watch: etcd's responses, and the request side kept open
+/// while they are read (etcd ends a watch whose client half-closed only
+/// once the stream is reset, which dropping both does).
+struct Watch {
+    responses: Streaming<WatchResponse>,
+    _requests: tokio::sync::mpsc::Sender<WatchRequest>,
+}
+
 impl EtcdStore {
     /// Connects to the cluster and checks that it answers.
     pub async fn connect(options: &EtcdOptions) -> Result<Self> {
@@ -413,28 +421,33 @@ impl EtcdStore {
         Err(precondition_failure(&ops, &found))
     }
 
-    /// Creates a watch on one member and waits for etcd to confirm it.
-    async fn start_watch(
-        member: &Member,
-        create: WatchCreateRequest,
-    ) -> Result<Streaming<WatchResponse>> {
+    /// Creates a watch on one member and waits for etcd to confirm it. The
+    /// watch lasts as long as the returned [`Watch`]: dropping it ends the
+    /// request side, and with both sides dropped the HTTP/2 stream is reset,
+    /// which ends the watch in etcd.
+    async fn start_watch(member: &Member, create: WatchCreateRequest) -> Result<Watch> {
         let request = WatchRequest {
             request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
         };
-        // The request side stays open for as long as the watch: a client
-        // that half-closes its side has ended the stream for etcd.
-        let requests = futures_util::StreamExt::chain(
-            futures_util::stream::iter([request]),
-            futures_util::stream::pending(),
-        );
+        let (requests, feed) = tokio::sync::mpsc::channel::<WatchRequest>(1);
+        requests
+            .send(request)
+            .await
+            .map_err(|_| Error::Backend("etcd watch: request channel closed".into()))?;
+        let feed = futures_util::stream::unfold(feed, |mut feed| async move {
+            feed.recv().await.map(|request| (request, feed))
+        });
         let mut watch = member
             .watch()
-            .watch(requests)
+            .watch(feed)
             .await
             .map_err(backend)?
             .into_inner();
         match watch.message().await.map_err(backend)? {
-            Some(created) if created.created && !created.canceled => Ok(watch),
+            Some(created) if created.created && !created.canceled => Ok(Watch {
+                responses: watch,
+                _requests: requests,
+            }),
             Some(refused) if refused.compact_revision > 0 => Err(Error::Compacted {
                 requested: 0,
                 compacted: revision(refused.compact_revision).saturating_sub(1),
@@ -514,7 +527,7 @@ impl EtcdStore {
             async move {
                 let (mut watch, last) = state?;
                 loop {
-                    let response = match watch.message().await {
+                    let response = match watch.responses.message().await {
                         Ok(Some(response)) => response,
                         Ok(None) => {
                             store.failed(member);
@@ -827,6 +840,50 @@ mod tests {
         assert_eq!(won_a.len() + won_b.len(), 50);
         let (items, _) = a.list("/race/").await.unwrap();
         assert_eq!(items.len(), 50);
+    }
+
+    /// etcd's count of watchers (its `/metrics`, plain HTTP on the client
+    /// port).
+    fn etcd_watchers(endpoint: &str) -> u64 {
+        use std::io::{Read, Write};
+        let address = endpoint.trim_start_matches("http://");
+        let mut connection = std::net::TcpStream::connect(address).unwrap();
+        write!(
+            connection,
+            "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        connection.read_to_string(&mut text).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    }
+
+    /// A dropped watch ends in etcd too (not only on this side): else every
+    /// client that went away would leave a watcher behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_watches_end_in_etcd() {
+        let cluster = EtcdCluster::start(1);
+        let endpoint = cluster.endpoint();
+        let store = connect(&cluster).await;
+        let before = etcd_watchers(&endpoint);
+        let mut watches = Vec::new();
+        for _ in 0..5 {
+            watches.push(store.watch("/dropped/", 0).await.unwrap());
+        }
+        assert_eq!(etcd_watchers(&endpoint), before + 5);
+        drop(watches);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while etcd_watchers(&endpoint) != before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcd still has {} watchers, {before} before",
+                etcd_watchers(&endpoint)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// A list larger than one page is still one snapshot.

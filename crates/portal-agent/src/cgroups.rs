@@ -161,20 +161,11 @@ fn copy_symlinks() -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mountinfo::parse_line;
-
-    const HYBRID: &str = "\
-25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
-26 25 0:24 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:8 - tmpfs tmpfs ro,mode=755
-27 26 0:25 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate
-28 26 0:26 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:10 - cgroup cgroup rw,xattr,name=systemd
-31 26 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,cpu,cpuacct
-40 30 0:40 / /mnt/with\\040space rw - ext4 /dev/vdb rw
-";
+    use crate::mountinfo::{parse_line, SAMPLE};
 
     #[test]
     fn picks_the_tmpfs_and_every_hierarchy_parents_first() {
-        let entries: Vec<MountEntry> = HYBRID.lines().filter_map(parse_line).collect();
+        let entries: Vec<MountEntry> = SAMPLE.lines().filter_map(parse_line).collect();
         let picked = machine_hierarchies(&entries);
         let points: Vec<&str> = picked.iter().map(|m| m.point.as_str()).collect();
         assert_eq!(

@@ -79,11 +79,10 @@ pub(crate) fn mounts_under(dir: &Path) -> Result<Vec<String>, Error> {
     Ok(points)
 }
 
+/// A hybrid host's mountinfo (v1 controllers, a named hierarchy, v2), with
+/// an escaped mount point: for this module's tests and the cgroup check's.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SAMPLE: &str = "\
+pub(crate) const SAMPLE: &str = "\
 25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
 26 25 0:24 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:8 - tmpfs tmpfs ro,mode=755
 27 26 0:25 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate
@@ -91,6 +90,10 @@ mod tests {
 31 26 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,cpu,cpuacct
 40 30 0:40 / /mnt/with\\040space rw - ext4 /dev/vdb rw
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn reads_mountinfo_with_optional_fields_and_escapes() {

@@ -174,12 +174,7 @@ async fn reconcile(hpa: Arc<HorizontalPodAutoscaler>, ctx: Arc<Context>) -> Resu
             )
         };
         let mut conditions = vec![
-            (
-                "AbleToScale",
-                true,
-                "SucceededGetScale",
-                "the HPA controller was able to get the target's current scale".to_owned(),
-            ),
+            got_scale(),
             ("ScalingLimited", true, reason, why.to_owned()),
         ];
         let scaled = rescale(
@@ -205,12 +200,7 @@ async fn reconcile(hpa: Arc<HorizontalPodAutoscaler>, ctx: Arc<Context>) -> Resu
             desired: 0,
             metrics: Vec::new(),
             conditions: vec![
-                (
-                    "AbleToScale",
-                    true,
-                    "SucceededGetScale",
-                    "the HPA controller was able to get the target's current scale".into(),
-                ),
+                got_scale(),
                 (
                     "ScalingActive",
                     false,
@@ -234,12 +224,7 @@ async fn reconcile(hpa: Arc<HorizontalPodAutoscaler>, ctx: Arc<Context>) -> Resu
             current,
         )
         .await;
-        let mut conditions = vec![(
-            "AbleToScale",
-            true,
-            "SucceededGetScale",
-            "the HPA controller was able to get the target's current scale".to_owned(),
-        )];
+        let mut conditions = vec![got_scale()];
         match computed {
             Err((reason, message)) => {
                 ctx.events.record(&this, "Warning", reason, &message).await;
@@ -364,6 +349,17 @@ async fn rescale(
             false
         }
     }
+}
+
+/// `AbleToScale` once the target's scale was read (a rescale below
+/// replaces it with how that went).
+fn got_scale() -> (&'static str, bool, &'static str, String) {
+    (
+        "AbleToScale",
+        true,
+        "SucceededGetScale",
+        "the HPA controller was able to get the target's current scale".into(),
+    )
 }
 
 /// CPU at 80% of requests: what an autoscaler without metrics means.

@@ -104,6 +104,8 @@ pub struct Config {
     pub authentication: Authentication,
     /// The audit log (`--audit-policy-file`, `--audit-log-path`).
     pub audit: Option<audit::AuditConfig>,
+    /// Serve the web console at `/console/` (`--console`).
+    pub console: bool,
 }
 
 /// How users sign in beyond the admin token and certificates.
@@ -223,6 +225,8 @@ pub(crate) struct ApiState {
     pub(crate) defined: registry::defined::Defined,
     /// Extension API servers behind APIServices.
     pub(crate) aggregator: handlers::aggregation::Aggregator,
+    /// Whether the web console is served.
+    pub(crate) console: bool,
     /// This state itself, for work that outlives a request's borrow (a
     /// watch converting objects by webhook).
     pub(crate) this: std::sync::Weak<ApiState>,
@@ -296,6 +300,7 @@ impl ApiServer {
     /// starts listening and writes `DATA_DIR/kubeconfig`.
     pub async fn start(config: Config) -> Result<Self, Error> {
         let kubeconfig = config.data_dir.join("kubeconfig");
+        let console = config.console;
         // A kubeconfig left by an earlier run must not signal readiness.
         let _ = std::fs::remove_file(&kubeconfig);
         let metrics = Arc::new(Metrics::new());
@@ -444,6 +449,7 @@ impl ApiServer {
             stopping: stopping.clone(),
             defined: Default::default(),
             aggregator: handlers::aggregation::Aggregator::new(front_proxy),
+            console,
         });
         // Kinds users define are served from their definitions on.
         registry::defined::sync(&state);
@@ -535,6 +541,9 @@ impl ApiServer {
             pki::kubeconfig(&server, &credentials.ca_pem, &credentials.token).as_bytes(),
         )?;
         tracing::info!(%address, kubeconfig = %kubeconfig.display(), "API server ready");
+        if console {
+            tracing::info!(url = %format!("{server}/console/"), "web console");
+        }
         let mut duties_election = None;
         if shared {
             // Work one server of the cluster does, the elected one.

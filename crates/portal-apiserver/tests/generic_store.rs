@@ -32,6 +32,7 @@ async fn server() -> Server {
         encryption: None,
         authentication: Default::default(),
         audit: None,
+        console: false,
     };
     let mut api = ApiServer::start(config)
         .await

@@ -53,6 +53,10 @@ pub(crate) struct ApiArgs {
     /// only what RBAC grants: `/healthz`, `/version`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     anonymous_auth: bool,
+    /// Serve the web console at https://ADDRESS/console/ (its files are
+    /// public; what it shows, the signed-in user's token decides).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    console: bool,
     /// The `iss` of service-account tokens.
     #[arg(long, default_value = portal_apiserver::DEFAULT_ISSUER)]
     service_account_issuer: String,
@@ -228,6 +232,7 @@ impl ApiArgs {
                 }),
                 _ => None,
             },
+            console: self.console,
         })
     }
 }

@@ -5,12 +5,13 @@
 //! the streams and proxies that reach nodes and pods, and API aggregation
 //! (`aggregation`: extension API servers behind APIServices, with the
 //! checks that keep their availability and discovery), and the resource
-//! metrics API built from the agents' usage (`metrics`). Writes go through
-//! the registry.
+//! metrics API built from the agents' usage (`metrics`), and the web
+//! console's files (`console`). Writes go through the registry.
 
 pub(crate) mod aggregation;
 pub(crate) mod binding;
 pub(crate) mod connect;
+pub(crate) mod console;
 pub(crate) mod discovery;
 pub(crate) mod eviction;
 pub(crate) mod metrics;

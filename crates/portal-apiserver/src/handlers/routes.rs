@@ -12,6 +12,7 @@ use crate::audit::{self, policy::Level};
 use crate::handlers::aggregation;
 use crate::handlers::binding;
 use crate::handlers::connect;
+use crate::handlers::console;
 use crate::handlers::discovery;
 use crate::handlers::eviction;
 use crate::handlers::metrics;
@@ -141,6 +142,15 @@ async fn route(
             ));
         }
         return Ok(text_response(StatusCode::OK, "ok"));
+    }
+    // The console's files are public: the page signs in with a token.
+    if state.console && console::claims(&uri_path) {
+        labels.0 = "GET";
+        return Ok(console::serve(
+            request.method(),
+            &uri_path,
+            request.headers(),
+        ));
     }
     // Joining nodes: the CA is public, the credential exchange has its
     // own secret.

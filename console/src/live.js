@@ -1,0 +1,87 @@
+// Live collections: list once, then follow the watch from the list's
+// resourceVersion, as client-go's reflector does. A watch that ends (the
+// server's timeout) resumes where it stopped; one that is too old (410
+// Gone) lists again; other failures are reported and retried with backoff.
+
+import { ApiError, getJSON, lines, request } from './api.js';
+
+const MAX_BACKOFF_MS = 10_000;
+
+function objectKey(object) {
+  const { namespace = '', name } = object.metadata;
+  return `${namespace}/${name}`;
+}
+
+const sleep = (ms, signal) =>
+  new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener('abort', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+
+/**
+ * Follows the collection at `path`. `onChange(objects)` gets an array of the
+ * current objects after the list and after each burst of events (bursts are
+ * delivered at most every `batchMs`); `onError(error or null)` says whether
+ * the collection is current. Returns a function that stops following.
+ */
+export function follow(path, { onChange, onError = () => {}, batchMs = 100 }) {
+  const controller = new AbortController();
+  const { signal } = controller;
+  const objects = new Map();
+  let timer = null;
+  const publish = () => {
+    timer = null;
+    if (!signal.aborted) onChange([...objects.values()]);
+  };
+  const soon = () => {
+    timer ??= setTimeout(publish, batchMs);
+  };
+
+  (async () => {
+    let backoff = 500;
+    while (!signal.aborted) {
+      try {
+        const list = await getJSON(path, { signal });
+        objects.clear();
+        for (const item of list.items ?? []) objects.set(objectKey(item), item);
+        publish();
+        onError(null);
+        backoff = 500;
+        let version = list.metadata?.resourceVersion ?? '';
+        const separator = path.includes('?') ? '&' : '?';
+        for (;;) {
+          const watch = `${path}${separator}watch=1&allowWatchBookmarks=true&timeoutSeconds=240&resourceVersion=${encodeURIComponent(version)}`;
+          const response = await request(watch, { signal });
+          for await (const line of lines(response)) {
+            if (!line.trim()) continue;
+            const event = JSON.parse(line);
+            if (event.type === 'ERROR') {
+              const status = event.object ?? {};
+              throw new ApiError(status.code ?? 500, status.reason, status.message);
+            }
+            version = event.object?.metadata?.resourceVersion ?? version;
+            if (event.type === 'BOOKMARK') continue;
+            if (event.type === 'DELETED') objects.delete(objectKey(event.object));
+            else objects.set(objectKey(event.object), event.object);
+            soon();
+          }
+        }
+      } catch (error) {
+        if (signal.aborted) return;
+        // Too old to resume: the next round lists afresh, at once.
+        if (error instanceof ApiError && error.code === 410) continue;
+        onError(error instanceof ApiError ? error : new ApiError(0, '', String(error.message ?? error)));
+        await sleep(backoff, signal);
+        backoff = Math.min(backoff * 2, MAX_BACKOFF_MS);
+      }
+    }
+  })();
+
+  return () => {
+    controller.abort();
+    if (timer) clearTimeout(timer);
+  };
+}

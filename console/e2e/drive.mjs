@@ -6,7 +6,8 @@
 //
 // Environment: CONSOLE_URL, TOKEN (a service account's), NAMESPACE,
 // KUBECONFIG (the admin's, for kubectl), MANIFEST (a Deployment `web` and
-// a Service `web`), SCREENSHOT (where the picture goes), CHROMIUM.
+// a Service `web`), SCREENSHOT (where the picture goes), DNS_SERVER (the
+// cluster DNS's address, asked with dig), CHROMIUM.
 
 import { execFileSync } from 'node:child_process';
 import { chromium } from 'playwright-core';
@@ -16,7 +17,7 @@ const env = (name) => {
   if (!value) throw new Error(`${name} is not set`);
   return value;
 };
-const [url, token, namespace, manifest, screenshot] = ['CONSOLE_URL', 'TOKEN', 'NAMESPACE', 'MANIFEST', 'SCREENSHOT'].map(env);
+const [url, token, namespace, manifest, screenshot, dns] = ['CONSOLE_URL', 'TOKEN', 'NAMESPACE', 'MANIFEST', 'SCREENSHOT', 'DNS_SERVER'].map(env);
 const WAIT = { timeout: 90_000 };
 
 function kubectl(...args) {
@@ -39,6 +40,8 @@ page.on('pageerror', (error) => errors.push(String(error)));
 // Refused requests (a wrong token, a forbidden list) are expected and
 // logged by the browser itself; anything else the page logs as an error is not.
 page.on('console', (m) => m.type() === 'error' && !m.text().startsWith('Failed to load resource') && errors.push(m.text()));
+// The page's own files must all load.
+page.on('response', (r) => new URL(r.url()).pathname.startsWith('/console/') && r.status() >= 400 && errors.push(`${r.status()} ${r.url()}`));
 
 const box = (id) => page.locator(`g.box[data-id="${id}"]`);
 const webPods = (state = '') => `g.box.pod${state ? `[data-state="${state}"]` : ''}[data-id^="pod/${namespace}/web-"]`;
@@ -94,6 +97,14 @@ try {
   step('events and the data-path charts');
   await page.locator('.events tbody tr').filter({ hasText: 'Scheduled' }).first().waitFor(WAIT);
   await page.locator('[data-metric="programming"]').filter({ hasText: 'ms over' }).waitFor(WAIT);
+  // Ten queries to the cluster DNS (one a name that does not exist): the
+  // chart's source counts them.
+  for (let i = 0; i < 10; i += 1) {
+    const name = i === 0 ? `nothing-here.${namespace}.svc.cluster.local` : `web.${namespace}.svc.cluster.local`;
+    execFileSync('dig', ['+short', '+tries=1', '+time=5', `@${dns}`, name], { encoding: 'utf8', timeout: 30_000 });
+  }
+  await page.waitForFunction(() => Number(document.querySelector('[data-metric="queries"]')?.dataset.value) >= 10, null, WAIT);
+  await page.waitForFunction(() => Number(document.querySelector('[data-metric="nxdomain"]')?.dataset.value) >= 1, null, WAIT);
   await page.waitForFunction(() => Number(document.querySelector('.charts')?.dataset.readings) >= 3, null, WAIT);
   await page.waitForFunction(() => [...document.querySelectorAll('.chart')].every((c) => Number(c.dataset.points) >= 2), null, WAIT);
 
@@ -102,10 +113,12 @@ try {
   await page.screenshot({ path: screenshot, fullPage: true });
   step(`screenshot: ${screenshot}`);
 
-  step('kubectl deletes the Service: its box goes');
+  step('kubectl deletes the Service: its box goes, and its slice with it');
   kubectl('delete', '-n', namespace, 'service/web');
   await box(`service/${namespace}/web`).waitFor({ state: 'detached', ...WAIT });
-  await expectCount(webPods(), 3, 'the pods stay');
+  await expectCount(`g.box.slice[data-id^="slice/${namespace}/web-"]`, 0, 'the slice gone');
+  // The pods are the Deployment's: they stay, served by nothing.
+  await expectCount(webPods('ready'), 3, 'the pods stay');
 
   if (errors.length) throw new Error(`the page reported errors: ${errors.join('; ')}`);
   step('passed');

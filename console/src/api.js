@@ -24,9 +24,13 @@ export class ApiError extends Error {
   }
 
   get forbidden() {
-    return this.code === 401 || this.code === 403;
+    return this.code === 403;
   }
 }
+
+// Told when the server stops accepting the token (it expired, or the
+// service account went): the page signs out instead of retrying forever.
+export const session = { ended: () => {} };
 
 async function failure(response) {
   const text = await response.text().catch(() => '');
@@ -52,7 +56,10 @@ export async function request(path, { signal, method = 'GET', body, accept = 'ap
     cache: 'no-store',
     credentials: 'same-origin',
   });
-  if (!response.ok) throw await failure(response);
+  if (!response.ok) {
+    if (response.status === 401 && bearer) session.ended();
+    throw await failure(response);
+  }
   return response;
 }
 

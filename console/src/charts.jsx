@@ -41,11 +41,12 @@ function useDataPath() {
     const before = last.current;
     last.current = reading;
     setSeries((s) => {
-      const latest = { programming: reading.programming, queries: reading.queries, served: reading.served };
+      const latest = { programming: reading.programming, queries: reading.queries, nxdomain: reading.nxdomain, served: reading.served };
       if (!before) return { ...s, latest, readings: s.readings + 1, error: null };
       const seconds = reading.time - before.time;
       const changes = difference(before.programming, reading.programming);
-      const rate = (now, then) => Math.max(0, now - then) / seconds;
+      // A counter that went down was reset (a restart): all of it is new.
+      const rate = (now, then) => (now >= then ? now - then : now) / seconds;
       const keep = (list, value) => list.concat([value]).slice(-KEPT);
       return {
         times: keep(s.times, reading.time),
@@ -110,7 +111,12 @@ export function Charts() {
         <span data-metric="programming">
           Proxy programming p99 since start: {p99 === null ? 'no changes yet' : `${p99} ms over ${programming.count} changes`}
         </span>
-        <span data-metric="queries">DNS queries answered: {s.latest ? s.latest.queries : '…'}</span>
+        <span data-metric="queries" data-value={s.latest?.queries}>
+          DNS queries answered: {s.latest ? s.latest.queries : '…'}
+        </span>
+        <span data-metric="nxdomain" data-value={s.latest?.nxdomain}>
+          of which NXDOMAIN: {s.latest ? s.latest.nxdomain : '…'}
+        </span>
       </p>
       <Chart title="Network programming latency (EndpointSlice change → proxy rules)" unit="ms" labels={['p50', 'p99']} colors={['#2b8a3e', '#e67700']} data={[s.times, s.p50, s.p99]} />
       <Chart title="Cluster DNS queries" unit="per second" labels={['answered', 'NXDOMAIN']} colors={['#1971c2', '#c92a2a']} data={[s.times, s.queries, s.nxdomain]} />

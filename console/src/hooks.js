@@ -1,6 +1,6 @@
 // Preact hooks over the live collections and the metrics readings.
 
-import { useEffect, useState } from 'preact/hooks';
+import { useEffect, useRef, useState } from 'preact/hooks';
 
 import { follow } from './live.js';
 
@@ -20,12 +20,18 @@ export function useCollection(path) {
 
 /** Calls `tick` now and every `ms` while the page is visible. */
 export function useInterval(tick, ms) {
+  // The latest `tick`, so a new closure each render is what runs.
+  const latest = useRef(tick);
+  latest.current = tick;
   useEffect(() => {
     let stopped = false;
     let timer;
     const round = async () => {
-      if (!document.hidden) await tick();
-      if (!stopped) timer = setTimeout(round, ms);
+      try {
+        if (!document.hidden) await latest.current();
+      } finally {
+        if (!stopped) timer = setTimeout(round, ms);
+      }
     };
     round();
     return () => {

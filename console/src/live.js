@@ -12,13 +12,19 @@ function objectKey(object) {
   return `${namespace}/${name}`;
 }
 
+// A watch that ends sooner than this is resumed only after a pause: a
+// server (or proxy) that closes watches at once must not make a busy loop.
+const SHORTEST_WATCH_MS = 1000;
+
 const sleep = (ms, signal) =>
   new Promise((resolve) => {
-    const timer = setTimeout(resolve, ms);
-    signal.addEventListener('abort', () => {
+    const done = () => {
       clearTimeout(timer);
+      signal.removeEventListener('abort', done);
       resolve();
-    });
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
   });
 
 /**
@@ -49,10 +55,10 @@ export function follow(path, { onChange, onError = () => {}, batchMs = 100 }) {
         for (const item of list.items ?? []) objects.set(objectKey(item), item);
         publish();
         onError(null);
-        backoff = 500;
         let version = list.metadata?.resourceVersion ?? '';
         const separator = path.includes('?') ? '&' : '?';
         for (;;) {
+          const began = Date.now();
           const watch = `${path}${separator}watch=1&allowWatchBookmarks=true&timeoutSeconds=240&resourceVersion=${encodeURIComponent(version)}`;
           const response = await request(watch, { signal });
           for await (const line of lines(response)) {
@@ -68,12 +74,21 @@ export function follow(path, { onChange, onError = () => {}, batchMs = 100 }) {
             else objects.set(objectKey(event.object), event.object);
             soon();
           }
+          // A watch that ran its course: the next failure starts afresh.
+          if (Date.now() - began >= SHORTEST_WATCH_MS) backoff = 500;
+          else await sleep(SHORTEST_WATCH_MS, signal);
+          if (signal.aborted) return;
         }
       } catch (error) {
         if (signal.aborted) return;
-        // Too old to resume: the next round lists afresh, at once.
-        if (error instanceof ApiError && error.code === 410) continue;
-        onError(error instanceof ApiError ? error : new ApiError(0, '', String(error.message ?? error)));
+        // Too old to resume: the next round lists afresh (at once the first
+        // time; with the backoff if it keeps happening).
+        const gone = error instanceof ApiError && error.code === 410;
+        if (gone && backoff === 500) {
+          backoff = 1000;
+          continue;
+        }
+        if (!gone) onError(error instanceof ApiError ? error : new ApiError(0, '', String(error.message ?? error)));
         await sleep(backoff, signal);
         backoff = Math.min(backoff * 2, MAX_BACKOFF_MS);
       }

@@ -14,9 +14,11 @@ export function Logs({ pod }) {
   const [text, setText] = useState([]);
   const [state, setState] = useState('connecting');
   const [round, setRound] = useState(0);
-  const bottom = useRef(null);
+  const pane = useRef(null);
   const { namespace, name } = pod.metadata;
-  const started = Boolean((pod.status?.containerStatuses ?? []).find((c) => c.name === container)?.state?.running || pod.status?.phase === 'Succeeded' || pod.status?.phase === 'Failed');
+  // A log exists once the container ran: running now, or ended (this run or the last).
+  const status = (pod.status?.containerStatuses ?? []).find((c) => c.name === container);
+  const started = Boolean(status?.state?.running || status?.state?.terminated || status?.lastState?.terminated);
 
   useEffect(() => {
     if (!containers.includes(container)) setContainer(containers[0]);
@@ -29,13 +31,13 @@ export function Logs({ pod }) {
       return undefined;
     }
     const controller = new AbortController();
+    let timer = null;
     setState('following');
     (async () => {
       const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods/${encodeURIComponent(name)}/log?container=${encodeURIComponent(container)}&follow=true&tailLines=${TAIL}`;
       try {
         const response = await request(path, { signal: controller.signal, accept: 'text/plain' });
         let pending = [];
-        let timer = null;
         for await (const line of lines(response)) {
           pending.push(line);
           // Appended in bursts: one render per burst, not per line.
@@ -43,7 +45,7 @@ export function Logs({ pod }) {
             const batch = pending;
             pending = [];
             timer = null;
-            setText((t) => t.concat(batch).slice(-KEPT));
+            if (!controller.signal.aborted) setText((t) => t.concat(batch).slice(-KEPT));
           }, 50);
         }
         setState('ended');
@@ -51,10 +53,23 @@ export function Logs({ pod }) {
         if (!controller.signal.aborted) setState(`failed: ${error.message}`);
       }
     })();
-    return () => controller.abort();
+    return () => {
+      controller.abort();
+      clearTimeout(timer);
+    };
   }, [namespace, name, container, started, round]);
 
-  useEffect(() => bottom.current?.scrollIntoView({ block: 'nearest' }), [text]);
+  // Kept at the newest line while the reader is there; left alone once
+  // they scroll up to read.
+  const following = useRef(true);
+  useEffect(() => {
+    const element = pane.current;
+    if (element && following.current) element.scrollTop = element.scrollHeight;
+  }, [text]);
+  const onScroll = (event) => {
+    const element = event.currentTarget;
+    following.current = element.scrollHeight - element.scrollTop - element.clientHeight < 24;
+  };
 
   return (
     <section class="logs">
@@ -72,9 +87,8 @@ export function Logs({ pod }) {
         </span>
         {state !== 'following' && started && <button onClick={() => setRound((r) => r + 1)}>Reconnect</button>}
       </h3>
-      <pre class="log-lines">
+      <pre class="log-lines" ref={pane} onScroll={onScroll}>
         {text.join('\n')}
-        <span ref={bottom} />
       </pre>
     </section>
   );

@@ -4,7 +4,7 @@
 import { render } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
 
-import { setToken, token, whoami } from './api.js';
+import { session, setToken, token, whoami } from './api.js';
 import { Cluster } from './cluster.jsx';
 import './style.css';
 
@@ -50,12 +50,17 @@ function App() {
   const [user, setUser] = useState(undefined);
   const [problem, setProblem] = useState(null);
   useEffect(() => {
+    session.ended = () => {
+      setToken(null);
+      setProblem('Your session has ended: sign in again.');
+      setUser(null);
+    };
     if (!token()) return setUser(null);
     whoami()
       .then(setUser)
       .catch((error) => {
         setToken(null);
-        setProblem(error.forbidden ? 'Your session has ended: sign in again.' : error.message);
+        setProblem(error.code === 401 ? 'Your session has ended: sign in again.' : error.message);
         setUser(null);
       });
   }, []);

@@ -31,11 +31,17 @@ export function total(samples, name, where = () => true) {
   return (samples.get(name) ?? []).filter((s) => where(s.labels)).reduce((sum, s) => sum + s.value, 0);
 }
 
-/** A histogram's cumulative buckets `[{le, count}]` (sorted), its sum and count. */
+/**
+ * A histogram's cumulative buckets `[{le, count}]` (sorted), its sum and
+ * count, over every series of it (PromQL's `sum by (le)`).
+ */
 export function histogram(samples, name) {
-  const buckets = (samples.get(`${name}_bucket`) ?? [])
-    .map((s) => ({ le: s.labels.le === '+Inf' ? Infinity : Number(s.labels.le), count: s.value }))
-    .sort((a, b) => a.le - b.le);
+  const byBound = new Map();
+  for (const s of samples.get(`${name}_bucket`) ?? []) {
+    const le = s.labels.le === '+Inf' ? Infinity : Number(s.labels.le);
+    byBound.set(le, (byBound.get(le) ?? 0) + s.value);
+  }
+  const buckets = [...byBound].map(([le, count]) => ({ le, count })).sort((a, b) => a.le - b.le);
   return { buckets, sum: total(samples, `${name}_sum`), count: total(samples, `${name}_count`) };
 }
 

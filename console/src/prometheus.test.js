@@ -36,6 +36,13 @@ test('quantiles interpolate inside the bucket, as histogram_quantile', () => {
   assert.ok(Math.abs(quantile(0.2, h) - (0.001 + (0.099 * 2) / 5)) < 1e-12);
 });
 
+test('the series of a labelled histogram add up, bound by bound', () => {
+  const text = ['h_bucket{le="1",path="a"} 1', 'h_bucket{le="1",path="b"} 2', 'h_bucket{le="+Inf",path="a"} 3', 'h_bucket{le="+Inf",path="b"} 3', 'h_count{path="a"} 3', 'h_count{path="b"} 3'].join('\n');
+  const h = histogram(parse(text), 'h');
+  assert.deepEqual(h.buckets, [{ le: 1, count: 3 }, { le: Infinity, count: 6 }]);
+  assert.equal(h.count, 6);
+});
+
 test('a quantile beyond the last finite bucket is that bound', () => {
   const h = { buckets: [{ le: 1, count: 1 }, { le: Infinity, count: 4 }] };
   assert.equal(quantile(0.99, h), 1);

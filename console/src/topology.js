@@ -49,6 +49,13 @@ function containersReady(pod) {
 export function topology({ services = [], slices = [], pods = [], nodes = [] }, { limit = 1000 } = {}) {
   const boxes = new Map();
   const edges = [];
+  const edgeKeys = new Set();
+  // One edge per pair (a slice may list an address twice).
+  const connect = (from, to, state) => {
+    if (edgeKeys.has(`${from}>${to}`)) return;
+    edgeKeys.add(`${from}>${to}`);
+    edges.push({ from, to, state });
+  };
   const add = (box) => {
     if (!boxes.has(box.id)) boxes.set(box.id, box);
     return boxes.get(box.id);
@@ -108,19 +115,19 @@ export function topology({ services = [], slices = [], pods = [], nodes = [] }, 
       state: ready > 0 ? 'ready' : 'pending',
       object: slice,
     });
-    if (serviceId) edges.push({ from: serviceId, to: sliceId, state: ready > 0 ? 'ready' : 'pending' });
+    if (serviceId) connect(serviceId, sliceId, ready > 0 ? 'ready' : 'pending');
     for (const endpoint of endpoints) {
       const target = endpoint.targetRef;
       const pod = target?.kind === 'Pod' && podsByKey.get(`${target.namespace ?? slice.metadata.namespace}/${target.name}`);
       if (pod) {
-        if (placePod(pod)) edges.push({ from: sliceId, to: `pod/${keyOf(pod)}`, state: endpointState(endpoint) });
+        if (placePod(pod)) connect(sliceId, `pod/${keyOf(pod)}`, endpointState(endpoint));
         continue;
       }
       // An endpoint that is no visible pod: its address stands in for it.
       for (const address of endpoint.addresses ?? []) {
         const id = `address/${slice.metadata.namespace}/${address}`;
         add({ id, kind: 'address', namespace: slice.metadata.namespace, name: address, detail: target ? `${target.kind} ${target.name}` : 'no pod', state: endpointState(endpoint), object: null });
-        edges.push({ from: sliceId, to: id, state: endpointState(endpoint) });
+        connect(sliceId, id, endpointState(endpoint));
       }
     }
   }
@@ -144,7 +151,7 @@ export function topology({ services = [], slices = [], pods = [], nodes = [] }, 
     const nodeName = pod.spec?.nodeName;
     if (nodeName) {
       addNode(nodeName);
-      edges.push({ from: podId, to: `node/${nodeName}`, state: 'ready' });
+      connect(podId, `node/${nodeName}`, 'ready');
     }
   }
   for (const node of [...nodes].sort(byName)) addNode(node.metadata.name);

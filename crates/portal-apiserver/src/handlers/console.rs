@@ -108,7 +108,11 @@ pub(crate) fn serve(method: &Method, path: &str, headers: &HeaderMap) -> Respons
         *response.status_mut() = StatusCode::NOT_MODIFIED;
         response
     } else if method == Method::HEAD {
-        Response::new(full(""))
+        let mut response = Response::new(full(""));
+        response
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(asset.bytes.len()));
+        response
     } else {
         Response::new(full(asset.bytes))
     };

@@ -30,6 +30,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::job::RESOURCE,
     &kinds::cron_job::RESOURCE,
     &kinds::pod_disruption_budget::RESOURCE,
+    &kinds::network_policy::RESOURCE,
     &kinds::horizontal_pod_autoscaler::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::config_map::RESOURCE,

@@ -27,6 +27,7 @@ pub mod job;
 pub mod lease;
 pub mod mutating_webhook_configuration;
 pub mod namespace;
+pub mod network_policy;
 pub mod node;
 pub mod persistent_volume;
 pub mod persistent_volume_claim;

@@ -303,7 +303,7 @@ mod tests {
         assert!(resource_list("discovery.k8s.io", "v1").is_some());
         assert!(resource_list("apps", "v1").is_some());
         assert!(
-            resource_list("networking.k8s.io", "v1").is_none(),
+            resource_list("node.k8s.io", "v1").is_none(),
             "a group not served"
         );
         let reviews = resource_list("authorization.k8s.io", "v1").unwrap();
@@ -315,7 +315,8 @@ mod tests {
             "autoscaling/v2"
         );
         assert!(group("rbac.authorization.k8s.io").is_some());
-        assert!(group("networking.k8s.io").is_none());
+        assert!(group("networking.k8s.io").is_some());
+        assert!(group("node.k8s.io").is_none());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! What a node may do: in small, what Kubernetes' Node authorizer and
 //! NodeRestriction admission give a kubelet and kube-proxy. A node reads
-//! pods, Services, Endpoints, EndpointSlices, Nodes and PersistentVolumes;
+//! pods, Services, Endpoints, EndpointSlices, Nodes and PersistentVolumes,
+//! and (its agent enforcing them, as a network plugin's node agent does)
+//! NetworkPolicies and Namespaces;
 //! the ConfigMaps, Secrets and claims its pods name; it writes its own
 //! Node and Lease, the status of pods bound to it, its mirror pods and
 //! Events, and asks tokens for its pods' service accounts; nothing else
@@ -34,7 +36,11 @@ pub(crate) fn node_rules(node: &str, r: &Attributes<'_>) -> Option<Allowed> {
             | kinds::node::KIND
             // Volumes name no secrets; the agent mounts the ones bound to
             // its pods' claims and removes the data of deleted ones.
-            | kinds::persistent_volume::KIND,
+            | kinds::persistent_volume::KIND
+            // The agent enforces NetworkPolicies: it matches their
+            // namespace selectors against Namespaces' labels.
+            | kinds::network_policy::KIND
+            | kinds::namespace::KIND,
             None | Some("status"),
         ) if reading => Some(Allowed::Yes),
         (kinds::node::KIND, None) if r.verb == "create" => Some(Allowed::IfOwnObject),

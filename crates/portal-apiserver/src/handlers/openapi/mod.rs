@@ -292,7 +292,7 @@ mod tests {
         );
         assert!(document("apis/apps/v1").is_some());
         assert!(
-            document("apis/networking.k8s.io/v1").is_none(),
+            document("apis/node.k8s.io/v1").is_none(),
             "a group not served"
         );
         // The real schemas, the kinds marked for `kubectl explain`.

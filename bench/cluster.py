@@ -34,7 +34,10 @@ os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
 from support import agent_bed  # noqa: E402
 from support.nodes import sh  # noqa: E402
-from test_cluster import NAMES, NS, Bed, wait_for, web_rc  # noqa: E402
+from support.cluster_bed import NAMES, Bed  # noqa: E402
+from support.agent_bed import NS  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
+from test_cluster import web_rc  # noqa: E402
 
 PING = """
 import socket, sys, time, json

@@ -33,6 +33,7 @@ pub mod network;
 pub mod node;
 pub mod objects;
 mod pods;
+pub mod policy;
 mod probe_results;
 pub mod prober;
 pub mod reset;
@@ -382,6 +383,10 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         );
         tasks.restarting("routes to other nodes", move || {
             routes::run(routes_client.clone(), node.clone(), pod_network, ip)
+        });
+        let (policy_client, node) = (client.clone(), context.me.name.clone());
+        tasks.restarting("network policies", move || {
+            policy::run(policy_client.clone(), node.clone())
         });
         let mirroring = mirror::Mirroring {
             mirrors: context.mirrors.clone(),

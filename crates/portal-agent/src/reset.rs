@@ -33,7 +33,12 @@ use crate::{mountinfo, routes, short_hash, vxlan, Error};
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// The nftables tables of the proxy, the egress masquerade and host ports.
-const TABLES: [&str; 3] = ["portal", "portal_egress", "portal_hostports"];
+const TABLES: [&str; 4] = [
+    "portal",
+    "portal_egress",
+    "portal_hostports",
+    "portal_policy",
+];
 
 /// The file the agent keeps its node name in (the tag needs it).
 pub(crate) const NODE_NAME_FILE: &str = "node-name";

@@ -10,6 +10,7 @@
 
 pub mod model;
 pub mod nft;
+pub mod ranges;
 #[cfg(test)]
 mod tests;
 
@@ -25,29 +26,12 @@ use kube::{Api, Client, Resource};
 
 use crate::routes::apply_nft;
 
-/// Where Portal publishes its cluster DNS (`portal-dns`'s `publish`).
-const DNS_NAMESPACE: &str = "kube-system";
-const DNS_SERVICE: &str = "kube-dns";
-
-/// The addresses of the kube-dns Endpoints that are no pod: the nodes
-/// Portal's DNS answers on (DNS pods someone deployed are pods already).
-fn dns_addresses(endpoints: &[Arc<Endpoints>]) -> Vec<std::net::Ipv4Addr> {
-    endpoints
-        .iter()
-        .flat_map(|e| e.subsets.iter().flatten())
-        .flat_map(|s| s.addresses.iter().flatten())
-        .filter(|a| {
-            a.target_ref
-                .as_ref()
-                .is_none_or(|t| t.kind.as_deref() != Some("Pod"))
-        })
-        .filter_map(|a| a.ip.parse().ok())
-        .collect()
-}
-
 /// The table is written again at least this often (rules removed by hand
 /// come back).
 const RESYNC: Duration = Duration::from_secs(60);
+/// A failed write is tried again after this, doubling up to `RETRY_MOST`.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MOST: Duration = Duration::from_secs(30);
 
 /// Aborts the watch tasks when the loop that owns them ends.
 struct Watching(Vec<tokio::task::JoinHandle<()>>);
@@ -60,8 +44,8 @@ impl Drop for Watching {
     }
 }
 
-/// Follows the objects of `api` that `config` picks into a store; each
-/// change wakes `changed`.
+/// Follows the objects of `api` that `config` picks into a store; every
+/// event wakes `changed` (also a relist's end, when the store is swapped).
 fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -79,15 +63,51 @@ where
 {
     let (store, writer) = reflector::store::<K>();
     let notify = changed.clone();
-    let watch = watcher(api, config)
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
+    let watch = watcher(api, config).default_backoff().reflect(writer);
     tasks.push(tokio::spawn(watch.for_each(move |_| {
         notify.notify_one();
         async {}
     })));
     store
+}
+
+/// Where Portal publishes its cluster DNS (`portal-dns`'s `publish`).
+const DNS_NAMESPACE: &str = "kube-system";
+const DNS_SERVICE: &str = "kube-dns";
+
+/// The kube-dns Endpoints' addresses that are no pod (the nodes Portal's
+/// DNS answers on; DNS pods someone deployed are pods already), with
+/// their ports.
+fn dns_endpoints(endpoints: &[Arc<Endpoints>]) -> Vec<model::DnsEndpoint> {
+    let mut found = Vec::new();
+    for subset in endpoints.iter().flat_map(|e| e.subsets.iter().flatten()) {
+        let ports: Vec<(String, model::Protocol, u16)> = subset
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| {
+                let protocol = model::Protocol::of(p.protocol.as_deref())?;
+                Some((
+                    p.name.clone().unwrap_or_default(),
+                    protocol,
+                    u16::try_from(p.port).ok()?,
+                ))
+            })
+            .collect();
+        for address in subset.addresses.iter().flatten() {
+            let pod = address
+                .target_ref
+                .as_ref()
+                .is_some_and(|t| t.kind.as_deref() == Some("Pod"));
+            if let (false, Ok(ip)) = (pod, address.ip.parse()) {
+                found.push(model::DnsEndpoint {
+                    ip,
+                    ports: ports.clone(),
+                });
+            }
+        }
+    }
+    found
 }
 
 /// Keeps the policy table in line with the cluster while the agent runs.
@@ -126,37 +146,58 @@ pub(crate) async fn run(client: Client, node: String) {
         }
     }
     // What the table last said: pods' status heartbeats that change
-    // nothing cost a comparison, not an nft run.
+    // nothing cost a plan and a comparison, not an nft run.
     let mut written: Option<String> = None;
+    let mut resync = tokio::time::interval(RESYNC);
+    resync.tick().await;
+    let mut retry = RETRY_FIRST;
     loop {
-        let (all_policies, all_pods, all_namespaces) =
-            (policies.state(), pods.state(), namespaces.state());
-        let dns_addresses = dns_addresses(&dns.state());
-        let cluster = model::Cluster {
-            policies: &all_policies,
-            pods: &all_pods,
-            namespaces: &all_namespaces,
-            dns: &dns_addresses,
+        let (node, stores) = (
+            node.clone(),
+            (
+                policies.state(),
+                pods.state(),
+                namespaces.state(),
+                dns.state(),
+            ),
+        );
+        // Planning walks every pod and policy: off the async workers.
+        let planned = tokio::task::spawn_blocking(move || {
+            let (policies, pods, namespaces, endpoints) = stores;
+            let dns = dns_endpoints(&endpoints);
+            let cluster = model::Cluster {
+                policies: &policies,
+                pods: &pods,
+                namespaces: &namespaces,
+                dns: &dns,
+            };
+            let plan = cluster.plan(&node);
+            (plan.len(), nft::render(&plan))
+        })
+        .await;
+        let Ok((isolated, text)) = planned else {
+            return;
         };
-        let plan = cluster.plan(&node);
-        let text = nft::render(&plan);
         if written.as_deref() != Some(text.as_str()) {
             match apply_nft(&text).await {
                 Ok(()) => {
-                    tracing::debug!(isolated = plan.len(), "network policies applied");
+                    tracing::debug!(isolated, "network policies applied");
                     written = Some(text);
+                    retry = RETRY_FIRST;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "network policies; retrying");
+                    // The table in force stays until a write succeeds.
+                    tracing::warn!(%error, retry_in = ?retry, "network policies; retrying");
                     written = None;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(RETRY_MOST);
                     continue;
                 }
             }
         }
         tokio::select! {
             () = changed.notified() => {}
-            () = tokio::time::sleep(RESYNC) => written = None,
+            _ = resync.tick() => written = None,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! let through, as address ranges and ports (named ports resolved). Pure:
 //! the objects in, the plan out; `nft` renders it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -13,8 +13,9 @@ use k8s_openapi::api::networking::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as ApiSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use portal_api::kinds::network_policy::{cidr_bounds, parse_cidr};
 use portal_api::selector::LabelSelector;
+
+use super::ranges::{ip_block, merge, Ranges};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
@@ -24,7 +25,7 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    fn of(name: Option<&str>) -> Option<Protocol> {
+    pub fn of(name: Option<&str>) -> Option<Protocol> {
         match name.unwrap_or("TCP") {
             "TCP" => Some(Protocol::Tcp),
             "UDP" => Some(Protocol::Udp),
@@ -42,16 +43,18 @@ impl Protocol {
     }
 }
 
-/// Inclusive ranges, sorted and merged (no two overlap or touch).
-pub type Ranges<T> = Vec<(T, T)>;
+/// Ports per protocol (None: every port of it).
+pub type Ports = BTreeMap<Protocol, Option<Ranges<u16>>>;
+
+/// Named ports as resolved on one pod.
+type Resolved = Vec<(Protocol, u16)>;
 
 /// What one rule lets through: from (ingress) or to (egress) `peers`
-/// (None: any address), on `ports` (None: every port of every protocol;
-/// per protocol, None: every port of it).
+/// (None: any address), on `ports` (None: every port of every protocol).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allow {
     pub peers: Option<Ranges<u32>>,
-    pub ports: Option<BTreeMap<Protocol, Option<Ranges<u16>>>>,
+    pub ports: Option<Ports>,
     /// The policy it comes from (`namespace/name`), for the rule's comment.
     pub policy: String,
 }
@@ -67,75 +70,80 @@ pub struct Isolated {
     pub egress: Option<Vec<Allow>>,
 }
 
-/// Sorts and merges ranges so none overlap or touch (nft refuses
-/// overlapping intervals in a set).
-pub fn merge<T: Copy + Ord + num_step::Step>(mut ranges: Ranges<T>) -> Ranges<T> {
-    ranges.sort();
-    let mut merged: Ranges<T> = Vec::with_capacity(ranges.len());
-    for (low, high) in ranges {
-        match merged.last_mut() {
-            Some(last) if low <= last.1.next_or_max() => last.1 = last.1.max(high),
-            _ => merged.push((low, high)),
-        }
-    }
-    merged
+/// An address Portal's cluster DNS answers on (a node's, from the kube-dns
+/// Endpoints), with the ports published there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsEndpoint {
+    pub ip: Ipv4Addr,
+    /// `(name, protocol, port)`.
+    pub ports: Vec<(String, Protocol, u16)>,
 }
 
-/// The one thing `merge` needs of a number: its successor.
-pub mod num_step {
-    pub trait Step {
-        fn next_or_max(self) -> Self;
-    }
-    impl Step for u32 {
-        fn next_or_max(self) -> Self {
-            self.saturating_add(1)
-        }
-    }
-    impl Step for u16 {
-        fn next_or_max(self) -> Self {
-            self.saturating_add(1)
-        }
-    }
+/// Portal's DNS answers on node addresses, not in pods. Policies written
+/// for Kubernetes allow DNS with a peer for the DNS pods (`kube-system`,
+/// `k8s-app: kube-dns`): the DNS endpoints stand in for such pods, for
+/// egress only and on the DNS ports only (never the rest of the node).
+const DNS_NAMESPACE: &str = "kube-system";
+const DNS_LABEL: (&str, &str) = ("k8s-app", "kube-dns");
+
+/// The objects the plan is made of.
+#[derive(Debug)]
+pub struct Cluster<'a> {
+    pub policies: &'a [Arc<NetworkPolicy>],
+    pub pods: &'a [Arc<Pod>],
+    pub namespaces: &'a [Arc<Namespace>],
+    pub dns: &'a [DnsEndpoint],
 }
 
-/// `range` without the `holes`.
-fn subtract(range: (u32, u32), holes: &Ranges<u32>) -> Ranges<u32> {
-    let mut left = vec![range];
-    for &(low, high) in holes {
-        left = left
-            .into_iter()
-            .flat_map(|(a, b)| {
-                let mut parts = Vec::new();
-                if high < a || low > b {
-                    parts.push((a, b));
-                } else {
-                    if low > a {
-                        parts.push((a, low - 1));
-                    }
-                    if high < b {
-                        parts.push((high + 1, b));
-                    }
-                }
-                parts
-            })
-            .collect();
-    }
-    left
+/// A pod that takes part: running somewhere with an IPv4 address of its
+/// own (host-network pods have the node's and are not selected).
+struct Member<'a> {
+    pod: &'a Pod,
+    ip: u32,
+    namespace: &'a str,
 }
 
-/// An IPv4 block less its exceptions; None for another family or bad text.
-fn block_ranges(cidr: &str, except: &[String]) -> Option<Ranges<u32>> {
-    let block = parse_cidr(cidr).filter(|(ip, _)| ip.is_ipv4())?;
-    let (low, high) = cidr_bounds(block);
-    let holes: Ranges<u32> = merge(
-        except
+impl Member<'_> {
+    fn of(pod: &Pod) -> Option<Member<'_>> {
+        let spec = pod.spec.as_ref()?;
+        let status = pod.status.as_ref()?;
+        if spec.host_network == Some(true)
+            || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"))
+        {
+            return None;
+        }
+        let ip = status
+            .pod_ips
             .iter()
-            .filter_map(|e| parse_cidr(e).filter(|(ip, _)| ip.is_ipv4()))
-            .map(cidr_bounds)
-            .map(|(l, h)| (l as u32, h as u32))
-            .collect(),
-    );
-    Some(subtract((low as u32, high as u32), &holes))
+            .flatten()
+            .map(|p| p.ip.as_str())
+            .chain(status.pod_ip.as_deref())
+            .find_map(|ip| ip.parse::<Ipv4Addr>().ok())?;
+        Some(Member {
+            pod,
+            ip: u32::from(ip),
+            namespace: pod.metadata.namespace.as_deref()?,
+        })
+    }
+
+    fn labels(&self) -> Option<&BTreeMap<String, String>> {
+        self.pod.metadata.labels.as_ref()
+    }
+
+    /// The port this pod's containers name `name` for `protocol`.
+    fn named_port(&self, name: &str, protocol: Protocol) -> Option<u16> {
+        self.pod
+            .spec
+            .as_ref()?
+            .containers
+            .iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| {
+                p.name.as_deref() == Some(name)
+                    && Protocol::of(p.protocol.as_deref()) == Some(protocol)
+            })
+            .and_then(|p| u16::try_from(p.container_port).ok())
+    }
 }
 
 /// A selector as Portal's; None for an invalid one (validation refuses
@@ -153,128 +161,66 @@ fn labels_match(selector: &LabelSelector, labels: Option<&BTreeMap<String, Strin
     selector.matches(|key| labels.and_then(|l| l.get(key)).map(String::as_str))
 }
 
-/// What a peer selector can pick: a pod running somewhere with an IPv4
-/// address of its own (host-network pods have the node's and are not
-/// selected), or an address of the cluster DNS.
-struct Member<'a> {
-    /// None: the cluster DNS on a node address.
-    pod: Option<&'a Pod>,
-    ip: Ipv4Addr,
-    namespace: &'a str,
-    labels: Option<&'a BTreeMap<String, String>>,
-}
-
-/// Portal's cluster DNS answers on node addresses, not in pods. Policies
-/// written for Kubernetes allow DNS with a peer for the DNS pods
-/// (`namespaceSelector` kube-system, `podSelector` `k8s-app: kube-dns`)
-/// and the port names CoreDNS's pods give: those addresses stand in for
-/// such pods, with their labels and ports.
-const DNS_NAMESPACE: &str = "kube-system";
-static DNS_LABELS: std::sync::LazyLock<BTreeMap<String, String>> =
-    std::sync::LazyLock::new(|| BTreeMap::from([("k8s-app".to_owned(), "kube-dns".to_owned())]));
-const DNS_PORTS: [(&str, Protocol, u16); 2] =
-    [("dns", Protocol::Udp, 53), ("dns-tcp", Protocol::Tcp, 53)];
-
-fn member(pod: &Pod) -> Option<Member<'_>> {
-    let spec = pod.spec.as_ref()?;
-    let status = pod.status.as_ref()?;
-    if spec.host_network == Some(true)
-        || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"))
-    {
-        return None;
-    }
-    let ip = status
-        .pod_ips
-        .iter()
-        .flatten()
-        .map(|p| p.ip.as_str())
-        .chain(status.pod_ip.as_deref())
-        .find_map(|ip| ip.parse::<Ipv4Addr>().ok())?;
-    Some(Member {
-        pod: Some(pod),
-        ip,
-        namespace: pod.metadata.namespace.as_deref()?,
-        labels: pod.metadata.labels.as_ref(),
-    })
-}
-
-/// The port a member gives `name` for `protocol`.
-fn named_port(member: &Member<'_>, name: &str, protocol: Protocol) -> Option<u16> {
-    let Some(pod) = member.pod else {
-        return DNS_PORTS
-            .iter()
-            .find(|(n, p, _)| *n == name && *p == protocol)
-            .map(|(_, _, port)| *port);
-    };
-    pod.spec
-        .as_ref()?
-        .containers
-        .iter()
-        .flat_map(|c| c.ports.iter().flatten())
-        .find(|p| {
-            p.name.as_deref() == Some(name) && Protocol::of(p.protocol.as_deref()) == Some(protocol)
-        })
-        .and_then(|p| u16::try_from(p.container_port).ok())
-}
-
-/// The objects the plan is made of.
-#[derive(Debug)]
-pub struct Cluster<'a> {
-    pub policies: &'a [Arc<NetworkPolicy>],
-    pub pods: &'a [Arc<Pod>],
-    pub namespaces: &'a [Arc<Namespace>],
-    /// The addresses the cluster DNS answers on that are no pod's.
-    pub dns: &'a [Ipv4Addr],
-}
-
-/// A rule's ports: numbered (and protocol-only) ones, and named ones to
-/// resolve on a pod. `None`: every port.
+/// A rule's ports: numbered (and protocol-only) ones, and named ones.
+/// None: every port.
 struct RulePorts {
-    numbered: BTreeMap<Protocol, Option<Ranges<u16>>>,
+    numbered: Ports,
     named: Vec<(Protocol, String)>,
 }
 
-fn rule_ports(ports: Option<&Vec<NetworkPolicyPort>>) -> Option<RulePorts> {
-    let ports = ports.filter(|p| !p.is_empty())?;
-    let mut numbered: BTreeMap<Protocol, Option<Ranges<u16>>> = BTreeMap::new();
-    let mut named = Vec::new();
-    for port in ports {
-        let Some(protocol) = Protocol::of(port.protocol.as_deref()) else {
-            continue;
-        };
-        match &port.port {
-            // A protocol alone: all of its ports.
-            None => {
-                numbered.insert(protocol, None);
-            }
-            Some(IntOrString::Int(n)) => {
-                let (Ok(low), end) = (u16::try_from(*n), port.end_port) else {
-                    continue;
-                };
-                let high = end.and_then(|e| u16::try_from(e).ok()).unwrap_or(low);
-                // A protocol already open on every port stays so.
-                if let Some(list) = numbered.entry(protocol).or_insert_with(|| Some(Vec::new())) {
-                    list.push((low, high.max(low)));
+impl RulePorts {
+    fn of(ports: Option<&Vec<NetworkPolicyPort>>) -> Option<RulePorts> {
+        let ports = ports.filter(|p| !p.is_empty())?;
+        let mut numbered = Ports::new();
+        let mut named = Vec::new();
+        for port in ports {
+            let Some(protocol) = Protocol::of(port.protocol.as_deref()) else {
+                continue;
+            };
+            match &port.port {
+                // A protocol alone: all of its ports.
+                None => {
+                    numbered.insert(protocol, None);
                 }
+                Some(IntOrString::Int(n)) => {
+                    let Ok(low) = u16::try_from(*n) else {
+                        continue;
+                    };
+                    let high = port
+                        .end_port
+                        .and_then(|e| u16::try_from(e).ok())
+                        .unwrap_or(low);
+                    // A protocol already open on every port stays so.
+                    if let Some(list) = numbered.entry(protocol).or_insert_with(|| Some(Vec::new()))
+                    {
+                        list.push((low, high.max(low)));
+                    }
+                }
+                Some(IntOrString::String(name)) => named.push((protocol, name.clone())),
             }
-            Some(IntOrString::String(name)) => named.push((protocol, name.clone())),
         }
+        Some(RulePorts { numbered, named })
     }
-    Some(RulePorts { numbered, named })
+
+    /// Whether a port (named `name`) is among these.
+    fn covers(&self, name: &str, protocol: Protocol, port: u16) -> bool {
+        let numbered = match self.numbered.get(&protocol) {
+            Some(None) => true,
+            Some(Some(ranges)) => ranges
+                .iter()
+                .any(|&(low, high)| (low..=high).contains(&port)),
+            None => false,
+        };
+        numbered || self.named.iter().any(|(p, n)| *p == protocol && n == name)
+    }
 }
 
-fn with_named(
-    numbered: &BTreeMap<Protocol, Option<Ranges<u16>>>,
-    resolved: impl IntoIterator<Item = (Protocol, u16)>,
-) -> BTreeMap<Protocol, Option<Ranges<u16>>> {
+/// `numbered` plus `resolved` single ports, merged.
+fn with_ports(numbered: &Ports, resolved: impl IntoIterator<Item = (Protocol, u16)>) -> Ports {
     let mut ports = numbered.clone();
     for (protocol, port) in resolved {
-        match ports.get_mut(&protocol) {
-            Some(None) => {}
-            Some(Some(list)) => list.push((port, port)),
-            None => {
-                ports.insert(protocol, Some(vec![(port, port)]));
-            }
+        if let Some(list) = ports.entry(protocol).or_insert_with(|| Some(Vec::new())) {
+            list.push((port, port));
         }
     }
     ports
@@ -283,158 +229,223 @@ fn with_named(
         .collect()
 }
 
-impl Cluster<'_> {
-    fn namespace_labels(&self, name: &str) -> Option<&BTreeMap<String, String>> {
-        self.namespaces
-            .iter()
-            .find(|n| n.metadata.name.as_deref() == Some(name))
-            .and_then(|n| n.metadata.labels.as_ref())
+/// What a rule's peers pick: None for "any address"; else the pods, the
+/// ipBlock ranges and (egress) the cluster DNS endpoints.
+struct Peers<'a> {
+    pods: Vec<&'a Member<'a>>,
+    blocks: Ranges<u32>,
+    dns: Vec<&'a DnsEndpoint>,
+}
+
+impl Peers<'_> {
+    fn addresses(&self) -> Ranges<u32> {
+        merge(
+            self.pods
+                .iter()
+                .map(|m| (m.ip, m.ip))
+                .chain(self.blocks.iter().copied())
+                .collect(),
+        )
+    }
+}
+
+/// The cluster, indexed once per plan.
+struct Index<'a> {
+    members: Vec<Member<'a>>,
+    namespaces: HashMap<&'a str, Option<&'a BTreeMap<String, String>>>,
+    dns: &'a [DnsEndpoint],
+}
+
+impl<'a> Index<'a> {
+    fn namespace_labels(&self, name: &str) -> Option<&'a BTreeMap<String, String>> {
+        self.namespaces.get(name).copied().flatten()
     }
 
-    /// The pods a peer's selectors pick, for a policy in `namespace`.
-    fn peer_pods<'a>(&'a self, peer: &NetworkPolicyPeer, namespace: &str) -> Vec<Member<'a>> {
-        // No namespace selector: the policy's own namespace.
-        let namespaces = match &peer.namespace_selector {
-            None => None,
-            Some(given) => match selector(Some(given)) {
-                Some(selector) => Some(selector),
-                None => return Vec::new(),
-            },
-        };
-        let Some(pods) = selector(peer.pod_selector.as_ref()) else {
-            return Vec::new();
-        };
-        self.members()
-            .filter(|m| match &namespaces {
-                // A pod selector alone: the policy's own namespace.
-                None => m.namespace == namespace,
-                Some(selector) => labels_match(selector, self.namespace_labels(m.namespace)),
-            })
-            .filter(|m| labels_match(&pods, m.labels))
-            .collect()
-    }
-
-    /// Every pod that takes part, and the cluster DNS's addresses.
-    fn members(&self) -> impl Iterator<Item = Member<'_>> {
-        let dns = self.dns.iter().map(|ip| Member {
-            pod: None,
-            ip: *ip,
-            namespace: DNS_NAMESPACE,
-            labels: Some(&DNS_LABELS),
-        });
-        self.pods.iter().filter_map(|p| member(p)).chain(dns)
-    }
-
-    /// Each policy direction's rules for the pod at `local`.
-    fn allows(
-        &self,
-        policy: &str,
+    /// What `peers` of a policy in `namespace` pick (None: anyone).
+    fn peers(
+        &'a self,
+        peers: Option<&[NetworkPolicyPeer]>,
         namespace: &str,
-        local: &Member<'_>,
-        rules: impl Iterator<
-            Item = (
-                Option<Vec<NetworkPolicyPeer>>,
-                Option<Vec<NetworkPolicyPort>>,
-            ),
-        >,
-        ingress: bool,
-    ) -> Vec<Allow> {
-        let mut allows = Vec::new();
-        for (peers, ports) in rules {
-            let ports = rule_ports(ports.as_ref());
-            // None: any address; else the pods picked and the blocks.
-            let mut pods: Option<Vec<Member<'_>>> = None;
-            let mut blocks: Ranges<u32> = Vec::new();
-            if let Some(peers) = peers.filter(|p| !p.is_empty()) {
-                let mut picked = Vec::new();
-                for peer in &peers {
-                    if let Some(block) = &peer.ip_block {
-                        blocks.extend(
-                            block_ranges(&block.cidr, block.except.as_deref().unwrap_or(&[]))
-                                .unwrap_or_default(),
-                        );
-                    } else {
-                        picked.extend(self.peer_pods(peer, namespace));
-                    }
-                }
-                pods = Some(picked);
-            }
-            let addresses = |pods: &[Member<'_>]| -> Ranges<u32> {
-                merge(
-                    pods.iter()
-                        .map(|m| (u32::from(m.ip), u32::from(m.ip)))
-                        .chain(blocks.iter().copied())
-                        .collect(),
-                )
-            };
-            let Some(ports) = ports else {
-                allows.push(Allow {
-                    peers: pods.as_deref().map(addresses),
-                    ports: None,
-                    policy: policy.to_owned(),
-                });
-                continue;
-            };
-            if ingress || ports.named.is_empty() {
-                // Named ports of ingress rules are the local pod's own.
-                let resolved = ports.named.iter().filter_map(|(protocol, name)| {
-                    Some((*protocol, named_port(local, name, *protocol)?))
-                });
-                let merged = with_named(&ports.numbered, resolved);
-                if !merged.is_empty() {
-                    allows.push(Allow {
-                        peers: pods.as_deref().map(addresses),
-                        ports: Some(merged),
-                        policy: policy.to_owned(),
-                    });
-                }
+        egress: bool,
+    ) -> Option<Peers<'a>> {
+        let peers = peers.filter(|p| !p.is_empty())?;
+        let mut picked = Peers {
+            pods: Vec::new(),
+            blocks: Vec::new(),
+            dns: Vec::new(),
+        };
+        for peer in peers {
+            if let Some(block) = &peer.ip_block {
+                picked.blocks.extend(ip_block(
+                    &block.cidr,
+                    block.except.as_deref().unwrap_or(&[]),
+                ));
                 continue;
             }
-            // Egress with named ports: numbered ones for every peer, named
-            // ones resolved on each destination pod (blocks have no names).
-            if !ports.numbered.is_empty() {
-                allows.push(Allow {
-                    peers: pods.as_deref().map(addresses),
-                    ports: Some(with_named(&ports.numbered, [])),
-                    policy: policy.to_owned(),
-                });
-            }
-            let destinations: Vec<Member<'_>> = match pods {
-                Some(pods) => pods,
-                None => self.members().collect(),
+            let Some(pods) = selector(peer.pod_selector.as_ref()) else {
+                continue;
             };
-            for destination in destinations {
-                let resolved: Vec<(Protocol, u16)> = ports
-                    .named
+            // No namespace selector: the policy's own namespace.
+            let namespaces = match &peer.namespace_selector {
+                None => None,
+                Some(given) => match selector(Some(given)) {
+                    Some(selector) => Some(selector),
+                    None => continue,
+                },
+            };
+            let in_scope = |ns: &str| match &namespaces {
+                None => ns == namespace,
+                Some(selector) => labels_match(selector, self.namespace_labels(ns)),
+            };
+            picked.pods.extend(
+                self.members
                     .iter()
-                    .filter_map(|(protocol, name)| {
-                        Some((*protocol, named_port(&destination, name, *protocol)?))
-                    })
-                    .collect();
-                if !resolved.is_empty() {
-                    let ip = u32::from(destination.ip);
-                    allows.push(Allow {
-                        peers: Some(vec![(ip, ip)]),
-                        ports: Some(with_named(&BTreeMap::new(), resolved)),
-                        policy: policy.to_owned(),
-                    });
-                }
+                    .filter(|m| in_scope(m.namespace) && labels_match(&pods, m.labels())),
+            );
+            let dns_labels = BTreeMap::from([(DNS_LABEL.0.to_owned(), DNS_LABEL.1.to_owned())]);
+            if egress && in_scope(DNS_NAMESPACE) && labels_match(&pods, Some(&dns_labels)) {
+                picked.dns.extend(self.dns.iter());
             }
         }
-        // A rule whose peers resolved to no address allows nothing.
-        allows.retain(|a| a.peers.as_ref().is_none_or(|p| !p.is_empty()));
-        allows
+        picked.dns.dedup_by(|a, b| a.ip == b.ip);
+        Some(picked)
     }
+}
 
+/// The allows of one egress rule (the same for every pod it applies to).
+fn egress_allows(
+    policy: &str,
+    peers: Option<&Peers<'_>>,
+    ports: Option<&RulePorts>,
+    index: &Index<'_>,
+) -> Vec<Allow> {
+    let allow = |peers: Option<Ranges<u32>>, ports: Option<Ports>| Allow {
+        peers,
+        ports,
+        policy: policy.to_owned(),
+    };
+    let mut allows = Vec::new();
+    let Some(ports) = ports else {
+        allows.push(allow(peers.map(Peers::addresses), None));
+        allows.extend(
+            peers
+                .into_iter()
+                .flat_map(|p| dns_allows(policy, &p.dns, None)),
+        );
+        return allows;
+    };
+    if !ports.numbered.is_empty() {
+        allows.push(allow(
+            peers.map(Peers::addresses),
+            Some(with_ports(&ports.numbered, [])),
+        ));
+    }
+    if !ports.named.is_empty() {
+        // Named ports are the destination pods' own: destinations grouped
+        // by what the names resolve to on them (ipBlocks have no names).
+        let everyone: Vec<&Member<'_>> = index.members.iter().collect();
+        let destinations = peers.map_or(everyone.as_slice(), |p| p.pods.as_slice());
+        let mut groups: BTreeMap<Resolved, Ranges<u32>> = BTreeMap::new();
+        for destination in destinations {
+            let mut resolved: Vec<(Protocol, u16)> = ports
+                .named
+                .iter()
+                .filter_map(|(protocol, name)| {
+                    Some((*protocol, destination.named_port(name, *protocol)?))
+                })
+                .collect();
+            resolved.sort_unstable();
+            resolved.dedup();
+            if !resolved.is_empty() {
+                groups
+                    .entry(resolved)
+                    .or_default()
+                    .push((destination.ip, destination.ip));
+            }
+        }
+        for (resolved, addresses) in groups {
+            allows.push(allow(
+                Some(merge(addresses)),
+                Some(with_ports(&Ports::new(), resolved)),
+            ));
+        }
+    }
+    // With "any address" the DNS is reached by the rules above already.
+    if let Some(peers) = peers {
+        allows.extend(dns_allows(policy, &peers.dns, Some(ports)));
+    }
+    allows
+}
+
+/// The cluster DNS endpoints a rule picked, on the DNS ports the rule's
+/// ports cover (all of them when it names none).
+fn dns_allows(policy: &str, dns: &[&DnsEndpoint], ports: Option<&RulePorts>) -> Vec<Allow> {
+    dns.iter()
+        .filter_map(|endpoint| {
+            let covered: Vec<(Protocol, u16)> = endpoint
+                .ports
+                .iter()
+                .filter(|(name, protocol, port)| {
+                    ports.is_none_or(|p| p.covers(name, *protocol, *port))
+                })
+                .map(|(_, protocol, port)| (*protocol, *port))
+                .collect();
+            let ip = u32::from(endpoint.ip);
+            (!covered.is_empty()).then(|| Allow {
+                peers: Some(vec![(ip, ip)]),
+                ports: Some(with_ports(&Ports::new(), covered)),
+                policy: policy.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The allow of one ingress rule for the pod `local` (its named ports are
+/// its own); None when the rule can let nothing through.
+fn ingress_allow(
+    policy: &str,
+    addresses: Option<&Ranges<u32>>,
+    ports: Option<&RulePorts>,
+    local: &Member<'_>,
+) -> Option<Allow> {
+    let ports = match ports {
+        None => None,
+        Some(ports) => {
+            let resolved = ports.named.iter().filter_map(|(protocol, name)| {
+                Some((*protocol, local.named_port(name, *protocol)?))
+            });
+            let merged = with_ports(&ports.numbered, resolved);
+            if merged.is_empty() {
+                return None;
+            }
+            Some(merged)
+        }
+    };
+    Some(Allow {
+        peers: addresses.cloned(),
+        ports,
+        policy: policy.to_owned(),
+    })
+}
+
+impl Cluster<'_> {
     /// The isolated pods on `node`, by address.
     pub fn plan(&self, node: &str) -> Vec<Isolated> {
-        let mut plan: BTreeMap<Ipv4Addr, Isolated> = BTreeMap::new();
-        let locals: Vec<Member<'_>> = self
-            .pods
+        let index = Index {
+            members: self.pods.iter().filter_map(|p| Member::of(p)).collect(),
+            namespaces: self
+                .namespaces
+                .iter()
+                .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref())))
+                .collect(),
+            dns: self.dns,
+        };
+        let locals: Vec<&Member<'_>> = index
+            .members
             .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .filter_map(|p| member(p))
+            .filter(|m| m.pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
             .collect();
+        let mut plan: BTreeMap<Ipv4Addr, Isolated> = BTreeMap::new();
         for policy in self.policies {
             let (Some(namespace), Some(name), Some(spec)) = (
                 policy.metadata.namespace.as_deref(),
@@ -446,43 +457,75 @@ impl Cluster<'_> {
             let Some(selects) = selector(spec.pod_selector.as_ref()) else {
                 continue;
             };
-            let (ingress, egress) = policy_types(spec);
+            let selected: Vec<&&Member<'_>> = locals
+                .iter()
+                .filter(|m| m.namespace == namespace && labels_match(&selects, m.labels()))
+                .collect();
+            if selected.is_empty() {
+                continue;
+            }
             let id = format!("{namespace}/{name}");
-            for local in locals.iter().filter(|m| m.namespace == namespace) {
-                if !labels_match(&selects, local.labels) {
-                    continue;
-                }
-                let entry = plan.entry(local.ip).or_insert_with(|| Isolated {
-                    ip: local.ip,
+            let (ingress, egress) = policy_types(spec);
+            // Each rule's peers are worked out once, whatever the pods.
+            let ingress_rules: Vec<(Option<Ranges<u32>>, Option<RulePorts>)> = spec
+                .ingress
+                .iter()
+                .flatten()
+                .map(|rule| {
+                    let peers = index.peers(rule.from.as_deref(), namespace, false);
+                    (
+                        peers.as_ref().map(Peers::addresses),
+                        RulePorts::of(rule.ports.as_ref()),
+                    )
+                })
+                .collect();
+            let egress_rules: Vec<Allow> = spec
+                .egress
+                .iter()
+                .flatten()
+                .flat_map(|rule| {
+                    let peers = index.peers(rule.to.as_deref(), namespace, true);
+                    egress_allows(
+                        &id,
+                        peers.as_ref(),
+                        RulePorts::of(rule.ports.as_ref()).as_ref(),
+                        &index,
+                    )
+                })
+                .collect();
+            for local in selected {
+                let ip = Ipv4Addr::from(local.ip);
+                let entry = plan.entry(ip).or_insert_with(|| Isolated {
+                    ip,
                     pod: format!(
                         "{}/{}",
                         local.namespace,
-                        local
-                            .pod
-                            .and_then(|p| p.metadata.name.as_deref())
-                            .unwrap_or("")
+                        local.pod.metadata.name.as_deref().unwrap_or("")
                     ),
                     ingress: None,
                     egress: None,
                 });
                 if ingress {
-                    let rules = spec
-                        .ingress
-                        .iter()
-                        .flatten()
-                        .map(|r| (r.from.clone(), r.ports.clone()));
-                    let allows = self.allows(&id, namespace, local, rules, true);
+                    let allows = ingress_rules.iter().filter_map(|(addresses, ports)| {
+                        ingress_allow(&id, addresses.as_ref(), ports.as_ref(), local)
+                    });
                     entry.ingress.get_or_insert_with(Vec::new).extend(allows);
                 }
                 if egress {
-                    let rules = spec
+                    entry
                         .egress
-                        .iter()
-                        .flatten()
-                        .map(|r| (r.to.clone(), r.ports.clone()));
-                    let allows = self.allows(&id, namespace, local, rules, false);
-                    entry.egress.get_or_insert_with(Vec::new).extend(allows);
+                        .get_or_insert_with(Vec::new)
+                        .extend(egress_rules.iter().cloned());
                 }
+            }
+        }
+        // A rule whose peers resolved to no address allows nothing.
+        for isolated in plan.values_mut() {
+            for allows in [&mut isolated.ingress, &mut isolated.egress]
+                .into_iter()
+                .flatten()
+            {
+                allows.retain(|a| a.peers.as_ref().is_none_or(|p| !p.is_empty()));
             }
         }
         plan.into_values().collect()

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::net::Ipv4Addr;
 
-use super::model::{Allow, Isolated, Protocol, Ranges};
+use super::model::{Allow, Isolated, Protocol};
+use super::ranges::Ranges;
 
 pub const TABLE: &str = "portal_policy";
 

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::json;
 
-use super::model::{Allow, Cluster, Isolated, Protocol};
+use super::model::{Allow, Cluster, DnsEndpoint, Isolated, Protocol};
 use super::nft::render;
 
 fn pod(namespace: &str, name: &str, node: &str, ip: &str, labels: serde_json::Value) -> Arc<Pod> {
@@ -44,7 +44,7 @@ fn ip(text: &str) -> u32 {
 struct World {
     pods: Vec<Arc<Pod>>,
     namespaces: Vec<Arc<Namespace>>,
-    dns: Vec<Ipv4Addr>,
+    dns: Vec<DnsEndpoint>,
 }
 
 fn world() -> World {
@@ -61,7 +61,13 @@ fn world() -> World {
             namespace("c", json!({})),
             namespace("kube-system", json!({})),
         ],
-        dns: vec!["192.168.99.1".parse().unwrap()],
+        dns: vec![DnsEndpoint {
+            ip: "192.168.99.1".parse().unwrap(),
+            ports: vec![
+                ("dns".into(), Protocol::Udp, 53),
+                ("dns-tcp".into(), Protocol::Tcp, 53),
+            ],
+        }],
     }
 }
 
@@ -250,23 +256,23 @@ fn egress_named_ports_resolve_on_each_destination() {
     assert_eq!(isolated.len(), 1, "only b's pod: {isolated:?}");
     let allows = isolated[0].egress.as_ref().unwrap();
     assert_eq!(isolated[0].ingress, None);
-    // 53 to every pod, and 5353 (named "dns") to each pod by its address;
-    // the cluster DNS (kube-system) names port 53 "dns", as CoreDNS does.
-    assert_eq!(
-        allows[0].ports.as_ref().unwrap()[&Protocol::Udp],
-        Some(vec![(53, 53)])
-    );
-    let named: Vec<&Allow> = allows[1..].iter().collect();
-    assert_eq!(named.len(), 5);
+    // 53 to every pod; 5353 (named "dns" on each pod) to the pods, in one
+    // rule; the cluster DNS (kube-system) on its "dns" port only.
     let port = |a: &Allow| a.ports.as_ref().unwrap()[&Protocol::Udp].clone();
-    assert!(named[..4]
-        .iter()
-        .all(|a| port(a) == Some(vec![(5353, 5353)])));
+    assert_eq!(allows.len(), 3, "{allows:?}");
+    assert_eq!(port(&allows[0]), Some(vec![(53, 53)]));
     assert_eq!(
-        named[4].peers,
-        Some(vec![(ip("192.168.99.1"), ip("192.168.99.1"))])
+        allows[1].peers,
+        Some(vec![
+            (ip("10.244.0.2"), ip("10.244.0.3")),
+            (ip("10.244.1.2"), ip("10.244.1.3"))
+        ])
     );
-    assert_eq!(port(named[4]), Some(vec![(53, 53)]));
+    assert_eq!(port(&allows[1]), Some(vec![(5353, 5353)]));
+    let dns = ip("192.168.99.1");
+    assert_eq!(allows[2].peers, Some(vec![(dns, dns)]));
+    assert_eq!(allows[2].ports.as_ref().unwrap().len(), 1);
+    assert_eq!(port(&allows[2]), Some(vec![(53, 53)]));
     let text = render(&isolated);
     assert!(
         text.contains("ip saddr vmap { 10.244.1.2 : jump out_10_244_1_2 }"),
@@ -340,4 +346,53 @@ fn the_cluster_dns_is_picked_as_kubernetes_dns_pods_are() {
         text.contains("ip daddr { 192.168.99.1 } meta l4proto udp th dport { 53 } return"),
         "{text}"
     );
+}
+
+#[test]
+fn the_dns_stand_in_opens_only_dns_ports_and_only_for_egress() {
+    let w = world();
+    // "Anything in the cluster", no ports: the DNS node only on its DNS ports.
+    let in_cluster = policy(
+        "b",
+        "in-cluster",
+        json!({
+            "podSelector": {}, "policyTypes": ["Egress", "Ingress"],
+            "egress": [{"to": [{"namespaceSelector": {}}]}],
+            "ingress": [{"from": [{"namespaceSelector": {}}]}]
+        }),
+    );
+    let isolated = plan(&w, &[in_cluster], "n2");
+    let egress = isolated[0].egress.as_ref().unwrap();
+    let dns = ip("192.168.99.1");
+    let to_dns: Vec<&Allow> = egress
+        .iter()
+        .filter(|a| a.peers == Some(vec![(dns, dns)]))
+        .collect();
+    assert_eq!(to_dns.len(), 1, "{egress:?}");
+    let ports = to_dns[0].ports.as_ref().unwrap();
+    assert_eq!(ports[&Protocol::Udp], Some(vec![(53, 53)]));
+    assert_eq!(ports[&Protocol::Tcp], Some(vec![(53, 53)]));
+    let holds = |ranges: &Vec<(u32, u32)>| {
+        ranges
+            .iter()
+            .any(|&(low, high)| (low..=high).contains(&dns))
+    };
+    assert!(!holds(egress[0].peers.as_ref().unwrap()));
+    // Ingress from "all pods" never admits the DNS node.
+    let ingress = isolated[0].ingress.as_ref().unwrap();
+    assert!(ingress.iter().all(|a| !holds(a.peers.as_ref().unwrap())));
+    // A rule for other ports leaves the DNS out.
+    let web_only = policy(
+        "b",
+        "web",
+        json!({"podSelector": {}, "policyTypes": ["Egress"],
+        "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": 80, "protocol": "TCP"}]}]}),
+    );
+    let isolated = plan(&w, &[web_only], "n2");
+    assert!(isolated[0]
+        .egress
+        .as_ref()
+        .unwrap()
+        .iter()
+        .all(|a| a.peers != Some(vec![(dns, dns)])));
 }

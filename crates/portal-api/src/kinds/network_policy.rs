@@ -96,9 +96,12 @@ fn selector_causes(value: &Value, field: &str, causes: &mut Vec<Cause>) {
 pub fn parse_cidr(text: &str) -> Option<(IpAddr, u8)> {
     let (address, prefix) = text.split_once('/')?;
     let address: IpAddr = address.parse().ok()?;
+    if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let prefix: u8 = prefix.parse().ok()?;
     let bits = if address.is_ipv4() { 32 } else { 128 };
-    (prefix <= bits && !prefix.to_string().starts_with('+')).then_some((address, prefix))
+    (prefix <= bits).then_some((address, prefix))
 }
 
 /// The first and last address of a block, as 128-bit numbers (IPv4 mapped).
@@ -197,9 +200,10 @@ fn validate_port(port: &Value, field: &str, causes: &mut Vec<Cause>) {
     match &port["port"] {
         Value::Null => {
             if !end_port.is_null() {
-                causes.push(Cause::required(
-                    &format!("{field}.port"),
-                    "must be specified when endPort is specified",
+                causes.push(Cause::invalid(
+                    &format!("{field}.endPort"),
+                    end_port.clone(),
+                    "may not be specified when `port` is not specified",
                 ));
             }
         }
@@ -213,10 +217,11 @@ fn validate_port(port: &Value, field: &str, causes: &mut Vec<Cause>) {
                 ));
             }
             if let Some(end) = end_port.as_i64() {
+                // Kubernetes shows `port`'s value here.
                 if end < n {
                     causes.push(Cause::invalid(
                         &format!("{field}.endPort"),
-                        end,
+                        n,
                         "must be greater than or equal to `port`",
                     ));
                 }
@@ -363,10 +368,10 @@ mod tests {
         }], "policyTypes": ["Ingress", "Sideways"]}));
         let expect = [
             "spec.ingress[0].ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive",
-            "spec.ingress[0].ports[1].endPort: Invalid value: 80: must be greater than or equal to `port`",
+            "spec.ingress[0].ports[1].endPort: Invalid value: 90: must be greater than or equal to `port`",
             "spec.ingress[0].ports[2].endPort: Invalid value: 90: may not be specified when `port` is non-numeric",
             "spec.ingress[0].ports[3].protocol: Unsupported value: \"ICMP\": supported values: \"TCP\", \"UDP\", \"SCTP\"",
-            "spec.ingress[0].ports[4].port: Required value: must be specified when endPort is specified",
+            "spec.ingress[0].ports[4].endPort: Invalid value: 3: may not be specified when `port` is not specified",
             "spec.ingress[0].from[0]: Required value: must specify a peer",
             "spec.ingress[0].from[1].ipBlock.except[0]: Invalid value: \"11.0.0.0/16\": must be a strict subset of `cidr`",
             "spec.ingress[0].from[1].ipBlock.except[1]: Invalid value: \"10.0.0.0/8\": must be a strict subset of `cidr`",
@@ -399,5 +404,6 @@ mod tests {
         );
         assert_eq!(cidr_bounds(parse_cidr("::/0").unwrap()), (0, u128::MAX));
         assert!(parse_cidr("10.0.0.0/33").is_none() && parse_cidr("10.0.0.0").is_none());
+        assert!(parse_cidr("10.0.0.0/+8").is_none() && parse_cidr("10.0.0.0/").is_none());
     }
 }

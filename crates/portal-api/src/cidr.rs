@@ -1,8 +1,9 @@
-//! Address and port ranges the API server allocates from: a service CIDR
-//! (`10.96.0.0/12`), a port range (`30000-32767`), pools of CIDRs.
+//! Address and port ranges the API server allocates from: service CIDRs
+//! (`10.96.0.0/12`, `fd00:10:96::/108`, one of each family for dual-stack),
+//! a port range (`30000-32767`), pools of CIDRs.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 /// An IPv4 network, `address/prefix`, with the address masked.
@@ -99,6 +100,266 @@ impl fmt::Display for Ipv4Cidr {
     }
 }
 
+/// An IPv6 network, `address/prefix`, with the address masked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ipv6Cidr {
+    network: u128,
+    prefix: u8,
+}
+
+impl Ipv6Cidr {
+    fn mask(&self) -> u128 {
+        if self.prefix == 0 {
+            0
+        } else {
+            u128::MAX << (128 - u32::from(self.prefix))
+        }
+    }
+
+    /// How many addresses the network holds (saturating at `u64::MAX`).
+    pub fn size(&self) -> u64 {
+        let bits = 128 - u32::from(self.prefix);
+        if bits >= 64 {
+            u64::MAX
+        } else {
+            1u64 << bits
+        }
+    }
+
+    pub fn contains(&self, ip: Ipv6Addr) -> bool {
+        u128::from(ip) & self.mask() == self.network
+    }
+
+    pub fn nth(&self, offset: u64) -> Option<Ipv6Addr> {
+        (offset < self.size())
+            .then(|| Ipv6Addr::from(self.network.wrapping_add(u128::from(offset))))
+    }
+
+    pub fn offset(&self, ip: Ipv6Addr) -> Option<u64> {
+        self.contains(ip)
+            .then(|| u64::try_from(u128::from(ip) - self.network).ok())
+            .flatten()
+    }
+
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+}
+
+impl FromStr for Ipv6Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (address, prefix) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not a CIDR (address/prefix)"))?;
+        let address: Ipv6Addr = address
+            .parse()
+            .map_err(|_| format!("{s:?}: {address:?} is not an IPv6 address"))?;
+        let prefix: u8 = prefix
+            .parse()
+            .ok()
+            .filter(|p| *p <= 128)
+            .ok_or_else(|| format!("{s:?}: bad prefix length"))?;
+        let cidr = Ipv6Cidr { network: 0, prefix };
+        Ok(Ipv6Cidr {
+            network: u128::from(address) & cidr.mask(),
+            prefix,
+        })
+    }
+}
+
+impl fmt::Display for Ipv6Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", Ipv6Addr::from(self.network), self.prefix)
+    }
+}
+
+/// An address family, as Services name it (`spec.ipFamilies`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IpFamily {
+    Ipv4,
+    Ipv6,
+}
+
+impl IpFamily {
+    pub fn of(ip: IpAddr) -> IpFamily {
+        if ip.is_ipv4() {
+            IpFamily::Ipv4
+        } else {
+            IpFamily::Ipv6
+        }
+    }
+
+    /// `IPv4` / `IPv6`.
+    pub fn name(self) -> &'static str {
+        match self {
+            IpFamily::Ipv4 => "IPv4",
+            IpFamily::Ipv6 => "IPv6",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<IpFamily> {
+        match name {
+            "IPv4" => Some(IpFamily::Ipv4),
+            "IPv6" => Some(IpFamily::Ipv6),
+            _ => None,
+        }
+    }
+
+    pub fn other(self) -> IpFamily {
+        match self {
+            IpFamily::Ipv4 => IpFamily::Ipv6,
+            IpFamily::Ipv6 => IpFamily::Ipv4,
+        }
+    }
+}
+
+/// A network of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IpCidr {
+    V4(Ipv4Cidr),
+    V6(Ipv6Cidr),
+}
+
+impl IpCidr {
+    pub fn family(&self) -> IpFamily {
+        match self {
+            IpCidr::V4(_) => IpFamily::Ipv4,
+            IpCidr::V6(_) => IpFamily::Ipv6,
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        match self {
+            IpCidr::V4(c) => c.size(),
+            IpCidr::V6(c) => c.size(),
+        }
+    }
+
+    pub fn prefix(&self) -> u8 {
+        match self {
+            IpCidr::V4(c) => c.prefix(),
+            IpCidr::V6(c) => c.prefix(),
+        }
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self, ip) {
+            (IpCidr::V4(c), IpAddr::V4(ip)) => c.contains(ip),
+            (IpCidr::V6(c), IpAddr::V6(ip)) => c.contains(ip),
+            _ => false,
+        }
+    }
+
+    pub fn nth(&self, offset: u64) -> Option<IpAddr> {
+        match self {
+            IpCidr::V4(c) => c.nth(offset).map(IpAddr::V4),
+            IpCidr::V6(c) => c.nth(offset).map(IpAddr::V6),
+        }
+    }
+
+    pub fn offset(&self, ip: IpAddr) -> Option<u64> {
+        match (self, ip) {
+            (IpCidr::V4(c), IpAddr::V4(ip)) => c.offset(ip),
+            (IpCidr::V6(c), IpAddr::V6(ip)) => c.offset(ip),
+            _ => None,
+        }
+    }
+}
+
+impl FromStr for IpCidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.contains(':') {
+            s.parse().map(IpCidr::V6)
+        } else {
+            s.parse().map(IpCidr::V4)
+        }
+    }
+}
+
+impl fmt::Display for IpCidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IpCidr::V4(c) => c.fmt(f),
+            IpCidr::V6(c) => c.fmt(f),
+        }
+    }
+}
+
+/// `--service-cluster-ip-range`: one CIDR, or two of different families
+/// (dual-stack; the first is the primary family). Each holds at most 2^20
+/// addresses (an IPv4 /12, an IPv6 /108), as Kubernetes allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceCidrs(Vec<IpCidr>);
+
+impl ServiceCidrs {
+    pub fn primary(&self) -> IpCidr {
+        self.0[0]
+    }
+
+    /// The configured ranges, primary first.
+    pub fn all(&self) -> &[IpCidr] {
+        &self.0
+    }
+
+    pub fn family(&self, family: IpFamily) -> Option<IpCidr> {
+        self.0.iter().copied().find(|c| c.family() == family)
+    }
+
+    pub fn dual_stack(&self) -> bool {
+        self.0.len() == 2
+    }
+}
+
+impl From<Ipv4Cidr> for ServiceCidrs {
+    fn from(cidr: Ipv4Cidr) -> Self {
+        ServiceCidrs(vec![IpCidr::V4(cidr)])
+    }
+}
+
+impl FromStr for ServiceCidrs {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let cidrs = s
+            .split(',')
+            .map(|part| part.trim().parse::<IpCidr>())
+            .collect::<Result<Vec<_>, _>>()?;
+        match cidrs.as_slice() {
+            [] => return Err("no service CIDR".into()),
+            [a, b] if a.family() == b.family() => {
+                return Err(format!(
+                    "{s:?}: a dual-stack range needs one CIDR of each family"
+                ))
+            }
+            [_, _, _, ..] => return Err(format!("{s:?}: at most two CIDRs (one per family)")),
+            _ => {}
+        }
+        for cidr in &cidrs {
+            let bits = match cidr.family() {
+                IpFamily::Ipv4 => 32,
+                IpFamily::Ipv6 => 128,
+            } - u32::from(cidr.prefix());
+            if bits > 20 {
+                return Err(format!(
+                    "{cidr} is too large: at most 2^20 addresses (an IPv4 /12, an IPv6 /108)"
+                ));
+            }
+        }
+        Ok(ServiceCidrs(cidrs))
+    }
+}
+
+impl fmt::Display for ServiceCidrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
 /// An inclusive port range, `30000-32767`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PortRange {
@@ -161,6 +422,26 @@ mod tests {
         assert_eq!(pods.subnet(24, 3).unwrap().to_string(), "10.244.3.0/24");
         assert_eq!(pods.subnet(24, 256), None);
         assert_eq!(pods.subnet(8, 0), None);
+    }
+
+    #[test]
+    fn service_cidrs_of_either_family() {
+        let dual: ServiceCidrs = "fd00:10:96::/108, 10.96.0.0/12".parse().unwrap();
+        assert!(dual.dual_stack());
+        assert_eq!(dual.primary().family(), IpFamily::Ipv6);
+        let v6 = dual.family(IpFamily::Ipv6).unwrap();
+        assert_eq!(v6.size(), 1 << 20);
+        assert_eq!(v6.nth(10), Some("fd00:10:96::a".parse().unwrap()));
+        assert_eq!(v6.offset("fd00:10:96::1:0".parse().unwrap()), Some(65536));
+        assert!(!v6.contains("10.96.0.1".parse().unwrap()));
+        assert_eq!(dual.to_string(), "fd00:10:96::/108,10.96.0.0/12");
+        assert!("10.96.0.0/12,10.0.0.0/16".parse::<ServiceCidrs>().is_err());
+        assert!("fd00::/64"
+            .parse::<ServiceCidrs>()
+            .unwrap_err()
+            .contains("too large"));
+        assert!("10.0.0.0/8".parse::<ServiceCidrs>().is_err());
+        assert!("fd00::1/108".parse::<IpCidr>().unwrap().to_string() == "fd00::/108");
     }
 
     #[test]

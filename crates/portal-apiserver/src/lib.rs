@@ -44,7 +44,7 @@ use portal_api::{Resource, Status, Target};
 use portal_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
 use tokio::net::TcpListener;
 
-pub use portal_api::cidr::{Ipv4Cidr, PortRange};
+pub use portal_api::cidr::{Ipv4Cidr, PortRange, ServiceCidrs};
 pub use server::metrics::Metrics;
 
 /// Events kept per resource in the watch cache's ring.
@@ -84,7 +84,7 @@ pub struct Config {
     /// Revisions of history the store keeps for watches to resume from.
     pub history_revisions: u64,
     /// Where cluster IPs come from (`--service-cluster-ip-range`).
-    pub service_cidr: Ipv4Cidr,
+    pub service_cidrs: ServiceCidrs,
     /// Where node ports come from (`--service-node-port-range`).
     pub node_ports: PortRange,
     /// The address pods reach this server at (the `kubernetes` Endpoints);
@@ -339,7 +339,7 @@ impl ApiServer {
         }
         namespace::bootstrap(store.as_ref()).await?;
         let allocators = Arc::new(allocator::Allocators::new(
-            config.service_cidr,
+            &config.service_cidrs,
             config.node_ports,
         ));
         // Learn what is allocated (and mend what is not) before serving. On

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Service, ServicePort, ServiceSpec};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
-use portal_apiserver::{ApiServer, Config, ConnectionLimits, Ipv4Cidr, PortRange};
+use portal_apiserver::{ApiServer, Config, ConnectionLimits, PortRange, ServiceCidrs};
 
 struct Server {
     _dir: tempfile::TempDir,
@@ -23,7 +23,7 @@ async fn server() -> Server {
         data_dir: dir.path().to_owned(),
         bind: "127.0.0.1:0".parse().expect("address"),
         history_revisions: 1000,
-        service_cidr: "10.96.0.0/24".parse::<Ipv4Cidr>().expect("cidr"),
+        service_cidrs: "10.96.0.0/24".parse::<ServiceCidrs>().expect("cidr"),
         node_ports: "30000-30010".parse::<PortRange>().expect("range"),
         advertise_address: None,
         connections: ConnectionLimits::default(),

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use portal_apiserver::{Datastore, Ipv4Cidr, PortRange};
+use portal_apiserver::{Datastore, PortRange, ServiceCidrs};
 
 use crate::Error;
 
@@ -32,9 +32,11 @@ pub(crate) struct ApiArgs {
     /// Seconds a client may take to finish the TLS handshake.
     #[arg(long, default_value_t = 10)]
     tls_handshake_timeout: u64,
-    /// Cluster IPs of Services come from this range (IPv4).
+    /// Cluster IPs of Services come from this range; an IPv4 and an IPv6
+    /// CIDR, comma-separated, for dual-stack Services (the first is the
+    /// primary family). At most 2^20 addresses each (/12, /108).
     #[arg(long, default_value = "10.96.0.0/12")]
-    service_cluster_ip_range: Ipv4Cidr,
+    service_cluster_ip_range: ServiceCidrs,
     /// Node ports of NodePort and LoadBalancer Services come from this range.
     #[arg(long, default_value = "30000-32767")]
     service_node_port_range: PortRange,
@@ -194,7 +196,7 @@ impl ApiArgs {
             data_dir: self.data_dir.clone(),
             bind: self.api_bind,
             history_revisions: self.history_revisions,
-            service_cidr: self.service_cluster_ip_range,
+            service_cidrs: self.service_cluster_ip_range.clone(),
             node_ports: self.service_node_port_range,
             advertise_address,
             connections: portal_apiserver::ConnectionLimits {

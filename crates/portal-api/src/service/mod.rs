@@ -2,6 +2,7 @@
 //! and messages Kubernetes gives, and the environment variables pods get.
 
 mod env;
+pub mod families;
 pub(crate) mod validate;
 
 pub use env::environment;

@@ -73,18 +73,6 @@ fn valid_ip(text: &str) -> bool {
 
 const IP_HINT: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
 
-/// Go's `%#v` of a string slice, as Kubernetes prints `clusterIPs`.
-pub(crate) fn go_strings(items: &[&str]) -> String {
-    format!(
-        "[]string{{{}}}",
-        items
-            .iter()
-            .map(|s| json!(s).to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
-
 /// Problems with a Service; `old` is the stored object on update.
 pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
     let mut causes = Vec::new();
@@ -198,9 +186,7 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
         )),
     }
 
-    if !cluster_ip.is_empty() && !headless && !valid_ip(cluster_ip) {
-        causes.push(Cause::invalid("spec.clusterIPs[0]", cluster_ip, IP_HINT));
-    }
+    causes.extend(super::families::validate_related_fields(svc));
     if headless && matches!(kind, "NodePort" | "LoadBalancer") {
         causes.push(Cause::invalid(
             "spec.clusterIPs[0]",
@@ -267,13 +253,8 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
             "\"Cluster\", \"Local\"",
         )),
     }
+    causes.extend(super::families::validate_external_name(svc));
     if kind == "ExternalName" {
-        if !cluster_ip.is_empty() {
-            causes.push(Cause::forbidden(
-                "spec.clusterIPs",
-                "may not be set for ExternalName services",
-            ));
-        }
         let external = spec["externalName"].as_str().unwrap_or("");
         if external.is_empty() {
             causes.push(Cause::required("spec.externalName", ""));
@@ -310,18 +291,7 @@ pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {
     }
 
     if let Some(old) = old {
-        let before = old["spec"]["clusterIP"].as_str().unwrap_or("");
-        let changing = !before.is_empty() && before != cluster_ip;
-        if changing
-            && kind != "ExternalName"
-            && old["spec"]["type"].as_str() != Some("ExternalName")
-        {
-            causes.push(Cause::invalid_rendered(
-                "spec.clusterIPs[0]",
-                &go_strings(&[cluster_ip]),
-                "may not change once set",
-            ));
-        }
+        causes.extend(super::families::validate_update(svc, old));
     }
     causes
 }
@@ -469,7 +439,7 @@ mod tests {
         assert!(messages(json!({"spec": {"type": "ClusterIP"}}))
             .contains(&"spec.ports: Required value".to_owned()));
         assert!(
-            messages(json!({"spec": {"clusterIP": "None"}})).is_empty(),
+            messages(json!({"spec": {"clusterIP": "None", "clusterIPs": ["None"]}})).is_empty(),
             "headless needs no ports"
         );
     }
@@ -500,8 +470,8 @@ mod tests {
 
     #[test]
     fn cluster_ip_is_immutable() {
-        let old = json!({"spec": {"clusterIP": "10.96.0.5", "ports": [{"port": 1}]}});
-        let new = json!({"spec": {"clusterIP": "10.96.0.6", "ports": [{"port": 1}]}});
+        let old = json!({"spec": {"clusterIP": "10.96.0.5", "clusterIPs": ["10.96.0.5"], "ports": [{"port": 1}]}});
+        let new = json!({"spec": {"clusterIP": "10.96.0.6", "clusterIPs": ["10.96.0.6"], "ports": [{"port": 1}]}});
         let got: Vec<String> = validate(&new, Some(&old))
             .iter()
             .map(Cause::display)

@@ -1,13 +1,16 @@
 //! Cluster IPs and node ports of Services (SPEC S4, S9): chosen here,
 //! recorded as one store key each in the same transaction as the Service
 //! (ADR 0003), released in the same transaction as its deletion or type
-//! change.
+//! change. A dual-stack cluster has a pool per family (`families`: which
+//! families a Service gets).
 
+mod families;
 mod pool;
 pub(crate) mod repair;
 
 use bytes::Bytes;
-use portal_api::cidr::{Ipv4Cidr, PortRange};
+use portal_api::cidr::{IpFamily, PortRange, ServiceCidrs};
+use portal_api::service::families::{cluster_ips, ip_families};
 use portal_api::service::{wants_cluster_ip, wants_node_ports, HEADLESS};
 use portal_api::{kinds, meta, Cause, Resource};
 use portal_store::Op;
@@ -15,13 +18,17 @@ use serde_json::{json, Value};
 
 pub(crate) use pool::{Pool, Range, Refusal};
 
+/// IPv4 cluster IPs' records.
 pub(crate) const SERVICE_IPS: &str = "/registry/ranges/serviceips/";
+/// IPv6 cluster IPs' records: each family's apart, whichever is primary.
+pub(crate) const SERVICE_IPS_IPV6: &str = "/registry/ranges/serviceips-ipv6/";
 pub(crate) const NODE_PORTS: &str = "/registry/ranges/servicenodeports/";
 
 /// The allocation ranges of one cluster.
 #[derive(Debug)]
 pub(crate) struct Allocators {
-    pub(crate) ips: Pool,
+    /// A pool per service CIDR, the primary family's first.
+    pub(crate) ips: Vec<(IpFamily, Pool)>,
     pub(crate) node_ports: Pool,
 }
 
@@ -127,92 +134,149 @@ fn node_ports_written(svc: &Value) -> Vec<i64> {
     ports
 }
 
-/// The cluster IP a Service holds, if any.
-pub(crate) fn cluster_ip_of(svc: &Value) -> Option<&str> {
-    let ip = svc["spec"]["clusterIP"].as_str()?;
-    (wants_cluster_ip(svc) && !ip.is_empty() && ip != HEADLESS).then_some(ip)
+/// The cluster IPs a Service holds, by family.
+pub(crate) fn cluster_ips_of(svc: &Value) -> Vec<(IpFamily, String)> {
+    if !wants_cluster_ip(svc) {
+        return Vec::new();
+    }
+    let mut ips = cluster_ips(svc);
+    if ips.is_empty() {
+        ips.extend(svc["spec"]["clusterIP"].as_str());
+    }
+    ips.into_iter()
+        .filter_map(|ip| Some((IpFamily::of(ip.parse().ok()?), ip.to_owned())))
+        .collect()
 }
 
 impl Allocators {
-    pub(crate) fn new(service_cidr: Ipv4Cidr, node_ports: PortRange) -> Self {
-        Allocators {
-            // Offset 1 is the `kubernetes` Service's; dynamic picks start at 2.
-            ips: Pool::new(
-                Range::Ipv4 {
-                    cidr: service_cidr,
+    pub(crate) fn new(service_cidrs: &ServiceCidrs, node_ports: PortRange) -> Self {
+        let ips = service_cidrs
+            .all()
+            .iter()
+            .map(|cidr| {
+                let prefix = match cidr.family() {
+                    IpFamily::Ipv4 => SERVICE_IPS,
+                    IpFamily::Ipv6 => SERVICE_IPS_IPV6,
+                };
+                // Offset 1 is the `kubernetes` Service's; dynamic picks start at 2.
+                let range = Range::Ip {
+                    cidr: *cidr,
                     first_dynamic: 2,
-                },
-                SERVICE_IPS,
-            ),
+                };
+                (cidr.family(), Pool::new(range, prefix))
+            })
+            .collect();
+        Allocators {
+            ips,
             node_ports: Pool::new(Range::Ports(node_ports), NODE_PORTS),
         }
     }
 
-    /// The address reserved for the `kubernetes` Service.
+    /// The pool of `family`, if the cluster has that family.
+    pub(crate) fn pool(&self, family: IpFamily) -> Option<&Pool> {
+        self.ips
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map(|(_, pool)| pool)
+    }
+
+    fn primary(&self) -> &Pool {
+        &self.ips[0].1
+    }
+
+    /// The address reserved for the `kubernetes` Service (the primary
+    /// family's).
     pub(crate) fn first_address(&self) -> String {
-        self.ips.range.value(1).unwrap_or_default()
+        self.primary().range.value(1).unwrap_or_default()
     }
 
-    /// The cluster DNS Service's address: the tenth of the range (none in
-    /// ranges too small to have one).
+    /// The cluster DNS Service's address: the tenth of the primary range
+    /// (none in ranges too small to have one).
     pub(crate) fn dns_address(&self) -> Option<String> {
-        self.ips.range.value(10)
+        self.primary().range.value(10)
     }
 
-    fn take_ip<'a>(
+    /// A cluster IP for each of `svc`'s families it does not hold yet
+    /// (`held`): the one asked for at that index, else any free one.
+    fn take_ips<'a>(
         &'a self,
         r: &mut Reservation<'a>,
         svc: &mut Value,
         owner: &str,
+        held: &[(IpFamily, String)],
     ) -> Result<(), Cause> {
-        let requested = svc["spec"]["clusterIP"]
-            .as_str()
-            .filter(|ip| !ip.is_empty())
-            .map(str::to_owned);
-        let range = self.ips.range.describe();
-        let ip = match requested {
-            Some(ip) => match self.ips.reserve(&ip) {
-                Ok(offset) => {
-                    r.taken.push((&self.ips, offset));
-                    ip
-                }
-                Err(refusal) => {
-                    let detail = match refusal {
-                        Refusal::OutOfRange => format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {range}"),
-                        Refusal::Taken | Refusal::Full => format!("failed to allocate IP {ip}: provided IP is already allocated"),
-                    };
-                    let rendered = format!("[]string{{{}}}", json!(ip));
+        let families: Vec<IpFamily> = ip_families(svc)
+            .into_iter()
+            .filter_map(IpFamily::from_name)
+            .collect();
+        let mut ips: Vec<String> = cluster_ips(svc).into_iter().map(str::to_owned).collect();
+        ips.resize(ips.len().max(families.len()), String::new());
+        for (i, family) in families.iter().enumerate() {
+            if held.iter().any(|(f, ip)| f == family && *ip == ips[i]) {
+                continue;
+            }
+            let rendered = portal_api::service::families::go_strings(&ips);
+            let Some(pool) = self.pool(*family) else {
+                return Err(Cause::invalid(
+                    &format!("spec.ipFamilies[{i}]"),
+                    family.name(),
+                    "not configured on this cluster",
+                ));
+            };
+            let range = pool.range.describe();
+            let ip = if ips[i].is_empty() {
+                let Ok((offset, ip)) = pool.reserve_any() else {
                     return Err(Cause::invalid_rendered(
                         "spec.clusterIPs",
                         &rendered,
-                        &detail,
-                    ));
-                }
-            },
-            None => match self.ips.reserve_any() {
-                Ok((offset, ip)) => {
-                    r.taken.push((&self.ips, offset));
-                    ip
-                }
-                Err(_) => {
-                    return Err(Cause::invalid_rendered(
-                        "spec.clusterIPs",
-                        "[]string{}",
                         &format!("failed to allocate a serviceIP: range is full ({range})"),
-                    ))
+                    ));
+                };
+                r.taken.push((pool, offset));
+                ip
+            } else {
+                let ip = ips[i].clone();
+                match pool.reserve(&ip) {
+                    Ok(offset) => r.taken.push((pool, offset)),
+                    Err(refusal) => {
+                        let detail = match refusal {
+                            Refusal::OutOfRange => format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {range}"),
+                            Refusal::Taken | Refusal::Full => format!("failed to allocate IP {ip}: provided IP is already allocated"),
+                        };
+                        return Err(Cause::invalid_rendered(
+                            "spec.clusterIPs",
+                            &rendered,
+                            &detail,
+                        ));
+                    }
                 }
-            },
-        };
-        r.ops.push(Op::Create {
-            key: self.ips.key(&ip),
-            value: record(owner),
-        });
-        let spec = &mut svc["spec"];
-        spec["clusterIP"] = json!(ip);
-        spec["clusterIPs"] = json!([ip]);
-        spec["ipFamilies"] = json!(["IPv4"]);
-        spec["ipFamilyPolicy"] = json!("SingleStack");
+                ip
+            };
+            r.ops.push(Op::Create {
+                key: pool.key(&ip),
+                value: record(owner),
+            });
+            ips[i] = ip;
+        }
+        if let Some(first) = ips.first().cloned() {
+            svc["spec"]["clusterIP"] = json!(first);
+            svc["spec"]["clusterIPs"] = json!(ips);
+        }
         Ok(())
+    }
+
+    /// Releases `ips` when the write commits.
+    fn release_ips<'a>(&'a self, r: &mut Reservation<'a>, ips: &[(IpFamily, String)]) {
+        for (family, ip) in ips {
+            let Some(pool) = self.pool(*family) else {
+                continue;
+            };
+            r.ops.push(Op::Delete {
+                key: pool.key(ip),
+                expected_revision: None,
+            });
+            r.freed.push((pool, ip.clone()));
+        }
     }
 
     /// Node ports for every port of `svc` that has none, and reservations
@@ -324,7 +388,7 @@ impl Allocators {
         let owner = owner(svc);
         let result = (|| {
             if wants_cluster_ip(svc) {
-                self.take_ip(&mut r, svc, &owner)?;
+                self.take_ips(&mut r, svc, &owner, &[])?;
             } else if svc["spec"]["clusterIP"].as_str() == Some(HEADLESS) {
                 svc["spec"]["clusterIPs"] = json!([HEADLESS]);
             }
@@ -388,7 +452,7 @@ impl Allocators {
             }
         }
         if new["spec"]["type"].as_str() == Some("ExternalName")
-            && cluster_ip_of(old).is_some()
+            && !cluster_ips_of(old).is_empty()
             && spec_field(new, "clusterIP") == spec_field(old, "clusterIP")
         {
             if let Some(spec) = new["spec"].as_object_mut() {
@@ -403,12 +467,19 @@ impl Allocators {
                 }
             }
         }
-        if let Some(ip) = cluster_ip_of(old) {
+        if let Some((_, ip)) = cluster_ips_of(old).first() {
+            // As Kubernetes' `patchAllocatedValues`: the addresses only;
+            // the families follow from them, the policy from the old one.
             if wants_cluster_ip(new) && new["spec"]["clusterIP"].as_str().unwrap_or("").is_empty() {
-                for field in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
-                    new["spec"][field] = old["spec"][field].clone();
-                }
                 new["spec"]["clusterIP"] = json!(ip);
+                if cluster_ips(new).is_empty() {
+                    let held = cluster_ips(old);
+                    new["spec"]["clusterIPs"] = if held.is_empty() {
+                        json!([ip])
+                    } else {
+                        json!(held)
+                    };
+                }
             }
         }
         // No longer Local (or no longer a LoadBalancer): the health check
@@ -455,21 +526,22 @@ impl Allocators {
         }
         let owner = owner(new);
         let result = (|| {
-            match (cluster_ip_of(old).map(str::to_owned), wants_cluster_ip(new)) {
-                (None, true) => self.take_ip(&mut r, new, &owner)?,
-                (Some(ip), false) => {
-                    r.ops.push(Op::Delete {
-                        key: self.ips.key(&ip),
-                        expected_revision: None,
-                    });
-                    r.freed.push((&self.ips, ip));
-                    if let Some(spec) = new["spec"].as_object_mut() {
-                        if spec.get("clusterIP").and_then(Value::as_str) != Some(HEADLESS) {
-                            spec.remove("clusterIPs");
-                        }
+            let held = cluster_ips_of(old);
+            if wants_cluster_ip(new) {
+                // A family added (an upgrade, or ExternalName no more) gets
+                // an address; a family dropped (a downgrade) gives its back.
+                self.take_ips(&mut r, new, &owner, &held)?;
+                let wanted = cluster_ips_of(new);
+                let dropped: Vec<(IpFamily, String)> =
+                    held.into_iter().filter(|h| !wanted.contains(h)).collect();
+                self.release_ips(&mut r, &dropped);
+            } else if !held.is_empty() {
+                self.release_ips(&mut r, &held);
+                if let Some(spec) = new["spec"].as_object_mut() {
+                    if spec.get("clusterIP").and_then(Value::as_str) != Some(HEADLESS) {
+                        spec.remove("clusterIPs");
                     }
                 }
-                _ => {}
             }
             let held = node_ports_of(old);
             if wants_node_ports(new) {
@@ -507,13 +579,7 @@ impl Allocators {
         if resource.kind() != kinds::service::KIND {
             return r;
         }
-        if let Some(ip) = cluster_ip_of(old) {
-            r.ops.push(Op::Delete {
-                key: self.ips.key(ip),
-                expected_revision: None,
-            });
-            r.freed.push((&self.ips, ip.to_owned()));
-        }
+        self.release_ips(&mut r, &cluster_ips_of(old));
         for port in node_ports_of(old) {
             r.ops.push(Op::Delete {
                 key: self.node_ports.key(&port.to_string()),
@@ -559,7 +625,7 @@ mod tests {
 
     fn allocators() -> Allocators {
         Allocators::new(
-            "10.96.0.0/24".parse().unwrap(),
+            &"10.96.0.0/24".parse().unwrap(),
             "30000-30009".parse().unwrap(),
         )
     }
@@ -568,12 +634,31 @@ mod tests {
         json!({"metadata": {"name": "s", "namespace": "default"}, "spec": spec})
     }
 
+    /// As the write path does it: the families first, then the addresses.
+    fn create<'a>(a: &'a Allocators, svc: &mut Value) -> Result<Reservation<'a>, Cause> {
+        let resource = &kinds::service::RESOURCE;
+        a.prepare_families(resource, svc, None)
+            .map_err(|mut causes| causes.remove(0))?;
+        a.for_create(resource, svc)
+    }
+
+    fn update<'a>(
+        a: &'a Allocators,
+        new: &mut Value,
+        old: &Value,
+    ) -> Result<Reservation<'a>, Cause> {
+        let resource = &kinds::service::RESOURCE;
+        Allocators::keep_allocated(resource, new, old);
+        a.prepare_families(resource, new, Some(old))
+            .map_err(|mut causes| causes.remove(0))?;
+        a.for_update(resource, new, old)
+    }
+
     #[test]
     fn create_allocates_and_reports_conflicts() {
         let a = allocators();
-        let svc_resource = &kinds::service::RESOURCE;
         let mut one = svc(json!({"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP"}]}));
-        let r = a.for_create(svc_resource, &mut one).unwrap();
+        let r = create(&a, &mut one).unwrap();
         assert_eq!(r.ops.len(), 2);
         r.commit();
         let ip = one["spec"]["clusterIP"].as_str().unwrap().to_owned();
@@ -582,21 +667,20 @@ mod tests {
         assert!((30000..=30009).contains(&port));
 
         let mut clash = svc(json!({"clusterIP": ip, "ports": [{"port": 80}]}));
-        let cause = a.for_create(svc_resource, &mut clash).unwrap_err();
+        let cause = create(&a, &mut clash).unwrap_err();
         assert!(
             cause.message.ends_with("provided IP is already allocated"),
             "{}",
             cause.message
         );
         let mut outside = svc(json!({"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}));
-        assert!(a
-            .for_create(svc_resource, &mut outside)
+        assert!(create(&a, &mut outside)
             .unwrap_err()
             .message
             .contains("not in the valid range"));
         let mut bad_port =
             svc(json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 80}]}));
-        let cause = a.for_create(svc_resource, &mut bad_port).unwrap_err();
+        let cause = create(&a, &mut bad_port).unwrap_err();
         assert_eq!(cause.display(), "spec.ports[0].nodePort: Invalid value: 80: provided port is not in the valid range. The range of valid ports is 30000-30009");
     }
 
@@ -605,16 +689,16 @@ mod tests {
         let a = allocators();
         let resource = &kinds::service::RESOURCE;
         let mut old = svc(json!({"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP"}]}));
-        a.for_create(resource, &mut old).unwrap().commit();
+        create(&a, &mut old).unwrap().commit();
         let mut new = old.clone();
         new["spec"]["type"] = json!("ClusterIP");
-        let r = a.for_update(resource, &mut new, &old).unwrap();
+        let r = update(&a, &mut new, &old).unwrap();
         assert!(matches!(&r.ops[..], [Op::Delete { key, .. }] if key.starts_with(NODE_PORTS)));
         assert!(new["spec"]["ports"][0].get("nodePort").is_none());
         r.commit();
         let mut back = new.clone();
         back["spec"]["type"] = json!("NodePort");
-        let r = a.for_update(resource, &mut back, &new).unwrap();
+        let r = update(&a, &mut back, &new).unwrap();
         assert!(matches!(&r.ops[..], [Op::Create { key, .. }] if key.starts_with(NODE_PORTS)));
         r.abort(None);
         let freed = a.for_delete(resource, &new);
@@ -628,7 +712,7 @@ mod tests {
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
                                 "ports": [{"port": 80, "protocol": "TCP"}]}),
         );
-        let r = a.for_create(&kinds::service::RESOURCE, &mut lb).unwrap();
+        let r = create(&a, &mut lb).unwrap();
         r.commit();
         let hc = lb["spec"]["healthCheckNodePort"].as_i64().unwrap();
         let node_port = lb["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
@@ -656,15 +740,13 @@ mod tests {
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
             "healthCheckNodePort": 30007, "ports": [{"port": 80, "protocol": "TCP"}]}),
         );
-        a.for_create(&kinds::service::RESOURCE, &mut asked)
-            .unwrap()
-            .commit();
+        create(&a, &mut asked).unwrap().commit();
         assert_eq!(asked["spec"]["healthCheckNodePort"], json!(30007));
         let mut same = svc(
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
             "healthCheckNodePort": 30008, "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30008}]}),
         );
-        assert!(a.for_create(&kinds::service::RESOURCE, &mut same).is_err());
+        assert!(create(&a, &mut same).is_err());
     }
 
     #[test]
@@ -676,5 +758,121 @@ mod tests {
         Allocators::keep_allocated(&kinds::service::RESOURCE, &mut new, &old);
         assert_eq!(new["spec"]["clusterIP"], "10.96.0.7");
         assert_eq!(new["spec"]["ports"][0]["nodePort"], 30003);
+    }
+
+    fn dual_stack() -> Allocators {
+        Allocators::new(
+            &"10.96.0.0/24,fd00:96::/112".parse().unwrap(),
+            "30000-30009".parse().unwrap(),
+        )
+    }
+
+    #[test]
+    fn families_default_as_kubernetes() {
+        let a = dual_stack();
+        let mut plain = svc(json!({"ports": [{"port": 80}]}));
+        create(&a, &mut plain).unwrap().commit();
+        assert_eq!(plain["spec"]["ipFamilies"], json!(["IPv4"]));
+        assert_eq!(plain["spec"]["ipFamilyPolicy"], "SingleStack");
+        assert_eq!(cluster_ips(&plain).len(), 1);
+
+        let mut both = svc(json!({"ipFamilyPolicy": "RequireDualStack", "ports": [{"port": 80}]}));
+        create(&a, &mut both).unwrap().commit();
+        assert_eq!(both["spec"]["ipFamilies"], json!(["IPv4", "IPv6"]));
+        let ips = cluster_ips(&both);
+        assert!(
+            ips[0].starts_with("10.96.0.") && ips[1].starts_with("fd00:96::"),
+            "{ips:?}"
+        );
+        assert_eq!(both["spec"]["clusterIP"], ips[0]);
+
+        let mut v6_first = svc(
+            json!({"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv6"], "ports": [{"port": 80}]}),
+        );
+        create(&a, &mut v6_first).unwrap().commit();
+        assert_eq!(v6_first["spec"]["ipFamilies"], json!(["IPv6", "IPv4"]));
+        assert!(v6_first["spec"]["clusterIP"]
+            .as_str()
+            .unwrap()
+            .contains(':'));
+
+        let mut given = svc(json!({"clusterIP": "fd00:96::99", "ports": [{"port": 80}]}));
+        create(&a, &mut given).unwrap().commit();
+        assert_eq!(given["spec"]["ipFamilies"], json!(["IPv6"]));
+
+        let mut headless = svc(json!({"clusterIP": "None", "ports": [{"port": 80}]}));
+        create(&a, &mut headless).unwrap();
+        assert_eq!(headless["spec"]["ipFamilyPolicy"], "RequireDualStack");
+        assert_eq!(headless["spec"]["ipFamilies"], json!(["IPv4", "IPv6"]));
+        assert_eq!(headless["spec"]["clusterIPs"], json!(["None"]));
+
+        let mut two_single = svc(
+            json!({"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv4", "IPv6"], "ports": [{"port": 80}]}),
+        );
+        assert_eq!(create(&a, &mut two_single).unwrap_err().display(), "spec.ipFamilyPolicy: Invalid value: \"SingleStack\": must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified");
+    }
+
+    #[test]
+    fn a_single_stack_cluster_refuses_what_it_cannot_give() {
+        let a = allocators();
+        let mut required =
+            svc(json!({"ipFamilyPolicy": "RequireDualStack", "ports": [{"port": 80}]}));
+        assert_eq!(create(&a, &mut required).unwrap_err().display(), "spec.ipFamilyPolicy: Invalid value: \"RequireDualStack\": this cluster is not configured for dual-stack services");
+        let mut preferred =
+            svc(json!({"ipFamilyPolicy": "PreferDualStack", "ports": [{"port": 80}]}));
+        create(&a, &mut preferred).unwrap();
+        assert_eq!(preferred["spec"]["ipFamilies"], json!(["IPv4"]));
+        let mut v6 = svc(json!({"ipFamilies": ["IPv6"], "ports": [{"port": 80}]}));
+        assert_eq!(
+            create(&a, &mut v6).unwrap_err().display(),
+            "spec.ipFamilies[0]: Invalid value: \"IPv6\": not configured on this cluster"
+        );
+        let mut v6_ip = svc(json!({"clusterIP": "fd00::1", "ports": [{"port": 80}]}));
+        assert_eq!(create(&a, &mut v6_ip).unwrap_err().display(), "spec.clusterIPs[0]: Invalid value: []string{\"fd00::1\"}: IPv6 is not configured on this cluster");
+    }
+
+    #[test]
+    fn upgrades_keep_the_first_address_and_downgrades_release_the_second() {
+        let a = dual_stack();
+        let mut single = svc(json!({"ports": [{"port": 80}]}));
+        create(&a, &mut single).unwrap().commit();
+        let first = single["spec"]["clusterIP"].as_str().unwrap().to_owned();
+
+        let mut upgraded = single.clone();
+        upgraded["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
+        let r = update(&a, &mut upgraded, &single).unwrap();
+        assert!(
+            matches!(&r.ops[..], [Op::Create { key, .. }] if key.starts_with(SERVICE_IPS_IPV6))
+        );
+        r.commit();
+        let ips = cluster_ips(&upgraded);
+        assert_eq!((ips[0], ips.len()), (first.as_str(), 2));
+        assert_eq!(upgraded["spec"]["ipFamilies"], json!(["IPv4", "IPv6"]));
+
+        // PreferDualStack sent back as it is: nothing changes.
+        let mut again = upgraded.clone();
+        let r = update(&a, &mut again, &upgraded).unwrap();
+        assert!(r.ops.is_empty());
+
+        // Down to one: the policy alone; the server trims the lists.
+        let mut downgraded = upgraded.clone();
+        downgraded["spec"]["ipFamilyPolicy"] = json!("SingleStack");
+        let r = update(&a, &mut downgraded, &upgraded).unwrap();
+        assert!(
+            matches!(&r.ops[..], [Op::Delete { key, .. }] if key.starts_with(SERVICE_IPS_IPV6))
+        );
+        assert_eq!(cluster_ips(&downgraded), [first.as_str()]);
+        assert_eq!(downgraded["spec"]["ipFamilies"], json!(["IPv4"]));
+
+        // Trimming without the policy is refused.
+        let mut trimmed = upgraded.clone();
+        trimmed["spec"]["clusterIPs"] = json!([first]);
+        assert_eq!(update(&a, &mut trimmed, &upgraded).unwrap_err().display(), "spec.ipFamilyPolicy: Invalid value: \"PreferDualStack\": must be 'SingleStack' to release the secondary cluster IP");
+
+        // Deleting releases both.
+        assert_eq!(
+            a.for_delete(&kinds::service::RESOURCE, &upgraded).ops.len(),
+            2
+        );
     }
 }

@@ -2,10 +2,10 @@
 //! and the in-memory bitmap used to pick free candidates. The store keys
 //! are the truth (ADR 0003); the bitmap only makes picking fast.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use parking_lot::Mutex;
-use portal_api::cidr::{Ipv4Cidr, PortRange};
+use portal_api::cidr::{IpCidr, PortRange};
 use rand::Rng;
 
 /// What a pool hands out.
@@ -13,8 +13,8 @@ use rand::Rng;
 pub(crate) enum Range {
     /// Addresses of one CIDR; the network and broadcast addresses are never
     /// handed out, and offsets below `first_dynamic` only when asked for.
-    Ipv4 {
-        cidr: Ipv4Cidr,
+    Ip {
+        cidr: IpCidr,
         first_dynamic: u64,
     },
     Ports(PortRange),
@@ -23,7 +23,7 @@ pub(crate) enum Range {
 impl Range {
     fn size(&self) -> u64 {
         match self {
-            Range::Ipv4 { cidr, .. } => cidr.size(),
+            Range::Ip { cidr, .. } => cidr.size(),
             Range::Ports(ports) => ports.size(),
         }
     }
@@ -31,7 +31,7 @@ impl Range {
     /// The value at an offset (`10.96.0.10`, `30080`).
     pub(crate) fn value(&self, offset: u64) -> Option<String> {
         match self {
-            Range::Ipv4 { cidr, .. } => cidr.nth(offset).map(|ip| ip.to_string()),
+            Range::Ip { cidr, .. } => cidr.nth(offset).map(|ip| ip.to_string()),
             Range::Ports(ports) => {
                 (offset < ports.size()).then(|| (u64::from(ports.first) + offset).to_string())
             }
@@ -41,7 +41,7 @@ impl Range {
     /// The offset of a value, `None` if it is outside the range.
     pub(crate) fn offset(&self, value: &str) -> Option<u64> {
         match self {
-            Range::Ipv4 { cidr, .. } => cidr.offset(value.parse::<Ipv4Addr>().ok()?),
+            Range::Ip { cidr, .. } => cidr.offset(value.parse::<IpAddr>().ok()?),
             Range::Ports(ports) => {
                 let port = value.parse::<i64>().ok()?;
                 ports
@@ -54,7 +54,9 @@ impl Range {
     /// Offsets that may be allocated at all (network/broadcast excluded).
     fn usable(&self, offset: u64) -> bool {
         match self {
-            Range::Ipv4 { cidr, .. } => {
+            // IPv4's network and broadcast addresses; IPv6's subnet-router
+            // anycast (offset 0) and, as Kubernetes does, its last too.
+            Range::Ip { cidr, .. } => {
                 cidr.size() <= 2 || (offset != 0 && offset != cidr.size() - 1)
             }
             Range::Ports(_) => offset < self.size(),
@@ -64,14 +66,14 @@ impl Range {
     /// Where random picking starts.
     fn first_dynamic(&self) -> u64 {
         match self {
-            Range::Ipv4 { first_dynamic, .. } => *first_dynamic,
+            Range::Ip { first_dynamic, .. } => *first_dynamic,
             Range::Ports(_) => 0,
         }
     }
 
     pub(crate) fn describe(&self) -> String {
         match self {
-            Range::Ipv4 { cidr, .. } => cidr.to_string(),
+            Range::Ip { cidr, .. } => cidr.to_string(),
             Range::Ports(ports) => ports.to_string(),
         }
     }
@@ -195,7 +197,7 @@ mod tests {
     #[test]
     fn reserves_until_full_and_releases() {
         let pool = Pool::new(
-            Range::Ipv4 {
+            Range::Ip {
                 cidr: "10.0.0.0/29".parse().unwrap(),
                 first_dynamic: 2,
             },

@@ -16,7 +16,7 @@ use portal_api::{kinds, meta};
 use portal_store::{Error as StoreError, Op, Store};
 use serde_json::{json, Value};
 
-use super::{cluster_ip_of, node_ports_of, owner, Allocators, Pool};
+use super::{cluster_ips_of, node_ports_of, owner, Allocators, Pool};
 use crate::registry::strategy;
 
 /// What one pass did, for logs and tests.
@@ -65,26 +65,37 @@ pub(crate) async fn pass(
         .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
         .collect();
     let mut report = Report::default();
-    let mut ip_holders: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    // Each family's addresses against its own pool and records.
+    let mut ip_holders: Vec<BTreeMap<String, Vec<&Value>>> =
+        vec![BTreeMap::new(); allocators.ips.len()];
     let mut port_holders: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
     for svc in &services {
-        if let Some(ip) = cluster_ip_of(svc) {
-            ip_holders.entry(ip.to_owned()).or_default().push(svc);
+        for (family, ip) in cluster_ips_of(svc) {
+            // An address of a family the cluster no longer has counts in the
+            // primary pool, where it is reported as out of range.
+            let at = allocators
+                .ips
+                .iter()
+                .position(|(f, _)| *f == family)
+                .unwrap_or(0);
+            ip_holders[at].entry(ip).or_default().push(svc);
         }
         for port in node_ports_of(svc) {
             port_holders.entry(port.to_string()).or_default().push(svc);
         }
     }
-    reconcile(
-        store,
-        &allocators.ips,
-        &ip_holders,
-        listed_at,
-        "ClusterIP",
-        mend,
-        &mut report,
-    )
-    .await?;
+    for ((_, pool), holders) in allocators.ips.iter().zip(&ip_holders) {
+        reconcile(
+            store,
+            pool,
+            holders,
+            listed_at,
+            "ClusterIP",
+            mend,
+            &mut report,
+        )
+        .await?;
+    }
     reconcile(
         store,
         &allocators.node_ports,
@@ -218,12 +229,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
         let allocators = Allocators::new(
-            "10.96.0.0/24".parse().unwrap(),
+            &"10.96.0.0/24".parse().unwrap(),
             "30000-30009".parse().unwrap(),
         );
         // A record whose Service was removed behind the allocator's back.
         let leaked = Op::Create {
-            key: allocators.ips.key("10.96.0.50"),
+            key: allocators.ips[0].1.key("10.96.0.50"),
             value: Bytes::from_static(b"{}"),
         };
         // Two Services claiming one address (a manual edit), none recorded.
@@ -237,7 +248,7 @@ mod tests {
             Op::Create { key: k3, value: v3 },
         ];
         store.txn(ops).await.unwrap();
-        allocators.ips.mark("10.96.0.50");
+        allocators.ips[0].1.mark("10.96.0.50");
 
         let report = pass(&store, &allocators, Mend::Yes).await.unwrap();
         assert_eq!(
@@ -249,21 +260,21 @@ mod tests {
             }
         );
         assert!(store
-            .get(&allocators.ips.key("10.96.0.50"))
+            .get(&allocators.ips[0].1.key("10.96.0.50"))
             .await
             .unwrap()
             .is_none());
         assert!(store
-            .get(&allocators.ips.key("10.96.0.60"))
+            .get(&allocators.ips[0].1.key("10.96.0.60"))
             .await
             .unwrap()
             .is_some());
         assert_eq!(
-            allocators.ips.reserve("10.96.0.50"),
+            allocators.ips[0].1.reserve("10.96.0.50"),
             Ok(50),
             "the leaked address is free again"
         );
-        assert!(allocators.ips.reserve("10.96.0.60").is_err());
+        assert!(allocators.ips[0].1.reserve("10.96.0.60").is_err());
         let (events, _) = store
             .list(&kinds::event::RESOURCE.key_prefix())
             .await

@@ -78,6 +78,11 @@ pub(crate) async fn create_object(
             .admit(state, *scope, write, &mut object, None)
             .await?,
     );
+    // A Service's IP families depend on the cluster's service CIDRs.
+    state
+        .allocators
+        .prepare_families(resource, &mut object, None)
+        .map_err(|causes| invalid(scope, &object, causes))?;
     let causes = problems(resource, &object, None);
     if !causes.is_empty() {
         return Err(invalid(scope, &object, causes));

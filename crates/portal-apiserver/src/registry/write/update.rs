@@ -58,6 +58,10 @@ pub(crate) async fn guaranteed_update(
         );
         strategy::prepare_update(resource, &mut new, &old, part);
         Allocators::keep_allocated(resource, &mut new, &old);
+        state
+            .allocators
+            .prepare_families(resource, &mut new, Some(&old))
+            .map_err(|causes| invalid(scope, &new, causes))?;
         let names = [manager.clone(), resource.api_version(), strategy::now()];
         let writer = writer(resource, &names, part);
         record_managers(resource, &old, &mut new, managed, &writer)?;

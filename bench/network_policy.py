@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+import kubernetes
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -164,14 +165,19 @@ def main():
                          f"node-1's table with {args.policies} policies", timeout=120)
                 rate(client_ns, server_ip, 200)
                 many = rate(client_ns, server_ip, args.connections)
-                bed.kubectl("delete", "networkpolicy", "-n", "a", "--all")
+                # One request (kubectl deletes them one by one).
+                kubernetes.client.NetworkingV1Api(bed.portal.api_client()).delete_collection_namespaced_network_policy("a")
                 wait_for(lambda: "jump" not in bed.lan.run(1, "nft", "list", "table", "ip", "portal_policy").stdout, "policies gone")
 
                 deny = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "deny", "namespace": "a"},
                         "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
                 closing, opening = [], []
                 for _ in range(args.rounds):
+                    # Rounds apart, so each change is one after a quiet
+                    # spell (a burst is batched: MIN_INTERVAL in the agent).
+                    time.sleep(0.5)
                     closing.append(flip(bed, tmp, client_ns, server_ip, lambda: kubectl_apply(bed, tmp, [deny]), "closed"))
+                    time.sleep(0.5)
                     opening.append(flip(bed, tmp, client_ns, server_ip,
                                         lambda: bed.kubectl("delete", "networkpolicy", "-n", "a", "deny"), "open"))
             finally:

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import Portal
+from conftest import BINARY, Portal
 from test_dns import Dig, eventually, wait_for_dns
 
 DUAL = "10.96.0.0/24,fd00:10:96::/112"
@@ -94,3 +94,12 @@ def test_a_single_stack_cluster_refuses_dual_stack(portal):
     create(portal, "pref", {"ipFamilyPolicy": "PreferDualStack"})
     spec = spec_of(portal, "pref")
     assert spec["ipFamilies"] == ["IPv4"] and spec["ipFamilyPolicy"] == "PreferDualStack"
+
+
+def test_an_ipv6_primary_range_is_refused_until_pods_speak_ipv6(tmp_path):
+    # Its kubernetes and kube-dns Services would get addresses no pod reaches.
+    result = subprocess.run([BINARY, "server", "--data-dir", str(tmp_path), "--disable", "proxy,agent",
+                             "--service-cluster-ip-range", "fd00:10:96::/112,10.96.0.0/24"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "the first (primary) range must be IPv4" in result.stderr, result.stderr

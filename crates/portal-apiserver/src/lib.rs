@@ -44,7 +44,7 @@ use portal_api::{Resource, Status, Target};
 use portal_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
 use tokio::net::TcpListener;
 
-pub use portal_api::cidr::{Ipv4Cidr, PortRange, ServiceCidrs};
+pub use portal_api::cidr::{IpFamily, Ipv4Cidr, PortRange, ServiceCidrs};
 pub use server::metrics::Metrics;
 
 /// Events kept per resource in the watch cache's ring.
@@ -382,11 +382,14 @@ impl ApiServer {
         })?;
         let advertise = config.advertise_address.or(Some(address.ip()));
         let tasks = portal_client::Supervisor::new();
-        let service_ip = allocators.first_address().parse::<std::net::IpAddr>().ok();
+        let service_ips = allocators
+            .first_addresses()
+            .into_iter()
+            .filter_map(|ip| ip.parse::<std::net::IpAddr>().ok());
         let extra: Vec<std::net::IpAddr> = config
             .advertise_address
             .into_iter()
-            .chain(service_ip)
+            .chain(service_ips)
             .collect();
         let (names, ips) = pki::serving_names(address, &extra);
         let credentials = pki::load_or_create(&config.data_dir, &names, &ips)?;

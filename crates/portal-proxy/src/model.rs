@@ -112,15 +112,18 @@ impl ServicePort {
 }
 
 /// A Service's proxied ports, without endpoints yet; empty for headless
-/// (P4), ExternalName and IPv6-only Services.
+/// (P4), ExternalName and IPv6-only Services. A dual-stack Service is
+/// proxied at its IPv4 address, whichever family is its first.
 pub fn service_ports(key: &ServiceKey, service: &Service) -> Vec<ServicePort> {
     let Some(spec) = &service.spec else {
         return Vec::new();
     };
     let Some(cluster_ip) = spec
-        .cluster_ip
-        .as_deref()
-        .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
+        .cluster_ips
+        .iter()
+        .flatten()
+        .chain(spec.cluster_ip.iter())
+        .find_map(|ip| ip.parse::<Ipv4Addr>().ok())
     else {
         return Vec::new();
     };
@@ -439,6 +442,23 @@ mod tests {
         let port = &join(&key(), &cluster, std::iter::once(&s), None)[0];
         assert!(port.local_endpoints.is_empty() && !port.internal_local && !port.external_local);
         assert_eq!(port.health_check_node_port, None);
+    }
+
+    #[test]
+    fn a_dual_stack_service_is_proxied_at_its_ipv4_address() {
+        let six_first = service(serde_json::json!({
+            "clusterIP": "fd00::20", "clusterIPs": ["fd00::20", "10.96.0.20"],
+            "ipFamilies": ["IPv6", "IPv4"], "ports": [{"port": 80}]
+        }));
+        let ports = service_ports(&key(), &six_first);
+        assert_eq!(
+            ports[0].cluster_ip,
+            "10.96.0.20".parse::<Ipv4Addr>().unwrap()
+        );
+        let six_only = service(
+            serde_json::json!({"clusterIP": "fd00::20", "clusterIPs": ["fd00::20"], "ports": [{"port": 80}]}),
+        );
+        assert!(service_ports(&key(), &six_only).is_empty());
     }
 
     #[test]

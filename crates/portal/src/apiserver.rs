@@ -192,6 +192,15 @@ impl ApiArgs {
         advertise_address: Option<IpAddr>,
     ) -> Result<portal_apiserver::Config, Error> {
         let defaults = portal_apiserver::ConnectionLimits::default();
+        // The service proxy and the pod network are IPv4: an IPv6 primary
+        // family would give the kubernetes and kube-dns Services addresses
+        // no pod could reach.
+        if self.service_cluster_ip_range.primary().family() != portal_apiserver::IpFamily::Ipv4 {
+            return Err(Error::Usage(format!(
+                "--service-cluster-ip-range {}: the first (primary) range must be IPv4 for now (pods and the service proxy are IPv4); an IPv6 range may come second",
+                self.service_cluster_ip_range
+            )));
+        }
         Ok(portal_apiserver::Config {
             data_dir: self.data_dir.clone(),
             bind: self.api_bind,

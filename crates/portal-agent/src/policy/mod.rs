@@ -29,6 +29,11 @@ use crate::routes::apply_nft;
 /// The table is written again at least this often (rules removed by hand
 /// come back).
 const RESYNC: Duration = Duration::from_secs(60);
+/// Writes are at least this far apart: a change after a quiet spell is
+/// written at once, a burst (a thousand policies applied, pods of a
+/// rollout coming and going) is batched into a few writes, as
+/// kube-proxy's minimum sync period does.
+const MIN_INTERVAL: Duration = Duration::from_millis(250);
 /// A failed write is tried again after this, doubling up to `RETRY_MOST`.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MOST: Duration = Duration::from_secs(30);
@@ -151,7 +156,12 @@ pub(crate) async fn run(client: Client, node: String) {
     let mut resync = tokio::time::interval(RESYNC);
     resync.tick().await;
     let mut retry = RETRY_FIRST;
+    let mut last_write: Option<tokio::time::Instant> = None;
     loop {
+        if let Some(last) = last_write {
+            // Changes meanwhile coalesce in the one stored wake-up.
+            tokio::time::sleep_until(last + MIN_INTERVAL).await;
+        }
         let (node, stores) = (
             node.clone(),
             (
@@ -179,6 +189,7 @@ pub(crate) async fn run(client: Client, node: String) {
             return;
         };
         if written.as_deref() != Some(text.as_str()) {
+            last_write = Some(tokio::time::Instant::now());
             match apply_nft(&text).await {
                 Ok(()) => {
                     tracing::debug!(isolated, "network policies applied");

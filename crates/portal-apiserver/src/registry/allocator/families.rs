@@ -42,9 +42,33 @@ fn set(svc: &mut Value, field: &str, value: Value) {
     }
 }
 
+/// Addresses in canonical text (`FD00::05` is `fd00::5`): one address has
+/// one record key, and an unchanged address reads as unchanged.
+fn canonical(svc: &mut Value) {
+    // `get_mut`, not indexing: a missing field stays missing.
+    let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let parsed = |v: &Value| {
+        v.as_str()
+            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+    };
+    if let Some(ip) = spec.get("clusterIP").and_then(parsed) {
+        spec.insert("clusterIP".into(), json!(ip.to_string()));
+    }
+    if let Some(ips) = spec.get_mut("clusterIPs").and_then(Value::as_array_mut) {
+        for value in ips.iter_mut() {
+            if let Some(ip) = parsed(value) {
+                *value = json!(ip.to_string());
+            }
+        }
+    }
+}
+
 /// `clusterIPs` from `clusterIP` (never the other way), as Kubernetes'
 /// `normalizeClusterIPs`.
 fn normalize(svc: &mut Value, old: Option<&Value>) {
+    canonical(svc);
     let cluster_ip = svc["spec"]["clusterIP"].as_str().unwrap_or("").to_owned();
     let ips = owned(cluster_ips(svc));
     let Some(old) = old else {
@@ -102,7 +126,10 @@ impl Allocators {
         normalize(svc, None);
         let configured = self.families();
         let (policy, families): (&str, Vec<IpFamily>) = if headless_without_selector(svc) {
-            ("RequireDualStack", configured.clone())
+            (
+                "RequireDualStack",
+                vec![configured[0], configured[0].other()],
+            )
         } else if svc["spec"]["clusterIP"].as_str() == Some(HEADLESS) {
             ("SingleStack", vec![configured[0]])
         } else {

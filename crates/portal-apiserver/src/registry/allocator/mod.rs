@@ -143,9 +143,19 @@ pub(crate) fn cluster_ips_of(svc: &Value) -> Vec<(IpFamily, String)> {
     if ips.is_empty() {
         ips.extend(svc["spec"]["clusterIP"].as_str());
     }
+    // Canonical text: one address, one record key, whatever the spelling.
     ips.into_iter()
-        .filter_map(|ip| Some((IpFamily::of(ip.parse().ok()?), ip.to_owned())))
+        .filter_map(|ip| ip.parse::<std::net::IpAddr>().ok())
+        .map(|ip| (IpFamily::of(ip), ip.to_string()))
         .collect()
+}
+
+/// Where a family's cluster IP records are kept.
+fn records_prefix(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::Ipv4 => SERVICE_IPS,
+        IpFamily::Ipv6 => SERVICE_IPS_IPV6,
+    }
 }
 
 impl Allocators {
@@ -154,10 +164,7 @@ impl Allocators {
             .all()
             .iter()
             .map(|cidr| {
-                let prefix = match cidr.family() {
-                    IpFamily::Ipv4 => SERVICE_IPS,
-                    IpFamily::Ipv6 => SERVICE_IPS_IPV6,
-                };
+                let prefix = records_prefix(cidr.family());
                 // Offset 1 is the `kubernetes` Service's; dynamic picks start at 2.
                 let range = Range::Ip {
                     cidr: *cidr,
@@ -188,6 +195,15 @@ impl Allocators {
     /// family's).
     pub(crate) fn first_address(&self) -> String {
         self.primary().range.value(1).unwrap_or_default()
+    }
+
+    /// Each family's first address (the serving certificate names them
+    /// all, so a reordered flag keeps in-cluster clients working).
+    pub(crate) fn first_addresses(&self) -> Vec<String> {
+        self.ips
+            .iter()
+            .filter_map(|(_, pool)| pool.range.value(1))
+            .collect()
     }
 
     /// The cluster DNS Service's address: the tenth of the primary range
@@ -265,17 +281,17 @@ impl Allocators {
         Ok(())
     }
 
-    /// Releases `ips` when the write commits.
+    /// Releases `ips` when the write commits (the records of a family
+    /// the cluster no longer has too).
     fn release_ips<'a>(&'a self, r: &mut Reservation<'a>, ips: &[(IpFamily, String)]) {
         for (family, ip) in ips {
-            let Some(pool) = self.pool(*family) else {
-                continue;
-            };
             r.ops.push(Op::Delete {
-                key: pool.key(ip),
+                key: format!("{}{ip}", records_prefix(*family)),
                 expected_revision: None,
             });
-            r.freed.push((pool, ip.clone()));
+            if let Some(pool) = self.pool(*family) {
+                r.freed.push((pool, ip.clone()));
+            }
         }
     }
 
@@ -451,34 +467,38 @@ impl Allocators {
                 spec.remove("allocateLoadBalancerNodePorts");
             }
         }
-        if new["spec"]["type"].as_str() == Some("ExternalName")
-            && !cluster_ips_of(old).is_empty()
-            && spec_field(new, "clusterIP") == spec_field(old, "clusterIP")
-        {
+        // Kubernetes' `dropTypeDependentFields`: to ExternalName, each
+        // cluster IP field the client sent back unchanged goes.
+        let needs_cluster_ip = |s: &Value| s["spec"]["type"].as_str() != Some("ExternalName");
+        if needs_cluster_ip(old) && !needs_cluster_ip(new) {
+            let same_ips = spec_field(new, "clusterIP") == spec_field(old, "clusterIP")
+                && spec_field(new, "clusterIPs") == spec_field(old, "clusterIPs");
             if let Some(spec) = new["spec"].as_object_mut() {
-                for field in [
-                    "clusterIP",
-                    "clusterIPs",
-                    "ipFamilies",
-                    "ipFamilyPolicy",
-                    "internalTrafficPolicy",
-                ] {
-                    spec.remove(field);
+                if same_ips {
+                    spec.remove("clusterIP");
+                    spec.remove("clusterIPs");
+                }
+                for field in ["ipFamilies", "ipFamilyPolicy", "internalTrafficPolicy"] {
+                    if spec.get(field) == old["spec"].get(field) {
+                        spec.remove(field);
+                    }
                 }
             }
         }
-        if let Some((_, ip)) = cluster_ips_of(old).first() {
-            // As Kubernetes' `patchAllocatedValues`: the addresses only;
-            // the families follow from them, the policy from the old one.
-            if wants_cluster_ip(new) && new["spec"]["clusterIP"].as_str().unwrap_or("").is_empty() {
-                new["spec"]["clusterIP"] = json!(ip);
-                if cluster_ips(new).is_empty() {
-                    let held = cluster_ips(old);
-                    new["spec"]["clusterIPs"] = if held.is_empty() {
-                        json!([ip])
-                    } else {
-                        json!(held)
-                    };
+        // Kubernetes' `patchAllocatedValues`: addresses the client left out
+        // are kept (headless `None` too); the families follow from them and
+        // the policy from the old one.
+        if needs_cluster_ip(old) && needs_cluster_ip(new) {
+            let held = old["spec"]["clusterIP"].as_str().unwrap_or("").to_owned();
+            if new["spec"]["clusterIP"].as_str().unwrap_or("").is_empty() && !held.is_empty() {
+                new["spec"]["clusterIP"] = json!(held);
+            }
+            if cluster_ips(new).is_empty() {
+                let old_ips = cluster_ips(old);
+                if !old_ips.is_empty() {
+                    new["spec"]["clusterIPs"] = json!(old_ips);
+                } else if !held.is_empty() {
+                    new["spec"]["clusterIPs"] = json!([held]);
                 }
             }
         }
@@ -849,11 +869,6 @@ mod tests {
         assert_eq!((ips[0], ips.len()), (first.as_str(), 2));
         assert_eq!(upgraded["spec"]["ipFamilies"], json!(["IPv4", "IPv6"]));
 
-        // PreferDualStack sent back as it is: nothing changes.
-        let mut again = upgraded.clone();
-        let r = update(&a, &mut again, &upgraded).unwrap();
-        assert!(r.ops.is_empty());
-
         // Down to one: the policy alone; the server trims the lists.
         let mut downgraded = upgraded.clone();
         downgraded["spec"]["ipFamilyPolicy"] = json!("SingleStack");
@@ -874,5 +889,87 @@ mod tests {
             a.for_delete(&kinds::service::RESOURCE, &upgraded).ops.len(),
             2
         );
+    }
+
+    #[test]
+    fn prefer_dual_stack_is_not_upgraded_behind_its_owners_back() {
+        // Made on a single-stack cluster, sent back as it is after the
+        // cluster became dual-stack: it stays single.
+        let single_stack = allocators();
+        let mut svc_ = svc(json!({"ipFamilyPolicy": "PreferDualStack", "ports": [{"port": 80}]}));
+        create(&single_stack, &mut svc_).unwrap().commit();
+        let a = dual_stack();
+        let mut again = svc_.clone();
+        let r = update(&a, &mut again, &svc_).unwrap();
+        assert!(r.ops.is_empty(), "{:?}", r.ops);
+        assert_eq!(again["spec"]["ipFamilies"], json!(["IPv4"]));
+        // Asked for explicitly (RequireDualStack), it is upgraded.
+        let mut required = svc_.clone();
+        required["spec"]["ipFamilyPolicy"] = json!("RequireDualStack");
+        let r = update(&a, &mut required, &svc_).unwrap();
+        assert_eq!(r.ops.len(), 1);
+        assert_eq!(required["spec"]["ipFamilies"], json!(["IPv4", "IPv6"]));
+    }
+
+    #[test]
+    fn addresses_are_recorded_in_canonical_text() {
+        let a = dual_stack();
+        let mut loud = svc(json!({"clusterIP": "FD00:96:0::0063", "ports": [{"port": 80}]}));
+        let r = create(&a, &mut loud).unwrap();
+        assert!(
+            matches!(&r.ops[..], [Op::Create { key, .. }] if key == &format!("{SERVICE_IPS_IPV6}fd00:96::63"))
+        );
+        assert_eq!(loud["spec"]["clusterIPs"], json!(["fd00:96::63"]));
+        r.commit();
+        let mut quiet = svc(json!({"clusterIP": "fd00:96::63", "ports": [{"port": 80}]}));
+        assert!(create(&a, &mut quiet)
+            .unwrap_err()
+            .message
+            .ends_with("provided IP is already allocated"));
+        // The last IPv6 address is usable; IPv4's broadcast address is not.
+        let mut last = svc(json!({"clusterIP": "fd00:96::ffff", "ports": [{"port": 80}]}));
+        assert!(create(&a, &mut last).is_ok());
+        let mut broadcast = svc(json!({"clusterIP": "10.96.0.255", "ports": [{"port": 80}]}));
+        assert!(create(&a, &mut broadcast).is_err());
+    }
+
+    #[test]
+    fn a_family_the_cluster_lost_still_gives_its_records_back() {
+        let a = dual_stack();
+        let mut both = svc(json!({"ipFamilyPolicy": "RequireDualStack", "ports": [{"port": 80}]}));
+        create(&a, &mut both).unwrap().commit();
+        let single_stack = allocators();
+        let r = single_stack.for_delete(&kinds::service::RESOURCE, &both);
+        let keys: Vec<&str> = r
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Delete { key, .. } => Some(key.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(keys.len(), 2);
+        assert!(keys.iter().any(|k| k.starts_with(SERVICE_IPS_IPV6)));
+    }
+
+    #[test]
+    fn to_external_name_drops_the_fields_sent_back_unchanged() {
+        let a = dual_stack();
+        let mut headless =
+            svc(json!({"clusterIP": "None", "selector": {"app": "x"}, "ports": [{"port": 80}]}));
+        create(&a, &mut headless).unwrap();
+        let mut named = headless.clone();
+        named["spec"]["type"] = json!("ExternalName");
+        named["spec"]["externalName"] = json!("example.com");
+        update(&a, &mut named, &headless).unwrap();
+        for field in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
+            assert!(named["spec"].get(field).is_none(), "{field}: {named}");
+        }
+        // A PUT that leaves out a headless Service's address keeps it.
+        let mut put = headless.clone();
+        put["spec"].as_object_mut().unwrap().remove("clusterIP");
+        put["spec"].as_object_mut().unwrap().remove("clusterIPs");
+        update(&a, &mut put, &headless).unwrap();
+        assert_eq!(put["spec"]["clusterIPs"], json!(["None"]));
     }
 }

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use parking_lot::Mutex;
-use portal_api::cidr::{IpCidr, PortRange};
+use portal_api::cidr::{IpCidr, IpFamily, PortRange};
 use rand::Rng;
 
 /// What a pool hands out.
@@ -55,9 +55,10 @@ impl Range {
     fn usable(&self, offset: u64) -> bool {
         match self {
             // IPv4's network and broadcast addresses; IPv6's subnet-router
-            // anycast (offset 0) and, as Kubernetes does, its last too.
+            // anycast (offset 0), its last address is usable.
             Range::Ip { cidr, .. } => {
-                cidr.size() <= 2 || (offset != 0 && offset != cidr.size() - 1)
+                let last = cidr.family() == IpFamily::Ipv4 && offset == cidr.size() - 1;
+                cidr.size() <= 2 || (offset != 0 && !last)
             }
             Range::Ports(_) => offset < self.size(),
         }

@@ -48,6 +48,10 @@ export function follow(path, { onChange, onError = () => {}, batchMs = 100 }) {
 
   (async () => {
     let backoff = 500;
+    // Failures since the last good list: a connection that drops once (the
+    // browser closes its sockets when the machine's network changes) is
+    // mended without a word; one that keeps failing is reported.
+    let failures = 0;
     while (!signal.aborted) {
       try {
         const list = await getJSON(path, { signal });
@@ -55,6 +59,7 @@ export function follow(path, { onChange, onError = () => {}, batchMs = 100 }) {
         for (const item of list.items ?? []) objects.set(objectKey(item), item);
         publish();
         onError(null);
+        failures = 0;
         let version = list.metadata?.resourceVersion ?? '';
         const separator = path.includes('?') ? '&' : '?';
         for (;;) {
@@ -88,7 +93,11 @@ export function follow(path, { onChange, onError = () => {}, batchMs = 100 }) {
           backoff = 1000;
           continue;
         }
-        if (!gone) onError(error instanceof ApiError ? error : new ApiError(0, '', String(error.message ?? error)));
+        failures += 1;
+        const dropped = !(error instanceof ApiError) || error.code === 0;
+        if (!gone && !(dropped && failures === 1)) {
+          onError(error instanceof ApiError ? error : new ApiError(0, '', String(error.message ?? error)));
+        }
         await sleep(backoff, signal);
         backoff = Math.min(backoff * 2, MAX_BACKOFF_MS);
       }

@@ -104,3 +104,82 @@ def test_an_ipv6_primary_range_is_refused_until_pods_speak_ipv6(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "the first (primary) range must be IPv4" in result.stderr, result.stderr
+
+
+def test_coredns_style_fixture_answers_a_aaaa_srv_and_ptr(dual):
+    """CoreDNS's own Kubernetes fixture, in spirit: selector-less Services
+    whose Endpoints are written by hand with IPv4 and IPv6 addresses. The
+    mirroring controller makes a slice per address type, and the DNS
+    answers as the Kubernetes DNS specification says."""
+    ns = "testns"
+    kubectl(dual, "create", "namespace", ns)
+    objects = [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "hdls1", "namespace": ns},
+         "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}},
+        {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "hdls1", "namespace": ns},
+         "subsets": [{"addresses": [{"ip": "172.0.0.2"}, {"ip": "172.0.0.3", "hostname": "dual"},
+                                    {"ip": "5678:abcd::1"}, {"ip": "5678:abcd::2", "hostname": "dual"}],
+                      "notReadyAddresses": [{"ip": "172.0.0.9"}, {"ip": "5678:abcd::9"}],
+                      "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}]},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc6", "namespace": ns},
+         "spec": {"ipFamilies": ["IPv6"], "ports": [{"name": "http", "port": 80}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc4", "namespace": ns},
+         "spec": {"ports": [{"name": "http", "port": 80}]}},
+    ]
+    subprocess.run(["kubectl", "--kubeconfig", str(dual.kubeconfig), "create", "-f", "-"],
+                   input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+                   capture_output=True, text=True, timeout=60, check=True)
+    # A headless Service without a selector is dual-stack where the cluster is.
+    headless = json.loads(kubectl(dual, "get", "service", "hdls1", "-n", ns, "-o", "json").stdout)["spec"]
+    assert headless["ipFamilies"] == ["IPv4", "IPv6"] and headless["ipFamilyPolicy"] == "RequireDualStack", headless
+    svc6 = json.loads(kubectl(dual, "get", "service", "svc6", "-n", ns, "-o", "json").stdout)["spec"]["clusterIP"]
+
+    def mirrors():
+        listed = json.loads(kubectl(dual, "get", "endpointslices", "-n", ns, "-l",
+                                    "kubernetes.io/service-name=hdls1", "-o", "json").stdout)["items"]
+        return {s["addressType"]: sorted(a for e in s["endpoints"] for a in e["addresses"]) for s in listed}
+
+    assert eventually(lambda: len(mirrors()) == 2), mirrors()
+    assert mirrors() == {"IPv4": ["172.0.0.2", "172.0.0.3", "172.0.0.9"],
+                         "IPv6": ["5678:abcd::1", "5678:abcd::2", "5678:abcd::9"]}
+
+    dig = Dig(*wait_for_dns(dual.log))
+    zone = f"{ns}.svc.cluster.local"
+    hdls = f"hdls1.{zone}"
+
+    def addresses(name, rtype):
+        return sorted(a[4] for a in dig(name, rtype)["answer"] if a[3] == rtype)
+
+    assert eventually(lambda: addresses(hdls, "AAAA") == ["5678:abcd::1", "5678:abcd::2"]), dig(hdls, "AAAA")["out"]
+    assert addresses(hdls, "A") == ["172.0.0.2", "172.0.0.3"]
+    # An endpoint's name: its hostname, else its address with dashes.
+    assert addresses(f"dual.{hdls}", "A") == ["172.0.0.3"]
+    assert addresses(f"dual.{hdls}", "AAAA") == ["5678:abcd::2"]
+    assert addresses(f"5678-abcd--1.{hdls}", "AAAA") == ["5678:abcd::1"]
+    assert dig(f"5678-abcd--9.{hdls}", "AAAA")["status"] == "NXDOMAIN"  # not ready
+    # SRV: one target per ready endpoint, each target's addresses alongside.
+    srv = dig(f"_http._tcp.{hdls}", "SRV")
+    targets = sorted({a[7] for a in srv["answer"]})
+    assert targets == sorted(f"{label}.{hdls}." for label in ("172-0-0-2", "5678-abcd--1", "dual")), srv["out"]
+    assert all(a[6] == "80" for a in srv["answer"])
+    extra = sorted((a[3], a[4]) for a in srv["additional"])
+    assert extra == [("A", "172.0.0.2"), ("A", "172.0.0.3"), ("AAAA", "5678:abcd::1"), ("AAAA", "5678:abcd::2")], srv["out"]
+    # PTR in ip6.arpa, for an endpoint and for a cluster IP.
+    def reverse(address):
+        return subprocess.run(["dig", "-x", address, f"@{dig.host}", "-p", str(dig.port), "+short"],
+                              capture_output=True, text=True, timeout=20).stdout.split()
+
+    assert reverse("5678:abcd::1") == [f"5678-abcd--1.{hdls}."]
+    assert reverse("5678:abcd::2") == [f"dual.{hdls}."]
+    assert eventually(lambda: reverse(svc6)) == [f"svc6.{zone}."]
+    # Single-stack Services answer their family and NODATA for the other.
+    assert addresses(f"svc6.{zone}", "AAAA") == [svc6] and addresses(f"svc6.{zone}", "A") == []
+    nodata = dig(f"svc4.{zone}", "AAAA")
+    assert nodata["status"] == "NOERROR" and nodata["answer"] == [] and addresses(f"svc4.{zone}", "A")
+    # Endpoints rewritten with IPv6 addresses only: the IPv4 mirror goes.
+    kubectl(dual, "patch", "endpoints", "hdls1", "-n", ns, "--type=json", "-p", json.dumps(
+        [{"op": "replace", "path": "/subsets/0/addresses", "value": [{"ip": "5678:abcd::7"}]},
+         {"op": "remove", "path": "/subsets/0/notReadyAddresses"}]))
+    assert eventually(lambda: mirrors() == {"IPv6": ["5678:abcd::7"]}), mirrors()
+    assert eventually(lambda: addresses(hdls, "AAAA") == ["5678:abcd::7"])
+    assert addresses(hdls, "A") == []

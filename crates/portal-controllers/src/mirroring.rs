@@ -105,8 +105,17 @@ fn error_policy(endpoints: Arc<Endpoints>, error: &Error, ctx: Arc<Context>) -> 
     Action::requeue(ctx.retries.after_failure(endpoints.as_ref()))
 }
 
-/// The slices' contents: one per port set, chunked, ready and not ready.
-fn mirrored(endpoints: &Endpoints) -> Vec<(Vec<EndpointPort>, Vec<Endpoint>)> {
+/// One mirrored slice: its address type, ports and endpoints.
+struct Mirror {
+    address_type: &'static str,
+    ports: Vec<EndpointPort>,
+    endpoints: Vec<Endpoint>,
+}
+
+/// The slices' contents: per subset and address family (a slice holds
+/// addresses of one type, as the mirroring controller keys them), chunked,
+/// ready and not ready. Addresses that are no IP are left out.
+fn mirrored(endpoints: &Endpoints) -> Vec<Mirror> {
     let mut slices = Vec::new();
     for subset in endpoints.subsets.iter().flatten() {
         let ports: Vec<EndpointPort> = subset
@@ -120,13 +129,18 @@ fn mirrored(endpoints: &Endpoints) -> Vec<(Vec<EndpointPort>, Vec<Endpoint>)> {
                 app_protocol: p.app_protocol.clone(),
             })
             .collect();
-        let mut entries = Vec::new();
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for (list, ready) in [
             (&subset.addresses, true),
             (&subset.not_ready_addresses, false),
         ] {
             for address in list.iter().flatten() {
-                entries.push(Endpoint {
+                let family = match address.ip.parse::<std::net::IpAddr>() {
+                    Ok(std::net::IpAddr::V4(_)) => &mut v4,
+                    Ok(std::net::IpAddr::V6(_)) => &mut v6,
+                    Err(_) => continue,
+                };
+                family.push(Endpoint {
                     addresses: vec![address.ip.clone()],
                     conditions: Some(EndpointConditions {
                         ready: Some(ready),
@@ -140,8 +154,14 @@ fn mirrored(endpoints: &Endpoints) -> Vec<(Vec<EndpointPort>, Vec<Endpoint>)> {
                 });
             }
         }
-        for chunk in entries.chunks(MAX_ENDPOINTS_PER_SLICE) {
-            slices.push((ports.clone(), chunk.to_vec()));
+        for (address_type, entries) in [("IPv4", v4), ("IPv6", v6)] {
+            for chunk in entries.chunks(MAX_ENDPOINTS_PER_SLICE) {
+                slices.push(Mirror {
+                    address_type,
+                    ports: ports.clone(),
+                    endpoints: chunk.to_vec(),
+                });
+            }
         }
     }
     slices
@@ -190,11 +210,28 @@ async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Actio
     let mut labels = endpoints.labels().clone();
     labels.insert(SERVICE_NAME_LABEL.into(), name.clone());
     labels.insert(MANAGED_BY_LABEL.into(), MIRRORED_BY.into());
-    for (index, (ports, entries)) in wanted.iter().enumerate() {
-        let current = existing.get(index);
-        let ports = Some(ports.clone());
-        if current.is_some_and(|c| c.ports == ports && &c.endpoints == entries) {
+    for (index, mirror) in wanted.iter().enumerate() {
+        let mut current = existing.get(index);
+        let ports = Some(mirror.ports.clone());
+        if current.is_some_and(|c| {
+            c.address_type == mirror.address_type
+                && c.ports == ports
+                && c.endpoints == mirror.endpoints
+        }) {
             continue;
+        }
+        // A slice's address type cannot change: one of the other family in
+        // this place is replaced by a new one.
+        if let Some(other) = current.filter(|c| c.address_type != mirror.address_type) {
+            match slices
+                .delete(&other.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+            current = None;
         }
         let slice = EndpointSlice {
             metadata: ObjectMeta {
@@ -221,8 +258,8 @@ async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Actio
                 }]),
                 ..ObjectMeta::default()
             },
-            address_type: "IPv4".into(),
-            endpoints: entries.clone(),
+            address_type: mirror.address_type.into(),
+            endpoints: mirror.endpoints.clone(),
             ports,
         };
         match current {

@@ -199,9 +199,6 @@ pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceKey> {
     ))
 }
 
-/// A slice's ready IPv4 endpoints for one Service port, matched by port
-/// name and protocol like kube-proxy (an unnamed Service port matches the
-/// slice's unnamed port).
 /// Which endpoints of a slice are wanted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Wanted {
@@ -211,6 +208,9 @@ enum Wanted {
     ServingTerminating,
 }
 
+/// A slice's wanted IPv4 endpoints for one Service port, matched by port
+/// name and protocol like kube-proxy (an unnamed Service port matches the
+/// slice's unnamed port).
 fn slice_endpoints(
     slice: &EndpointSlice,
     port: &ServicePort,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, Client, ResourceExt};
-use portal_api::cidr::Ipv4Cidr;
+use portal_api::cidr::PodCidrs;
 
 use crate::{node, pods, runtime, Config, Error, Metrics};
 
@@ -79,11 +79,11 @@ pub(crate) async fn pod_range(
     config: &Config,
     me: &node::Identity,
     data: &Path,
-) -> Result<Ipv4Cidr, Error> {
+) -> Result<PodCidrs, Error> {
     let saved_at = data.join("pod-cidr");
     let saved = std::fs::read_to_string(&saved_at)
         .ok()
-        .and_then(|text| text.trim().parse::<Ipv4Cidr>().ok());
+        .and_then(|text| text.trim().parse::<PodCidrs>().ok());
     let range = match (config.pod_cidr, saved, client) {
         (Some(range), _, _) => range,
         (None, Some(range), _) => {
@@ -92,10 +92,7 @@ pub(crate) async fn pod_range(
         }
         (None, None, Some(client)) => {
             register(client, me).await;
-            node::wait_for_pod_cidr(client, &me.name)
-                .await?
-                .parse()
-                .map_err(|e: String| Error::Config(format!("the node's pod range: {e}")))?
+            node::wait_for_pod_cidr(client, &me.name).await?
         }
         (None, None, None) => {
             return Err(Error::Config(

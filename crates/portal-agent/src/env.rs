@@ -17,6 +17,8 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 #[derive(Clone, Debug, Default)]
 pub struct PodFacts {
     pub pod_ip: String,
+    /// All of the pod's addresses (`status.podIPs`: comma-separated).
+    pub pod_ips: Vec<String>,
     pub host_ip: String,
 }
 
@@ -201,7 +203,9 @@ fn field_value(pod: &Pod, path: &str, facts: &PodFacts) -> Result<String, Config
         "spec.serviceAccountName" => spec
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_default(),
-        "status.podIP" | "status.podIPs" => facts.pod_ip.clone(),
+        "status.podIP" => facts.pod_ip.clone(),
+        "status.podIPs" if facts.pod_ips.is_empty() => facts.pod_ip.clone(),
+        "status.podIPs" => facts.pod_ips.join(","),
         "status.hostIP" | "status.hostIPs" => facts.host_ip.clone(),
         _ => keyed("metadata.labels", meta.labels.as_ref())
             .or_else(|| keyed("metadata.annotations", meta.annotations.as_ref()))
@@ -357,6 +361,7 @@ mod tests {
         ];
         let facts = PodFacts {
             pod_ip: "10.244.0.5".into(),
+            pod_ips: vec!["10.244.0.5".into(), "fd00:10:244::5".into()],
             host_ip: "192.168.1.2".into(),
         };
         let image_env = ["PATH=/usr/bin".to_owned(), "HOME=/root".to_owned()];

@@ -284,6 +284,7 @@ impl PodNetwork for FakeNetwork {
             let sandbox = Sandbox {
                 netns: format!("fake-{pod_uid}"),
                 ip: Ipv4Addr::new(10, 88, 0, host),
+                ip6: None,
                 veth: format!("veth-{host}"),
             };
             sandboxes.insert(pod_uid.to_owned(), sandbox.clone());

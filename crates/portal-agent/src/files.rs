@@ -52,7 +52,9 @@ fn fqdn(pod: &Pod, zone: &str) -> Option<String> {
 }
 
 /// `/etc/hosts`, or `None` for host-network pods (they see the node's).
-pub fn hosts(pod: &Pod, pod_ip: &str, zone: &str) -> Option<String> {
+/// One line names the pod per address (both families on a dual-stack
+/// node, as the kubelet writes them).
+pub fn hosts(pod: &Pod, pod_ips: &[String], zone: &str) -> Option<String> {
     let spec = pod.spec.as_ref()?;
     if spec.host_network == Some(true) {
         return None;
@@ -67,9 +69,12 @@ pub fn hosts(pod: &Pod, pod_ip: &str, zone: &str) -> Option<String> {
          fe00::2\tip6-allrouters\n",
     );
     let name = hostname(pod);
-    match fqdn(pod, zone) {
-        Some(full) => out.push_str(&format!("{pod_ip}\t{full}\t{name}\n")),
-        None => out.push_str(&format!("{pod_ip}\t{name}\n")),
+    let full = fqdn(pod, zone);
+    for pod_ip in pod_ips {
+        match &full {
+            Some(full) => out.push_str(&format!("{pod_ip}\t{full}\t{name}\n")),
+            None => out.push_str(&format!("{pod_ip}\t{name}\n")),
+        }
     }
     if let Some(aliases) = spec.host_aliases.as_ref().filter(|a| !a.is_empty()) {
         out.push_str("\n# Entries added by HostAliases.\n");
@@ -231,17 +236,22 @@ mod tests {
 
     #[test]
     fn hosts_file_names_the_pod() {
-        let plain = hosts(&pod(json!({})), "10.244.0.5", "cluster.local").unwrap();
+        let plain = hosts(&pod(json!({})), &["10.244.0.5".into()], "cluster.local").unwrap();
         assert!(plain.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"));
         assert!(plain.ends_with("10.244.0.5\tweb-1\n"));
         let named = pod(json!({"hostname": "db-0", "subdomain": "db",
             "hostAliases": [{"ip": "10.1.2.3", "hostnames": ["foo.local", "bar.local"]}]}));
-        let text = hosts(&named, "10.244.0.6", "cluster.local").unwrap();
-        assert!(text.contains("10.244.0.6\tdb-0.db.shop.svc.cluster.local\tdb-0\n"));
+        let text = hosts(
+            &named,
+            &["10.244.0.6".into(), "fd00::6".into()],
+            "cluster.local",
+        )
+        .unwrap();
+        assert!(text.contains("10.244.0.6\tdb-0.db.shop.svc.cluster.local\tdb-0\nfd00::6\tdb-0.db.shop.svc.cluster.local\tdb-0\n"));
         assert!(text.ends_with("# Entries added by HostAliases.\n10.1.2.3\tfoo.local\tbar.local\n"));
         assert!(hosts(
             &pod(json!({"hostNetwork": true})),
-            "10.244.0.5",
+            &["10.244.0.5".into()],
             "cluster.local"
         )
         .is_none());

@@ -58,7 +58,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
-use portal_api::cidr::Ipv4Cidr;
+use portal_api::cidr::PodCidrs;
 
 pub use images::Mirror;
 pub use metrics::Metrics;
@@ -116,7 +116,7 @@ pub struct Config {
     /// The node's pod range when it is not (or not yet) the API's to give:
     /// needed with no API server. Default: the API's node IPAM, else the
     /// range of the last run.
-    pub pod_cidr: Option<Ipv4Cidr>,
+    pub pod_cidr: Option<PodCidrs>,
     pub static_pods: StaticPods,
     /// How long the node's Lease lasts (renewed every quarter of it).
     pub lease_seconds: i32,

@@ -16,7 +16,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use futures_util::TryStreamExt;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressScope};
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressScope};
 use rtnetlink::packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
@@ -172,13 +172,19 @@ impl Netlink {
             .map_err(failed(format!("attaching {name} to {bridge}")))
     }
 
-    /// Gives a link an address, replacing it if it has it already.
-    pub async fn replace_address(&self, name: &str, address: Ipv4Addr, prefix: u8) -> Result<()> {
+    /// Gives a link an address, replacing it if it has it already. IPv6
+    /// addresses skip duplicate address detection (the agent hands out
+    /// every address on its links): usable at once.
+    pub async fn replace_address(&self, name: &str, address: IpAddr, prefix: u8) -> Result<()> {
         let index = self.index_of(name).await?;
-        self.handle
-            .address()
-            .add(index, IpAddr::V4(address), prefix)
-            .replace()
+        let mut request = self.handle.address().add(index, address, prefix).replace();
+        if address.is_ipv6() {
+            request
+                .message_mut()
+                .attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        request
             .execute()
             .await
             .map_err(failed(format!("adding {address}/{prefix} to {name}")))
@@ -229,15 +235,11 @@ impl Netlink {
 
     /// A route to `destination` straight on the link (`ip route add D dev
     /// NAME scope link`).
-    pub async fn add_link_route(
-        &self,
-        destination: Ipv4Addr,
-        prefix: u8,
-        name: &str,
-    ) -> Result<()> {
+    pub async fn add_link_route(&self, destination: IpAddr, prefix: u8, name: &str) -> Result<()> {
         let index = self.index_of(name).await?;
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
+        let route = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(destination, prefix)
+            .map_err(|e| io_failed(format!("route {destination}/{prefix}"))(io::Error::other(e)))?
             .output_interface(index)
             .scope(RouteScope::Link)
             .build();
@@ -251,14 +253,20 @@ impl Netlink {
             )))
     }
 
-    /// The default route through `gateway` on the link (`ip route add
-    /// default via G dev NAME`).
-    pub async fn add_default_route(&self, gateway: Ipv4Addr, name: &str) -> Result<()> {
+    /// The default route of `gateway`'s family through it on the link
+    /// (`ip route add default via G dev NAME`).
+    pub async fn add_default_route(&self, gateway: IpAddr, name: &str) -> Result<()> {
         let index = self.index_of(name).await?;
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .gateway(gateway)
-            .output_interface(index)
-            .build();
+        let route = match gateway {
+            IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new()
+                .gateway(v4)
+                .output_interface(index)
+                .build(),
+            IpAddr::V6(v6) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .gateway(v6)
+                .output_interface(index)
+                .build(),
+        };
         self.handle
             .route()
             .add(route)

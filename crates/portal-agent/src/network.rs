@@ -10,13 +10,20 @@
 //! with `O_EXCL` like CNI's host-local plugin, so no address is handed out
 //! twice or lost across agent restarts. Namespace names carry the agent's
 //! tag, so several agents on one machine never collide.
+//!
+//! On a dual-stack node (an IPv6 pod range besides the IPv4 one) a pod's
+//! IPv6 address is the one at its IPv4 address's place in the IPv6 range
+//! (`10.244.1.7` → `fd00:10:244:1::7`): one lease covers both, and a pod
+//! reached by either address is plainly the same pod. IPv6 is routed the
+//! same way (a /128 per pod, the bridge's address as gateway), without
+//! duplicate address detection (the node hands out every address itself).
 
 use futures_util::future::BoxFuture;
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
-use portal_api::cidr::Ipv4Cidr;
+use portal_api::cidr::{Ipv4Cidr, Ipv6Cidr, PodCidrs};
 
 use crate::netlink::{self, Netlink};
 
@@ -55,6 +62,8 @@ pub struct Network {
     /// Makes namespace names unique to this agent.
     tag: String,
     range: Ipv4Cidr,
+    /// The node's IPv6 pod range on a dual-stack node.
+    range6: Option<Ipv6Cidr>,
     leases: PathBuf,
     /// Pod workers lease concurrently: one at a time.
     leasing: std::sync::Arc<parking_lot::Mutex<()>>,
@@ -71,6 +80,9 @@ pub struct Sandbox {
     /// Under `/run/netns`.
     pub netns: String,
     pub ip: Ipv4Addr,
+    /// The pod's IPv6 address on a dual-stack node.
+    #[serde(default)]
+    pub ip6: Option<Ipv6Addr>,
     /// The node side of the veth.
     pub veth: String,
 }
@@ -78,6 +90,13 @@ pub struct Sandbox {
 impl Sandbox {
     pub fn netns_path(&self) -> PathBuf {
         netlink::netns_path(&self.netns)
+    }
+
+    /// The pod's addresses as `status.podIPs` lists them (IPv4 first).
+    pub fn ips(&self) -> Vec<String> {
+        std::iter::once(self.ip.to_string())
+            .chain(self.ip6.map(|ip| ip.to_string()))
+            .collect()
     }
 }
 
@@ -114,10 +133,11 @@ impl PodNetwork for Network {
 }
 
 impl Network {
-    pub fn new(tag: &str, range: Ipv4Cidr, leases: PathBuf) -> Self {
+    pub fn new(tag: &str, ranges: PodCidrs, leases: PathBuf) -> Self {
         Network {
             tag: tag.to_owned(),
-            range,
+            range: ranges.v4,
+            range6: ranges.v6,
             leases,
             leasing: std::sync::Arc::default(),
             mtu: None,
@@ -145,6 +165,16 @@ impl Network {
         self.range.nth(1).unwrap_or(Ipv4Addr::UNSPECIFIED)
     }
 
+    /// The node's IPv6 address on the bridge, on a dual-stack node.
+    pub fn gateway6(&self) -> Option<Ipv6Addr> {
+        self.range6.and_then(|range| range.nth(1))
+    }
+
+    /// A pod's IPv6 address: the place of its IPv4 one in the IPv6 range.
+    fn ip6_for(&self, ip: Ipv4Addr) -> Option<Ipv6Addr> {
+        self.range6?.nth(self.range.offset(ip)?)
+    }
+
     /// Sets up the node side once: bridge, forwarding, and no bridge
     /// netfilter (pods are routed; see the module doc).
     pub async fn prepare_node(&self) -> Result<()> {
@@ -154,15 +184,32 @@ impl Network {
             node.add_bridge(BRIDGE, BRIDGE_MAC).await?;
         }
         // `replace` keeps this idempotent across restarts.
-        node.replace_address(BRIDGE, self.gateway(), self.range.prefix())
-            .await?;
-        node.set_up(BRIDGE).await?;
-        for (key, value) in [
+        let mut settings = vec![
             ("net/ipv4/ip_forward", "1"),
             ("net/ipv4/conf/all/send_redirects", "0"),
             ("net/ipv4/conf/portal0/send_redirects", "0"),
             ("net/bridge/bridge-nf-call-iptables", "0"),
-        ] {
+        ];
+        if self.range6.is_some() {
+            settings.extend([
+                ("net/ipv6/conf/all/forwarding", "1"),
+                ("net/bridge/bridge-nf-call-ip6tables", "0"),
+            ]);
+        }
+        Self::set_sysctls(&settings)?;
+        node.replace_address(BRIDGE, IpAddr::V4(self.gateway()), self.range.prefix())
+            .await?;
+        if let (Some(gateway), Some(range)) = (self.gateway6(), self.range6) {
+            node.replace_address(BRIDGE, IpAddr::V6(gateway), range.prefix())
+                .await?;
+        }
+        node.set_up(BRIDGE).await?;
+        Ok(())
+    }
+
+    /// Writes `/proc/sys` settings of the current network namespace.
+    fn set_sysctls(settings: &[(&str, &str)]) -> Result<()> {
+        for (key, value) in settings {
             let path = Path::new("/proc/sys").join(key);
             // bridge-nf-call-* exists only with br_netfilter loaded.
             if path.exists() {
@@ -286,6 +333,7 @@ impl Network {
         Some(Sandbox {
             netns,
             ip,
+            ip6: self.ip6_for(ip),
             veth: veth_name(pod_uid),
         })
     }
@@ -298,6 +346,7 @@ impl Network {
         let sandbox = Sandbox {
             netns: self.netns_name(pod_uid),
             ip,
+            ip6: self.ip6_for(ip),
             veth: veth_name(pod_uid),
         };
         self.remove_links(&sandbox).await;
@@ -325,10 +374,18 @@ impl Network {
             .await?;
         node.attach_up(&sandbox.veth, BRIDGE).await?;
         let pod = Netlink::connect_in(&netns)?;
-        let gateway = self.gateway();
+        let gateway = IpAddr::V4(self.gateway());
         pod.set_up("lo").await?;
         pod.set_up(POD_LINK).await?;
-        pod.replace_address(POD_LINK, sandbox.ip, 32).await?;
+        if let (Some(ip6), Some(gateway6)) = (sandbox.ip6, self.gateway6()) {
+            pod.replace_address(POD_LINK, IpAddr::V6(ip6), 128).await?;
+            pod.add_link_route(IpAddr::V6(gateway6), 128, POD_LINK)
+                .await?;
+            pod.add_default_route(IpAddr::V6(gateway6), POD_LINK)
+                .await?;
+        }
+        pod.replace_address(POD_LINK, IpAddr::V4(sandbox.ip), 32)
+            .await?;
         pod.add_link_route(gateway, 32, POD_LINK).await?;
         pod.add_default_route(gateway, POD_LINK).await?;
         Ok(())
@@ -348,6 +405,7 @@ impl Network {
         let sandbox = Sandbox {
             netns: self.netns_name(pod_uid),
             ip: Ipv4Addr::UNSPECIFIED,
+            ip6: None,
             veth: veth_name(pod_uid),
         };
         self.remove_links(&sandbox).await;

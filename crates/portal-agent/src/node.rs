@@ -39,7 +39,7 @@ pub struct Identity {
     pub lease_seconds: i32,
     /// The pod range the agent uses when it is its own to say (given, or
     /// kept from the last run); otherwise node IPAM gives it.
-    pub pod_cidr: Option<portal_api::cidr::Ipv4Cidr>,
+    pub pod_cidr: Option<portal_api::cidr::PodCidrs>,
     /// Where this node keeps local-path volumes (published on its Node
     /// for the provisioner), if it keeps them.
     pub storage_root: Option<std::path::PathBuf>,
@@ -74,8 +74,8 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
-            pod_cidr: me.pod_cidr.map(|r| r.to_string()),
-            pod_cidrs: me.pod_cidr.map(|r| vec![r.to_string()]),
+            pod_cidr: me.pod_cidr.map(|r| r.v4.to_string()),
+            pod_cidrs: me.pod_cidr.map(|r| r.to_strings()),
             ..NodeSpec::default()
         }),
         // Created with its status, as the kubelet does: no reader ever sees
@@ -86,12 +86,12 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
         Ok(_) => tracing::info!(node = %me.name, "node registered"),
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let existing = api.get(&me.name).await?;
-            let assigned = existing.spec.as_ref().and_then(|s| s.pod_cidr.clone());
+            let assigned = existing.spec.as_ref().and_then(assigned_ranges);
             let mut patch = serde_json::json!({"metadata": {"labels": labels(&me.name),
                 "annotations": annotations(me)}});
-            match (me.pod_cidr.map(|r| r.to_string()), assigned) {
+            match (me.pod_cidr, assigned) {
                 (Some(mine), None) => {
-                    patch["spec"] = serde_json::json!({"podCIDR": mine, "podCIDRs": [mine]});
+                    patch["spec"] = serde_json::json!({"podCIDR": mine.v4.to_string(), "podCIDRs": mine.to_strings()});
                 }
                 (Some(mine), Some(assigned)) if mine != assigned => tracing::error!(
                     node = %me.name, pods_use = %mine, api_says = %assigned,
@@ -330,14 +330,29 @@ async fn renew(leases: &Api<Lease>, me: &Identity, node_uid: &str) -> Result<(),
     }
 }
 
-/// The node's pod range once node IPAM has assigned it.
-pub(crate) async fn wait_for_pod_cidr(client: &Client, name: &str) -> Result<String, Error> {
+/// The ranges a Node's spec lists (`podCIDRs`, else `podCIDR`); `None`
+/// when it has none (or none Portal can use: the first must be IPv4).
+pub(crate) fn assigned_ranges(
+    spec: &k8s_openapi::api::core::v1::NodeSpec,
+) -> Option<portal_api::cidr::PodCidrs> {
+    let listed = match &spec.pod_cidrs {
+        Some(ranges) if !ranges.is_empty() => ranges.clone(),
+        _ => vec![spec.pod_cidr.clone()?],
+    };
+    portal_api::cidr::PodCidrs::from_strings(&listed).ok()
+}
+
+/// The node's pod ranges once node IPAM has assigned them.
+pub(crate) async fn wait_for_pod_cidr(
+    client: &Client,
+    name: &str,
+) -> Result<portal_api::cidr::PodCidrs, Error> {
     let api = Api::<Node>::all(client.clone());
     let mut logged = false;
     loop {
         let node = api.get(name).await?;
-        if let Some(cidr) = node.spec.and_then(|s| s.pod_cidr) {
-            return Ok(cidr);
+        if let Some(ranges) = node.spec.as_ref().and_then(assigned_ranges) {
+            return Ok(ranges);
         }
         if !logged {
             tracing::info!(node = %node.metadata.name.unwrap_or_default(), "waiting for a pod range (node IPAM)");

@@ -254,6 +254,7 @@ async fn agent_objects(agent_dir: &Path, node_name: &str, report: &mut Report) {
         .ok()
         .and_then(|text| text.trim().parse().ok())
         .or_else(|| "0.0.0.0/32".parse().ok());
+    let range: Option<portal_api::cidr::PodCidrs> = range;
     let pods = range.map(|range| Network::new(&tag, range, agent_dir.join("leases")));
     for uid in pods
         .as_ref()

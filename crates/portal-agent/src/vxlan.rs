@@ -39,7 +39,7 @@ pub(crate) async fn ensure(local: Ipv4Addr, first: Ipv4Addr) -> Result<String, S
             .map_err(failed)?;
         node.set_mtu(DEVICE, mtu).await.map_err(failed)?;
     }
-    node.replace_address(DEVICE, first, 32)
+    node.replace_address(DEVICE, first.into(), 32)
         .await
         .map_err(failed)?;
     node.set_up(DEVICE).await.map_err(failed)?;

@@ -1,6 +1,7 @@
 //! Address and port ranges the API server allocates from: service CIDRs
 //! (`10.96.0.0/12`, `fd00:10:96::/108`, one of each family for dual-stack),
-//! a port range (`30000-32767`), pools of CIDRs.
+//! pod CIDRs (`10.244.0.0/16,fd00:10:244::/56`), a port range
+//! (`30000-32767`), pools of CIDRs.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -135,6 +136,28 @@ impl Ipv6Cidr {
             .then(|| Ipv6Addr::from(self.network.wrapping_add(u128::from(offset))))
     }
 
+    /// The `index`-th subnet of length `prefix` inside this network
+    /// (`fd00:10:244::/56` → `fd00:10:244:3::/64`).
+    pub fn subnet(&self, prefix: u8, index: u64) -> Option<Ipv6Cidr> {
+        if index >= self.subnet_count(prefix) {
+            return None;
+        }
+        let step = 1u128 << (128 - u32::from(prefix));
+        Some(Ipv6Cidr {
+            network: self.network.wrapping_add(u128::from(index) * step),
+            prefix,
+        })
+    }
+
+    /// How many subnets of length `prefix` fit (0 when `prefix` is
+    /// shorter; saturating at `u64::MAX`).
+    pub fn subnet_count(&self, prefix: u8) -> u64 {
+        match prefix.checked_sub(self.prefix) {
+            Some(bits) if prefix <= 128 => 1u64.checked_shl(u32::from(bits)).unwrap_or(u64::MAX),
+            _ => 0,
+        }
+    }
+
     pub fn offset(&self, ip: Ipv6Addr) -> Option<u64> {
         self.contains(ip)
             .then(|| u64::try_from(u128::from(ip) - self.network).ok())
@@ -259,6 +282,29 @@ impl IpCidr {
         }
     }
 
+    /// The `index`-th subnet of length `prefix` inside this network.
+    pub fn subnet(&self, prefix: u8, index: u64) -> Option<IpCidr> {
+        match self {
+            IpCidr::V4(c) => c.subnet(prefix, index).map(IpCidr::V4),
+            IpCidr::V6(c) => c.subnet(prefix, index).map(IpCidr::V6),
+        }
+    }
+
+    pub fn subnet_count(&self, prefix: u8) -> u64 {
+        match self {
+            IpCidr::V4(c) => c.subnet_count(prefix),
+            IpCidr::V6(c) => c.subnet_count(prefix),
+        }
+    }
+
+    /// Whether the two networks share an address.
+    pub fn overlaps(&self, other: &IpCidr) -> bool {
+        match (self.nth(0), other.nth(0)) {
+            (Some(a), Some(b)) => self.contains(b) || other.contains(a),
+            _ => false,
+        }
+    }
+
     pub fn offset(&self, ip: IpAddr) -> Option<u64> {
         match (self, ip) {
             (IpCidr::V4(c), IpAddr::V4(ip)) => c.offset(ip),
@@ -360,6 +406,67 @@ impl fmt::Display for ServiceCidrs {
     }
 }
 
+/// `--cluster-cidr` (and a node's `--pod-cidr`): an IPv4 CIDR, and for a
+/// dual-stack pod network an IPv6 one after it (`10.244.0.0/16,
+/// fd00:10:244::/56`). Pods' first address is IPv4, so IPv4 comes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodCidrs {
+    pub v4: Ipv4Cidr,
+    pub v6: Option<Ipv6Cidr>,
+}
+
+impl PodCidrs {
+    /// The ranges as a Node's `spec.podCIDRs` lists them.
+    pub fn to_strings(self) -> Vec<String> {
+        std::iter::once(self.v4.to_string())
+            .chain(self.v6.map(|v6| v6.to_string()))
+            .collect()
+    }
+
+    /// A Node's `spec.podCIDRs` (or `podCIDR` alone) read back.
+    pub fn from_strings<S: AsRef<str>>(ranges: &[S]) -> Result<Self, String> {
+        let joined: Vec<&str> = ranges.iter().map(AsRef::as_ref).collect();
+        joined.join(",").parse()
+    }
+}
+
+impl From<Ipv4Cidr> for PodCidrs {
+    fn from(v4: Ipv4Cidr) -> Self {
+        PodCidrs { v4, v6: None }
+    }
+}
+
+impl FromStr for PodCidrs {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        match parts.as_slice() {
+            [v4] => Ok(PodCidrs {
+                v4: v4.parse()?,
+                v6: None,
+            }),
+            [v4, v6] => {
+                let v4 = v4.parse::<IpCidr>()?;
+                let v6 = v6.parse::<IpCidr>()?;
+                match (v4, v6) {
+                    (IpCidr::V4(v4), IpCidr::V6(v6)) => Ok(PodCidrs { v4, v6: Some(v6) }),
+                    _ => Err(format!(
+                        "{s:?}: the first (primary) range must be IPv4 and the second IPv6"
+                    )),
+                }
+            }
+            _ => Err(format!("{s:?}: one CIDR, or two (IPv4, then IPv6)")),
+        }
+    }
+}
+
+impl fmt::Display for PodCidrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_strings().join(","))
+    }
+}
+
 /// An inclusive port range, `30000-32767`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PortRange {
@@ -402,6 +509,29 @@ impl fmt::Display for PortRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_cidrs_and_ipv6_node_ranges() {
+        let both: PodCidrs = "10.244.0.0/16, fd00:10:244::/56".parse().unwrap();
+        assert_eq!(both.to_string(), "10.244.0.0/16,fd00:10:244::/56");
+        let v6 = both.v6.unwrap();
+        assert_eq!(v6.subnet_count(64), 256);
+        assert_eq!(v6.subnet(64, 3).unwrap().to_string(), "fd00:10:244:3::/64");
+        assert_eq!(v6.subnet(64, 256), None);
+        assert_eq!(v6.subnet_count(48), 0);
+        assert_eq!(
+            PodCidrs::from_strings(&["10.244.1.0/24", "fd00:10:244:1::/64"])
+                .unwrap()
+                .v6,
+            Some("fd00:10:244:1::/64".parse().unwrap())
+        );
+        assert_eq!("10.244.0.0/16".parse::<PodCidrs>().unwrap().v6, None);
+        assert!("fd00::/56,10.244.0.0/16"
+            .parse::<PodCidrs>()
+            .unwrap_err()
+            .contains("must be IPv4"));
+        assert!("10.0.0.0/8,10.1.0.0/16".parse::<PodCidrs>().is_err());
+    }
 
     #[test]
     fn cidrs() {

@@ -54,9 +54,10 @@ pub(crate) struct AgentOptions {
     #[arg(long)]
     pub manifest_endpoint: bool,
     /// The node's pod range when the API does not give it: required with
-    /// no API server (default: node IPAM's, kept across restarts).
-    #[arg(long, value_name = "CIDR")]
-    pub pod_cidr: Option<portal_apiserver::Ipv4Cidr>,
+    /// no API server (default: node IPAM's, kept across restarts). An IPv4
+    /// CIDR, and an IPv6 one after a comma for dual-stack pods.
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub pod_cidr: Option<portal_api::cidr::PodCidrs>,
     /// How pods reach other nodes' pods: routes via the nodes' addresses
     /// (host-gw: nodes on one link) or a VXLAN overlay (any routed network).
     #[arg(long, value_enum, default_value = "host-gw")]

@@ -15,6 +15,7 @@ mod store;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use mimalloc::MiMalloc;
+use portal_api::cidr::PodCidrs;
 use portal_apiserver::Ipv4Cidr;
 
 /// The server allocates and frees many small JSON values per request;
@@ -274,11 +275,16 @@ impl ControllerOptions {
 #[derive(clap::Args, Debug, Clone, Copy)]
 struct IpamArgs {
     /// Pod addresses come from this range; each node gets a part of it.
+    /// An IPv4 CIDR, and for dual-stack pods an IPv6 one after a comma
+    /// (`10.244.0.0/16,fd00:10:244::/56`).
     #[arg(long, default_value = "10.244.0.0/16")]
-    cluster_cidr: Ipv4Cidr,
-    /// The prefix length of one node's pod range.
-    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=30))]
+    cluster_cidr: PodCidrs,
+    /// The prefix length of one node's IPv4 pod range.
+    #[arg(long, alias = "node-cidr-mask-size-ipv4", default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=30))]
     node_cidr_mask_size: u8,
+    /// The prefix length of one node's IPv6 pod range.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u8).range(16..=120))]
+    node_cidr_mask_size_ipv6: u8,
 }
 
 /// How the node lifecycle controller judges nodes.
@@ -300,15 +306,43 @@ impl LifecycleArgs {
 
 impl IpamArgs {
     fn config(self) -> Result<portal_controllers::node_ipam::Config, Error> {
-        if self.node_cidr_mask_size < self.cluster_cidr.prefix() {
-            return Err(Error::Usage(format!(
-                "--node-cidr-mask-size {} is wider than --cluster-cidr {}",
-                self.node_cidr_mask_size, self.cluster_cidr
-            )));
+        // As kube-controller-manager: a node range inside the cluster's,
+        // and at most 2^16 of them.
+        let check = |flag: &str, node: u8, cluster: u8| match node.checked_sub(cluster) {
+            Some(bits) if bits <= 16 => Ok(()),
+            Some(_) => Err(Error::Usage(format!(
+                "{flag} {node} cuts --cluster-cidr {} into more than 2^16 node ranges",
+                self.cluster_cidr
+            ))),
+            None => Err(Error::Usage(format!(
+                "{flag} {node} is wider than --cluster-cidr {}",
+                self.cluster_cidr
+            ))),
+        };
+        check(
+            "--node-cidr-mask-size",
+            self.node_cidr_mask_size,
+            self.cluster_cidr.v4.prefix(),
+        )?;
+        if let Some(v6) = self.cluster_cidr.v6 {
+            check(
+                "--node-cidr-mask-size-ipv6",
+                self.node_cidr_mask_size_ipv6,
+                v6.prefix(),
+            )?;
+            // A pod's IPv6 address sits at its IPv4 address's place in the
+            // node's IPv6 range.
+            if 128 - self.node_cidr_mask_size_ipv6 < 32 - self.node_cidr_mask_size {
+                return Err(Error::Usage(format!(
+                    "--node-cidr-mask-size-ipv6 {} gives nodes fewer IPv6 than IPv4 addresses (--node-cidr-mask-size {})",
+                    self.node_cidr_mask_size_ipv6, self.node_cidr_mask_size
+                )));
+            }
         }
         Ok(portal_controllers::node_ipam::Config {
             cluster_cidr: self.cluster_cidr,
             node_prefix: self.node_cidr_mask_size,
+            node_prefix_v6: self.node_cidr_mask_size_ipv6,
         })
     }
 }

@@ -20,11 +20,13 @@ PEER = b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n%s\\n' \"$REMOTE
 
 
 class Bed:
-    def __init__(self, tmp, routed=False, extra=(), count=3):
+    def __init__(self, tmp, routed=False, extra=(), count=3, server_extra=()):
         self.tmp = tmp
         self.count = count
         self.lan = Lan(count, routed=routed)
         self.extra = list(extra)
+        # For `portal server` alone (cluster-wide flags).
+        self.server_extra = list(server_extra)
         self.registry = None
         self.portal = None
         self.workers = {}
@@ -41,7 +43,7 @@ class Bed:
                 "--node-ip", self.lan.address(1), "--node-name", NAMES[1], "--proxy-mode", "nftables",
                 "--registry-mirror", f"docker.io=http://{self.registry.host}",
                 "--node-monitor-grace-period", GRACE, "--node-lease-duration-seconds", LEASE_SECONDS,
-                *self.extra,
+                *self.extra, *self.server_extra,
             ], proxy=True, agent=True, api_bind="0.0.0.0:0").start()
             self.core = self.portal.core()
             self.port = self.portal.server.rsplit(":", 1)[1]

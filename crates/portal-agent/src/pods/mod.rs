@@ -56,6 +56,8 @@ pub(crate) struct Place<'a> {
     pub sandbox: &'a crate::runtime::SandboxPaths,
     pub files: &'a PodFiles,
     pub pod_ip: &'a str,
+    /// Every address of the pod, `pod_ip` first (two when dual-stack).
+    pub pod_ips: &'a [String],
     pub objects: &'a crate::objects::Objects,
     pub volumes: &'a crate::volumes::PodVolumes,
 }
@@ -198,7 +200,7 @@ impl<R: Runtime> Context<R> {
     pub(crate) async fn write_pod_files(
         &self,
         pod: &Pod,
-        pod_ip: &str,
+        pod_ips: &[String],
     ) -> Result<PodFiles, SyncError> {
         let dir = self.pod_dir(&pod.metadata.uid.clone().unwrap_or_default());
         let failed = |e: std::io::Error| SyncError::Files(format!("{}: {e}", dir.display()));
@@ -207,7 +209,8 @@ impl<R: Runtime> Context<R> {
         let resolv =
             crate::files::resolv_conf(pod, &dns).map_err(|e| SyncError::Files(e.to_string()))?;
         let files = PodFiles {
-            hosts: crate::files::hosts(pod, pod_ip, &dns.cluster_domain).map(|_| dir.join("hosts")),
+            hosts: crate::files::hosts(pod, pod_ips, &dns.cluster_domain)
+                .map(|_| dir.join("hosts")),
             resolv_conf: dir.join("resolv.conf"),
             hostname: dir.join("hostname"),
         };
@@ -219,7 +222,7 @@ impl<R: Runtime> Context<R> {
         }
         if let (Some(path), Some(text)) = (
             &files.hosts,
-            crate::files::hosts(pod, pod_ip, &dns.cluster_domain),
+            crate::files::hosts(pod, pod_ips, &dns.cluster_domain),
         ) {
             writes.push((path.clone(), text));
         }

@@ -275,6 +275,7 @@ fn process<R: Runtime>(
     let services = ctx.service_environment(namespace, spec.enable_service_links != Some(false));
     let facts = PodFacts {
         pod_ip: pod_ip.to_owned(),
+        pod_ips: place.pod_ips.to_vec(),
         host_ip: ctx.me.ip.to_string(),
     };
     let mut environment = env::environment(

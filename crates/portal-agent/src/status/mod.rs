@@ -36,7 +36,8 @@ pub struct Observed<'a> {
     pub verdicts: &'a HashMap<String, crate::probe_results::Verdict>,
     /// The sandbox is up (network and namespaces).
     pub sandbox_ready: bool,
-    pub pod_ip: Option<String>,
+    /// The pod's addresses, primary (IPv4) first.
+    pub pod_ips: Vec<String>,
     pub host_ip: String,
     /// When the agent first took the pod on.
     pub start_time: jiff::Timestamp,
@@ -337,7 +338,6 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
             merged.push(kept);
         }
     }
-    let pod_ip = observed.pod_ip.clone();
     // A finished pod stays finished (the kubelet refuses that transition
     // back), with the reason it ended for.
     let current = observed.pod.status.as_ref();
@@ -364,8 +364,14 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
         host_ips: Some(vec![HostIP {
             ip: observed.host_ip.clone(),
         }]),
-        pod_ip: pod_ip.clone(),
-        pod_ips: pod_ip.map(|ip| vec![PodIP { ip }]),
+        pod_ip: observed.pod_ips.first().cloned(),
+        pod_ips: (!observed.pod_ips.is_empty()).then(|| {
+            observed
+                .pod_ips
+                .iter()
+                .map(|ip| PodIP { ip: ip.clone() })
+                .collect()
+        }),
         start_time: Some(Time(observed.start_time)),
         container_statuses: Some(statuses),
         init_container_statuses: Some(init_statuses).filter(|s| !s.is_empty()),

@@ -183,9 +183,8 @@ impl<R: Runtime> Worker<R> {
                 .event(pod, None, "Normal", "DeadlineExceeded", message)
                 .await;
             self.stop_gracefully(self.grace()).await;
-            let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
             let ended = ("DeadlineExceeded".to_owned(), message.to_owned());
-            let status = self.status_now(pod, &self.mine(), false, pod_ip, Some(ended));
+            let status = self.status_now(pod, &self.mine(), false, ips_in_status(pod), Some(ended));
             self.ctx.status.set(pod, status).await?;
             return Ok(());
         }
@@ -201,9 +200,8 @@ impl<R: Runtime> Worker<R> {
                 .event(pod, None, "Warning", "Evicted", &message)
                 .await;
             self.stop_gracefully(self.grace()).await;
-            let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
             let ended = ("Evicted".to_owned(), message);
-            let status = self.status_now(pod, &self.mine(), false, pod_ip, Some(ended));
+            let status = self.status_now(pod, &self.mine(), false, ips_in_status(pod), Some(ended));
             self.ctx.status.set(pod, status).await?;
             return Ok(());
         }
@@ -213,7 +211,7 @@ impl<R: Runtime> Worker<R> {
             .and_then(|s| s.phase.as_deref())
             .is_some_and(|p| p == "Succeeded" || p == "Failed");
         // Sandbox: a pod whose network namespace vanished (a reboot) starts over.
-        let (sandbox, pod_ip) = if terminal {
+        let (sandbox, pod_ips) = if terminal {
             // A finished pod gives its sandbox and address back at once
             // (its containers' records stay for its status and logs).
             self.stop_all(&containers, Duration::ZERO).await;
@@ -221,17 +219,17 @@ impl<R: Runtime> Worker<R> {
                 tracing::warn!(%error, pod = %self.uid, "removing a finished pod's sandbox");
             }
             self.ctx.network.remove_sandbox(&self.uid).await?;
-            (None, pod.status.as_ref().and_then(|s| s.pod_ip.clone()))
+            (None, ips_in_status(pod))
         } else {
-            let (netns, ip) = if host_network {
-                (None, self.ctx.me.ip.to_string())
+            let (netns, ips) = if host_network {
+                (None, vec![self.ctx.me.ip.to_string()])
             } else {
                 match self.ctx.network.existing(&self.uid) {
-                    Some(sandbox) => (Some(sandbox.netns_path()), sandbox.ip.to_string()),
+                    Some(sandbox) => (Some(sandbox.netns_path()), sandbox.ips()),
                     None => {
                         self.stop_all(&containers, Duration::ZERO).await;
                         let made = self.ctx.network.create_sandbox(&self.uid).await?;
-                        (Some(made.netns_path()), made.ip.to_string())
+                        (Some(made.netns_path()), made.ips())
                     }
                 }
             };
@@ -241,15 +239,16 @@ impl<R: Runtime> Worker<R> {
                 .runtime
                 .run_sandbox(&self.uid, &hostname, netns)
                 .await?;
-            (Some(sandbox), Some(ip))
+            (Some(sandbox), ips)
         };
+        let pod_ip = pod_ips.first().cloned();
         let mappings = match (&sandbox, pod_ip.as_deref().map(str::parse)) {
             (Some(_), Some(Ok(ip))) => crate::host_ports::of(pod, ip),
             _ => Vec::new(),
         };
         self.ctx.host_ports.set(&self.uid, mappings).await;
         if let (Some(sandbox), Some(ip)) = (&sandbox, &pod_ip) {
-            let files = self.ctx.write_pod_files(pod, ip).await?;
+            let files = self.ctx.write_pod_files(pod, &pod_ips).await?;
             // One reading of the objects per sync: configuration volumes
             // are brought up to date even while everything runs.
             let objects = Objects::read(self.ctx.client.as_ref(), pod, &self.ctx.tokens).await?;
@@ -261,6 +260,7 @@ impl<R: Runtime> Worker<R> {
                         sandbox,
                         files: &files,
                         pod_ip: ip,
+                        pod_ips: &pod_ips,
                         objects: &objects,
                         volumes: &volumes,
                     };
@@ -281,7 +281,7 @@ impl<R: Runtime> Worker<R> {
         }
         self.prune(&containers).await;
         let containers = self.mine();
-        let status = self.status_now(pod, &containers, sandbox.is_some(), pod_ip, None);
+        let status = self.status_now(pod, &containers, sandbox.is_some(), pod_ips, None);
         let all_running = status
             .container_statuses
             .iter()
@@ -534,7 +534,7 @@ impl<R: Runtime> Worker<R> {
         pod: &Pod,
         containers: &[ContainerStatus],
         sandbox_ready: bool,
-        pod_ip: Option<String>,
+        pod_ips: Vec<String>,
         ended: Option<(String, String)>,
     ) -> k8s_openapi::api::core::v1::PodStatus {
         let start_time = pod
@@ -548,7 +548,7 @@ impl<R: Runtime> Worker<R> {
             waiting: &self.waiting,
             verdicts: &self.verdicts(pod, containers),
             sandbox_ready,
-            pod_ip,
+            pod_ips,
             host_ip: self.ctx.me.ip.to_string(),
             start_time,
             ended,
@@ -594,7 +594,17 @@ impl<R: Runtime> Worker<R> {
     }
 }
 
-/// Where a pod's containers run.
+/// The addresses a pod's status gives (`podIPs`, else `podIP`).
+fn ips_in_status(pod: &Pod) -> Vec<String> {
+    let Some(status) = pod.status.as_ref() else {
+        return Vec::new();
+    };
+    match &status.pod_ips {
+        Some(ips) if !ips.is_empty() => ips.iter().map(|ip| ip.ip.clone()).collect(),
+        _ => status.pod_ip.iter().cloned().collect(),
+    }
+}
+
 /// Where one container stands after a step of its worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {

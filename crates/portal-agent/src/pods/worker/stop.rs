@@ -108,12 +108,13 @@ impl<R: Runtime> Worker<R> {
         }
         self.stop_gracefully(self.grace()).await;
         let containers = self.mine();
-        let pod_ip = self
+        let pod_ips = self
             .ctx
             .network
             .existing(&self.uid)
-            .map(|s| s.ip.to_string());
-        let status = self.status_now(pod, &containers, false, pod_ip, None);
+            .map(|s| s.ips())
+            .unwrap_or_default();
+        let status = self.status_now(pod, &containers, false, pod_ips, None);
         if let Err(error) = self.ctx.status.set(pod, status).await {
             tracing::debug!(%error, pod = %crate::pods::describe(pod), "final status");
         }

@@ -111,6 +111,24 @@ impl Netlink {
         Ok(Netlink { handle })
     }
 
+    /// Runs `f` on a short-lived thread inside the network namespace at
+    /// `path` (what reads `/proc/sys/net` there sees that namespace's).
+    pub fn in_netns<T: Send + 'static>(
+        path: &Path,
+        f: impl FnOnce() -> io::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let target = path.to_owned();
+        std::thread::spawn(move || {
+            let namespace = File::open(&target)?;
+            nix::sched::setns(&namespace, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            f()
+        })
+        .join()
+        .map_err(|_| io::Error::other("the thread entering the namespace panicked"))
+        .and_then(|done| done)
+        .map_err(io_failed(format!("in {}", path.display())))
+    }
+
     /// The index of the link called `name`, if there is one.
     pub async fn link_index(&self, name: &str) -> Result<Option<u32>> {
         let mut links = self

@@ -378,6 +378,27 @@ impl Network {
         pod.set_up("lo").await?;
         pod.set_up(POD_LINK).await?;
         if let (Some(ip6), Some(gateway6)) = (sandbox.ip6, self.gateway6()) {
+            // The node forwards pod-to-pod traffic back out of the bridge,
+            // and IPv6 has no switch to stop it sending redirects then: a
+            // pod that heeded one would bypass the node (and the Services'
+            // reverse NAT). Pods ignore them instead.
+            tokio::task::spawn_blocking({
+                let netns = netns.clone();
+                move || {
+                    Netlink::in_netns(&netns, || {
+                        for key in ["all", "default", POD_LINK] {
+                            let path = format!("/proc/sys/net/ipv6/conf/{key}/accept_redirects");
+                            std::fs::write(path, "0")?;
+                        }
+                        Ok(())
+                    })
+                }
+            })
+            .await
+            .map_err(|e| Error::Command {
+                command: format!("sysctl accept_redirects=0 in {}", sandbox.netns),
+                message: e.to_string(),
+            })??;
             pod.replace_address(POD_LINK, IpAddr::V6(ip6), 128).await?;
             pod.add_link_route(IpAddr::V6(gateway6), 128, POD_LINK)
                 .await?;

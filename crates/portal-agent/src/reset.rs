@@ -32,12 +32,14 @@ use crate::{mountinfo, routes, short_hash, vxlan, Error};
 /// Where the cgroup hierarchies are.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
-/// The nftables tables of the proxy, the egress masquerade and host ports.
-const TABLES: [&str; 4] = [
-    "portal",
-    "portal_egress",
-    "portal_hostports",
-    "portal_policy",
+/// The nftables tables (family, name) of the proxy (one per family), the
+/// egress masquerade, host ports and network policies.
+const TABLES: [(&str, &str); 5] = [
+    ("ip", "portal"),
+    ("ip6", "portal"),
+    ("ip", "portal_egress"),
+    ("ip", "portal_hostports"),
+    ("ip", "portal_policy"),
 ];
 
 /// The file the agent keeps its node name in (the tag needs it).
@@ -434,26 +436,26 @@ async fn node_network(report: &mut Report) {
         }
         Err(error) => report.failures.push(format!("netlink: {error}")),
     }
-    for table in TABLES {
-        match delete_table(table).await {
-            Ok(true) => report.tables.push(format!("ip {table}")),
+    for (family, table) in TABLES {
+        match delete_table(family, table).await {
+            Ok(true) => report.tables.push(format!("{family} {table}")),
             Ok(false) => {}
             Err(error) => report
                 .failures
-                .push(format!("nftables table ip {table}: {error}")),
+                .push(format!("nftables table {family} {table}: {error}")),
         }
     }
 }
 
 /// Deletes an nftables table of this namespace; whether there was one.
-async fn delete_table(table: &str) -> Result<bool, Error> {
+async fn delete_table(family: &str, table: &str) -> Result<bool, Error> {
     let nft = |args: Vec<&str>| {
         tokio::process::Command::new("nft")
             .args(args)
             .stdin(std::process::Stdio::null())
             .output()
     };
-    let listed = nft(vec!["list", "table", "ip", table])
+    let listed = nft(vec!["list", "table", family, table])
         .await
         .map_err(|source| Error::Io {
             path: "nft".into(),
@@ -462,7 +464,7 @@ async fn delete_table(table: &str) -> Result<bool, Error> {
     if !listed.status.success() {
         return Ok(false);
     }
-    let deleted = nft(vec!["delete", "table", "ip", table])
+    let deleted = nft(vec!["delete", "table", family, table])
         .await
         .map_err(|source| Error::Io {
             path: "nft".into(),

@@ -7,7 +7,7 @@
 //! is what keeps the client's address.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,13 +133,15 @@ impl Drop for HealthChecks {
 }
 
 /// A Service's health check port and what it answers: the distinct
-/// local endpoint addresses over all its ports.
+/// local endpoint addresses over all its ports of its primary family (a
+/// dual-stack pod has an address of each).
 fn health_check(ports: &[ServicePort]) -> Option<(u16, Answer)> {
     let first = ports.first()?;
     let port = first.health_check_node_port?;
-    let local: BTreeSet<Ipv4Addr> = ports
+    let local: BTreeSet<IpAddr> = ports
         .iter()
-        .flat_map(|p| p.local_endpoints.iter().map(|e| *e.ip()))
+        .filter(|p| p.family() == first.family())
+        .flat_map(|p| p.local_endpoints.iter().map(|e| e.ip()))
         .collect();
     Some((
         port,

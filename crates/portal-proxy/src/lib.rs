@@ -66,7 +66,7 @@ pub struct Proxy {
 /// Whether `nft` runs and may read the ruleset here (root or
 /// CAP_NET_ADMIN in this network namespace).
 fn nftables_usable() -> bool {
-    nftables::Nft::chains(&mut nftables::NftCommand).is_ok()
+    nftables::Nft::chains(&mut nftables::NftCommand::default()).is_ok()
 }
 
 /// Starts the watches and the sync loop; they run until the process ends.
@@ -84,9 +84,9 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
         Mode::Nftables => {
             if !nft {
                 // Surface nft's own message (missing binary, no permission).
-                nftables::Nft::chains(&mut nftables::NftCommand)?;
+                nftables::Nft::chains(&mut nftables::NftCommand::default())?;
             }
-            Box::new(nftables::Nftables::kernel())
+            Box::new(nftables::Tables::kernel())
         }
         _ => {
             let redirect = match config.node_ip {
@@ -138,6 +138,16 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
         metrics,
         tasks,
     })
+}
+
+impl runner::Backend for nftables::Tables {
+    fn sync(&mut self, changes: &tracker::Changes, full: bool) -> Result<(), String> {
+        nftables::Tables::sync(self, changes, full).map_err(|e| e.to_string())
+    }
+
+    fn tampered(&mut self) -> bool {
+        nftables::Tables::tampered(self)
+    }
 }
 
 impl<N: nftables::Nft + 'static> runner::Backend for nftables::Nftables<N> {

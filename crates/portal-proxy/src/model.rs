@@ -3,7 +3,7 @@
 //! objects, so every backend and test sees the same model.
 
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -60,24 +60,77 @@ impl Protocol {
     }
 }
 
-/// One port of one Service, with everything that reaches it.
+/// An address family: the kernel proxy keeps a table for each (`ip portal`,
+/// `ip6 portal`), as kube-proxy runs a proxier per family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: IpAddr) -> Self {
+        if ip.is_ipv4() {
+            Self::V4
+        } else {
+            Self::V6
+        }
+    }
+
+    /// nftables' family (`ip`, `ip6`), also its address match (`ip daddr`).
+    pub fn nft(self) -> &'static str {
+        match self {
+            Self::V4 => "ip",
+            Self::V6 => "ip6",
+        }
+    }
+
+    /// nftables' address type in maps and sets.
+    pub fn addr_type(self) -> &'static str {
+        match self {
+            Self::V4 => "ipv4_addr",
+            Self::V6 => "ipv6_addr",
+        }
+    }
+
+    /// The loopback range node ports are not served on.
+    pub fn loopback(self) -> &'static str {
+        match self {
+            Self::V4 => "127.0.0.0/8",
+            Self::V6 => "::1",
+        }
+    }
+
+    /// An EndpointSlice's `addressType` for this family.
+    fn address_type(self) -> &'static str {
+        match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        }
+    }
+}
+
+/// One port of one Service at one of its cluster IPs (a dual-stack
+/// Service has a port of each family), with everything that reaches it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServicePort {
     pub service: ServiceKey,
     /// The port's name, or its number when unnamed (single-port Services).
     pub port_name: String,
     pub protocol: Protocol,
-    pub cluster_ip: Ipv4Addr,
+    pub cluster_ip: IpAddr,
     pub port: u16,
     pub node_port: Option<u16>,
-    pub external_ips: Vec<Ipv4Addr>,
-    pub load_balancer_ips: Vec<Ipv4Addr>,
+    /// Those of the cluster IP's family.
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
     /// ClientIP affinity timeout in seconds; `None` spreads every connection.
     pub affinity: Option<u32>,
-    /// Ready endpoints, sorted and without duplicates.
-    pub endpoints: Vec<SocketAddrV4>,
+    /// Ready endpoints of the cluster IP's family, sorted and without
+    /// duplicates.
+    pub endpoints: Vec<SocketAddr>,
     /// Those of `endpoints` on this node (the proxy's `--node-name`).
-    pub local_endpoints: Vec<SocketAddrV4>,
+    pub local_endpoints: Vec<SocketAddr>,
     /// `internalTrafficPolicy: Local`: cluster-IP traffic goes to this
     /// node's endpoints only, and is dropped when there are none.
     pub internal_local: bool,
@@ -91,6 +144,10 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    pub fn family(&self) -> Family {
+        Family::of(self.cluster_ip)
+    }
+
     /// `namespace/name/protocol/port`: unique per Service port, and the
     /// stem of the names of its chains and sets.
     pub fn id(&self) -> String {
@@ -111,38 +168,46 @@ impl ServicePort {
     }
 }
 
-/// A Service's proxied ports, without endpoints yet; empty for headless
-/// (P4), ExternalName and IPv6-only Services. A dual-stack Service is
-/// proxied at its IPv4 address, whichever family is its first.
+/// A Service's proxied ports, without endpoints yet: each port at each
+/// cluster IP (one per family); none for headless (P4) and ExternalName
+/// Services.
 pub fn service_ports(key: &ServiceKey, service: &Service) -> Vec<ServicePort> {
     let Some(spec) = &service.spec else {
-        return Vec::new();
-    };
-    let Some(cluster_ip) = spec
-        .cluster_ips
-        .iter()
-        .flatten()
-        .chain(spec.cluster_ip.iter())
-        .find_map(|ip| ip.parse::<Ipv4Addr>().ok())
-    else {
         return Vec::new();
     };
     if spec.type_.as_deref() == Some("ExternalName") {
         return Vec::new();
     }
-    let v4 = |ips: &mut dyn Iterator<Item = &String>| -> Vec<Ipv4Addr> {
-        let mut ips: Vec<Ipv4Addr> = ips.filter_map(|ip| ip.parse().ok()).collect();
+    let mut cluster_ips: Vec<IpAddr> = Vec::new();
+    for ip in spec
+        .cluster_ips
+        .iter()
+        .flatten()
+        .chain(spec.cluster_ip.iter())
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+    {
+        if !cluster_ips
+            .iter()
+            .any(|known| Family::of(*known) == Family::of(ip))
+        {
+            cluster_ips.push(ip);
+        }
+    }
+    let parse = |ips: &mut dyn Iterator<Item = &String>| -> Vec<IpAddr> {
+        let mut ips: Vec<IpAddr> = ips.filter_map(|ip| ip.parse().ok()).collect();
         ips.sort_unstable();
         ips.dedup();
         ips
     };
-    let external_ips = v4(&mut spec.external_ips.iter().flatten());
-    let load_balancer_ips = v4(&mut service
-        .status
-        .iter()
-        .filter_map(|s| s.load_balancer.as_ref())
-        .flat_map(|lb| lb.ingress.iter().flatten())
-        .filter_map(|ingress| ingress.ip.as_ref()));
+    let external_ips = parse(&mut spec.external_ips.iter().flatten());
+    let load_balancer_ips = parse(
+        &mut service
+            .status
+            .iter()
+            .filter_map(|s| s.load_balancer.as_ref())
+            .flat_map(|lb| lb.ingress.iter().flatten())
+            .filter_map(|ingress| ingress.ip.as_ref()),
+    );
     let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
         spec.session_affinity_config
             .as_ref()
@@ -159,10 +224,18 @@ pub fn service_ports(key: &ServiceKey, service: &Service) -> Vec<ServicePort> {
         .filter(|_| external_local)
         .and_then(|p| u16::try_from(p).ok())
         .filter(|p| *p > 0);
-    spec.ports
+    let of_family = |ips: &[IpAddr], family: Family| -> Vec<IpAddr> {
+        ips.iter()
+            .copied()
+            .filter(|ip| Family::of(*ip) == family)
+            .collect()
+    };
+    let ports = spec.ports.iter().flatten();
+    cluster_ips
         .iter()
-        .flatten()
-        .filter_map(|p| {
+        .flat_map(|cluster_ip| ports.clone().map(move |p| (*cluster_ip, p)))
+        .filter_map(|(cluster_ip, p)| {
+            let family = Family::of(cluster_ip);
             Some(ServicePort {
                 service: key.clone(),
                 port_name: p
@@ -177,8 +250,8 @@ pub fn service_ports(key: &ServiceKey, service: &Service) -> Vec<ServicePort> {
                     .node_port
                     .and_then(|n| u16::try_from(n).ok())
                     .filter(|n| *n > 0),
-                external_ips: external_ips.clone(),
-                load_balancer_ips: load_balancer_ips.clone(),
+                external_ips: of_family(&external_ips, family),
+                load_balancer_ips: of_family(&load_balancer_ips, family),
                 affinity,
                 endpoints: Vec::new(),
                 local_endpoints: Vec::new(),
@@ -208,7 +281,7 @@ enum Wanted {
     ServingTerminating,
 }
 
-/// A slice's wanted IPv4 endpoints for one Service port, matched by port
+/// A slice's wanted endpoints for one Service port (of its family), matched by port
 /// name and protocol like kube-proxy (an unnamed Service port matches the
 /// slice's unnamed port).
 fn slice_endpoints(
@@ -217,7 +290,11 @@ fn slice_endpoints(
     unnamed: bool,
     wanted: Wanted,
     node: Option<&str>,
-) -> Vec<(SocketAddrV4, bool)> {
+) -> Vec<(SocketAddr, bool)> {
+    let family = port.family();
+    if slice.address_type != family.address_type() {
+        return Vec::new();
+    }
     let wanted_name = if unnamed { "" } else { port.port_name.as_str() };
     let Some(number) = slice.ports.iter().flatten().find_map(|p| {
         let name = p.name.as_deref().unwrap_or("");
@@ -249,8 +326,9 @@ fn slice_endpoints(
             let local = node.is_some() && e.node_name.as_deref() == node;
             e.addresses.iter().map(move |a| (a, local))
         })
-        .filter_map(|(a, local)| Some((a.parse::<Ipv4Addr>().ok()?, local)))
-        .map(|(ip, local)| (SocketAddrV4::new(ip, number), local))
+        .filter_map(|(a, local)| Some((a.parse::<IpAddr>().ok()?, local)))
+        .filter(|(ip, _)| Family::of(*ip) == family)
+        .map(|(ip, local)| (SocketAddr::new(ip, number), local))
         .collect()
 }
 
@@ -272,7 +350,7 @@ pub fn join<'a>(
     let mut ports = service_ports(key, service);
     for port in &mut ports {
         let unnamed = !named_in_spec(&port.port_name);
-        let pick = |wanted| -> Vec<(SocketAddrV4, bool)> {
+        let pick = |wanted| -> Vec<(SocketAddr, bool)> {
             slices
                 .clone()
                 .flat_map(|slice| slice_endpoints(slice, port, unnamed, wanted, node))
@@ -363,20 +441,20 @@ mod tests {
         assert_eq!(
             http.endpoints,
             vec![
-                "10.244.0.5:8080"
-                    .parse()
-                    .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
-                "10.244.0.7:8080"
-                    .parse()
-                    .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
-                "10.244.0.8:9090"
-                    .parse()
-                    .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+                "10.244.0.5:8080".parse::<SocketAddr>().unwrap(),
+                "10.244.0.7:8080".parse::<SocketAddr>().unwrap(),
+                "10.244.0.8:9090".parse::<SocketAddr>().unwrap(),
             ]
         );
         assert_eq!(http.node_port, Some(30080));
-        assert_eq!(http.external_ips, vec![Ipv4Addr::new(192, 0, 2, 10)]);
-        assert_eq!(http.load_balancer_ips, vec![Ipv4Addr::new(198, 51, 100, 1)]);
+        assert_eq!(
+            http.external_ips,
+            vec!["192.0.2.10".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(
+            http.load_balancer_ips,
+            vec!["198.51.100.1".parse::<IpAddr>().unwrap()]
+        );
         assert_eq!(http.affinity, Some(DEFAULT_AFFINITY_SECONDS));
         let dns = &ports[1];
         assert_eq!((dns.protocol, dns.endpoints.len()), (Protocol::Udp, 2));
@@ -432,7 +510,7 @@ mod tests {
         assert_eq!(port.endpoints.len(), 2);
         assert_eq!(
             port.local_endpoints,
-            vec![SocketAddrV4::new(Ipv4Addr::new(10, 244, 2, 5), 8080)]
+            vec!["10.244.2.5:8080".parse::<SocketAddr>().unwrap()]
         );
         assert!(port.internal_local && port.external_local);
         assert_eq!(port.health_check_node_port, Some(32000));
@@ -445,20 +523,52 @@ mod tests {
     }
 
     #[test]
-    fn a_dual_stack_service_is_proxied_at_its_ipv4_address() {
-        let six_first = service(serde_json::json!({
+    fn a_dual_stack_service_is_proxied_at_each_address_with_endpoints_of_its_family() {
+        let dual = service(serde_json::json!({
             "clusterIP": "fd00::20", "clusterIPs": ["fd00::20", "10.96.0.20"],
-            "ipFamilies": ["IPv6", "IPv4"], "ports": [{"port": 80}]
+            "ipFamilies": ["IPv6", "IPv4"], "externalIPs": ["192.0.2.1", "2001:db8::1"],
+            "ports": [{"name": "http", "port": 80}]
         }));
-        let ports = service_ports(&key(), &six_first);
+        let v4 = slice(
+            serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+            serde_json::json!([{"addresses": ["10.244.0.5"]}]),
+        );
+        let mut v6 = slice(
+            serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+            serde_json::json!([{"addresses": ["fd00:10:244::5"]}]),
+        );
+        v6.address_type = "IPv6".into();
+        let ports = join(&key(), &dual, [&v4, &v6].into_iter(), None);
+        let seen: Vec<(String, Vec<String>, Vec<String>)> = ports
+            .iter()
+            .map(|p| {
+                (
+                    p.cluster_ip.to_string(),
+                    p.external_ips.iter().map(ToString::to_string).collect(),
+                    p.endpoints.iter().map(ToString::to_string).collect(),
+                )
+            })
+            .collect();
         assert_eq!(
-            ports[0].cluster_ip,
-            "10.96.0.20".parse::<Ipv4Addr>().unwrap()
+            seen,
+            [
+                (
+                    "fd00::20".into(),
+                    vec!["2001:db8::1".into()],
+                    vec!["[fd00:10:244::5]:8080".into()]
+                ),
+                (
+                    "10.96.0.20".into(),
+                    vec!["192.0.2.1".into()],
+                    vec!["10.244.0.5:8080".into()]
+                ),
+            ]
         );
-        let six_only = service(
-            serde_json::json!({"clusterIP": "fd00::20", "clusterIPs": ["fd00::20"], "ports": [{"port": 80}]}),
+        assert_eq!(
+            (ports[0].family(), ports[1].family()),
+            (Family::V6, Family::V4)
         );
-        assert!(service_ports(&key(), &six_only).is_empty());
+        assert_eq!(ports[0].id(), ports[1].id(), "one name, in two tables");
     }
 
     #[test]

@@ -696,9 +696,9 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     if args.cleanup {
         let removed = portal_proxy::nftables::cleanup().map_err(portal_proxy::Error::from)?;
         if removed {
-            tracing::info!("removed the nftables table ip portal");
+            tracing::info!("removed the nftables tables ip portal and ip6 portal");
         } else {
-            tracing::info!("no nftables table ip portal here: nothing to clean up");
+            tracing::info!("no nftables table portal here: nothing to clean up");
         }
         return Ok(());
     }

@@ -3,6 +3,9 @@
 //! controller compares this with what is stored and writes the difference.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use portal_api::cidr::IpFamily;
 
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, ObjectReference, Pod, Service,
@@ -19,10 +22,13 @@ pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
 /// Most endpoints in one EndpointSlice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
 
-/// One selected pod as an endpoint: its address, readiness and ports.
+/// One selected pod as an endpoint: its addresses, readiness and ports.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodEndpoint {
+    /// The pod's primary address (`status.podIP`).
     pub ip: String,
+    /// Every address of the pod (`status.podIPs`; two when dual-stack).
+    pub ips: Vec<String>,
     /// Ready and not terminating.
     pub ready: bool,
     /// The pod's own readiness, terminating or not (KEP-1672's `serving`).
@@ -91,6 +97,17 @@ pub fn pod_endpoint(service: &Service, pod: &Pod) -> Option<PodEndpoint> {
         .pod_ip
         .clone()
         .filter(|ip| !ip.is_empty())?;
+    let listed: Vec<String> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ips.as_ref())
+        .map(|ips| ips.iter().map(|i| i.ip.clone()).collect())
+        .unwrap_or_default();
+    let ips = if listed.is_empty() {
+        vec![ip.clone()]
+    } else {
+        listed
+    };
     let spec = service.spec.as_ref()?;
     let terminating = pod.metadata.deletion_timestamp.is_some();
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -116,6 +133,7 @@ pub fn pod_endpoint(service: &Service, pod: &Pod) -> Option<PodEndpoint> {
         .filter(|_| pod_spec.and_then(|s| s.subdomain.as_deref()) == service_name);
     Some(PodEndpoint {
         ip,
+        ips,
         ready: pod_ready(pod) && !terminating,
         serving: pod_ready(pod),
         terminating,
@@ -157,17 +175,49 @@ fn publish_not_ready(service: &Service) -> bool {
         .unwrap_or(false)
 }
 
-/// `subsets` of the Endpoints object: pods grouped by identical port sets.
+/// A Service's address families (`spec.ipFamilies`), primary first;
+/// IPv4 when it names none.
+pub fn families(service: &Service) -> Vec<IpFamily> {
+    let named: Vec<IpFamily> = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ip_families.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|f| IpFamily::from_name(f))
+        .collect();
+    if named.is_empty() {
+        vec![IpFamily::Ipv4]
+    } else {
+        named
+    }
+}
+
+/// The endpoint's address of `family`, if the pod has one.
+fn address_of(endpoint: &PodEndpoint, family: IpFamily) -> Option<&String> {
+    endpoint.ips.iter().find(|ip| {
+        ip.parse::<IpAddr>()
+            .is_ok_and(|ip| IpFamily::of(ip) == family)
+    })
+}
+
+/// `subsets` of the Endpoints object: pods grouped by identical port sets,
+/// each by its address of the Service's primary family (the legacy object
+/// holds one family, as upstream's controller writes it).
 pub fn subsets(service: &Service, endpoints: &[PodEndpoint]) -> Vec<EndpointSubset> {
     let mut groups: Vec<(Vec<EndpointPort>, EndpointSubset)> = Vec::new();
     let all_ready = publish_not_ready(service);
+    let primary = families(service)[0];
     for endpoint in endpoints {
         // Terminating pods leave Endpoints (they stay in slices, marked).
         if endpoint.terminating && !all_ready {
             continue;
         }
+        let Some(ip) = address_of(endpoint, primary) else {
+            continue;
+        };
         let address = EndpointAddress {
-            ip: endpoint.ip.clone(),
+            ip: ip.clone(),
             hostname: endpoint.hostname.clone(),
             node_name: endpoint.node_name.clone(),
             target_ref: Some(endpoint.target_ref.clone()),
@@ -197,17 +247,41 @@ pub fn subsets(service: &Service, endpoints: &[PodEndpoint]) -> Vec<EndpointSubs
     groups.into_iter().map(|(_, subset)| subset).collect()
 }
 
-/// The contents of the slices: per port set, endpoints in chunks of at most
-/// [`MAX_ENDPOINTS_PER_SLICE`], in a stable order so updates touch few slices.
-pub fn slice_contents(
+/// What one slice holds: its address family, ports and endpoints.
+pub type SliceContent = (IpFamily, Vec<SlicePort>, Vec<Endpoint>);
+
+/// The contents of the slices: per family of the Service and port set,
+/// endpoints in chunks of at most [`MAX_ENDPOINTS_PER_SLICE`], in a stable
+/// order so updates touch few slices. A family none of whose pods has an
+/// address has no slice; a Service with no endpoints at all has one empty
+/// slice of its primary family, as upstream.
+pub fn slice_contents(service: &Service, endpoints: &[PodEndpoint]) -> Vec<SliceContent> {
+    let families = families(service);
+    let mut slices: Vec<SliceContent> = Vec::new();
+    for family in &families {
+        for (ports, entries) in family_slices(service, endpoints, *family) {
+            slices.push((*family, ports, entries));
+        }
+    }
+    if slices.is_empty() {
+        slices.push((families[0], placeholder_ports(service), Vec::new()));
+    }
+    slices
+}
+
+fn family_slices(
     service: &Service,
     endpoints: &[PodEndpoint],
+    family: IpFamily,
 ) -> Vec<(Vec<SlicePort>, Vec<Endpoint>)> {
     let all_ready = publish_not_ready(service);
     let mut groups: Vec<(Vec<EndpointPort>, Vec<Endpoint>)> = Vec::new();
     for endpoint in endpoints {
+        let Some(ip) = address_of(endpoint, family) else {
+            continue;
+        };
         let entry = Endpoint {
-            addresses: vec![endpoint.ip.clone()],
+            addresses: vec![ip.clone()],
             conditions: Some(EndpointConditions {
                 ready: Some(endpoint.ready || all_ready),
                 serving: Some(endpoint.serving || all_ready),
@@ -243,31 +317,31 @@ pub fn slice_contents(
             slices.push((slice_ports.clone(), chunk.to_vec()));
         }
     }
-    if slices.is_empty() {
-        // A Service with no endpoints still has one (empty) slice, as upstream.
-        let ports = service
-            .spec
-            .as_ref()
-            .and_then(|s| s.ports.as_ref())
-            .map(|ports| {
-                ports
-                    .iter()
-                    .filter(|p| matches!(p.target_port, None | Some(IntOrString::Int(_))))
-                    .map(|p| SlicePort {
-                        name: Some(p.name.clone().unwrap_or_default()),
-                        port: match &p.target_port {
-                            Some(IntOrString::Int(n)) if *n != 0 => Some(*n),
-                            _ => Some(p.port),
-                        },
-                        protocol: p.protocol.clone(),
-                        app_protocol: p.app_protocol.clone(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        slices.push((ports, Vec::new()));
-    }
     slices
+}
+
+/// The ports of the empty slice of a Service without endpoints.
+fn placeholder_ports(service: &Service) -> Vec<SlicePort> {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map(|ports| {
+            ports
+                .iter()
+                .filter(|p| matches!(p.target_port, None | Some(IntOrString::Int(_))))
+                .map(|p| SlicePort {
+                    name: Some(p.name.clone().unwrap_or_default()),
+                    port: match &p.target_port {
+                        Some(IntOrString::Int(n)) if *n != 0 => Some(*n),
+                        _ => Some(p.port),
+                    },
+                    protocol: p.protocol.clone(),
+                    app_protocol: p.app_protocol.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -353,9 +427,9 @@ mod tests {
         assert_eq!(subsets[1].ports.as_ref().unwrap()[0].port, 9090);
         let slices = slice_contents(&svc, &endpoints);
         assert_eq!(slices.len(), 2);
-        assert_eq!(slices[0].1.len(), 2);
+        assert_eq!(slices[0].2.len(), 2);
         assert_eq!(
-            slices[0].1[1].conditions.as_ref().unwrap().ready,
+            slices[0].2[1].conditions.as_ref().unwrap().ready,
             Some(false)
         );
     }
@@ -382,7 +456,7 @@ mod tests {
         let endpoints = endpoints_of(&svc, &many);
         let slices = slice_contents(&svc, &endpoints);
         assert_eq!(
-            slices.iter().map(|s| s.1.len()).collect::<Vec<_>>(),
+            slices.iter().map(|s| s.2.len()).collect::<Vec<_>>(),
             [100, 100, 50]
         );
         let mut published = svc.clone();
@@ -390,5 +464,57 @@ mod tests {
         let unready = [pod("u", "10.0.0.4", false, "p", 1)];
         let subsets = subsets(&published, &endpoints_of(&published, &unready));
         assert_eq!(subsets[0].addresses.as_ref().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_slice_per_family_of_the_service_and_endpoints_of_the_primary() {
+        let mut svc = service(IntOrString::Int(8080));
+        let dual = |name: &str, v4: &str, v6: &str| {
+            let mut pod = pod(name, v4, true, "p", 1);
+            pod.status.as_mut().unwrap().pod_ips = Some(vec![
+                k8s_openapi::api::core::v1::PodIP { ip: v4.into() },
+                k8s_openapi::api::core::v1::PodIP { ip: v6.into() },
+            ]);
+            pod
+        };
+        let pods = [
+            dual("a", "10.0.0.1", "fd00::1"),
+            pod("b", "10.0.0.2", true, "p", 1),
+        ];
+        svc.spec.as_mut().unwrap().ip_families = Some(vec!["IPv6".into(), "IPv4".into()]);
+        let endpoints = endpoints_of(&svc, &pods);
+        let slices = slice_contents(&svc, &endpoints);
+        let summary: Vec<(IpFamily, Vec<String>)> = slices
+            .iter()
+            .map(|(family, _, entries)| {
+                (
+                    *family,
+                    entries.iter().flat_map(|e| e.addresses.clone()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (IpFamily::Ipv6, vec!["fd00::1".to_owned()]),
+                (
+                    IpFamily::Ipv4,
+                    vec!["10.0.0.1".to_owned(), "10.0.0.2".to_owned()]
+                )
+            ]
+        );
+        // The Endpoints object: the primary family's addresses only.
+        let subsets = subsets(&svc, &endpoints);
+        let ips: Vec<&str> = subsets[0]
+            .addresses
+            .iter()
+            .flatten()
+            .map(|a| a.ip.as_str())
+            .collect();
+        assert_eq!(ips, ["fd00::1"]);
+        // No endpoints of any family: one empty slice of the primary.
+        let slices = slice_contents(&svc, &[]);
+        assert_eq!(slices.len(), 1);
+        assert_eq!((slices[0].0, slices[0].2.len()), (IpFamily::Ipv6, 0));
     }
 }

@@ -22,6 +22,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+use portal_api::cidr::IpFamily;
 use portal_client::Settled;
 
 use desired::{
@@ -412,13 +413,24 @@ async fn write_slices(
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), namespace);
     let existing = ctx.slices_of(namespace, name);
     let wanted = desired::slice_contents(service, endpoints);
-    let keep = wanted.len();
     let mut labels = service.metadata.labels.clone().unwrap_or_default();
     labels.insert(SERVICE_NAME_LABEL.into(), name.to_owned());
     labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
-    for (index, (ports, entries)) in wanted.into_iter().enumerate() {
+    // Slices are matched within their address type (which never changes):
+    // the n-th wanted slice of a family replaces the n-th existing one.
+    let mut kept: Vec<String> = Vec::new();
+    let mut place: HashMap<IpFamily, usize> = HashMap::new();
+    for (family, ports, entries) in wanted {
         let ports = Some(ports);
-        let current = existing.get(index);
+        let index = place.entry(family).or_default();
+        let current = existing
+            .iter()
+            .filter(|s| s.address_type == family.name())
+            .nth(*index);
+        *index += 1;
+        if let Some(current) = current {
+            kept.push(current.name_any());
+        }
         if current.is_some_and(|c| {
             c.ports == ports
                 && c.endpoints == entries
@@ -439,7 +451,7 @@ async fn write_slices(
                 resource_version: current.and_then(|c| c.metadata.resource_version.clone()),
                 ..ObjectMeta::default()
             },
-            address_type: "IPv4".into(),
+            address_type: family.name().into(),
             endpoints: entries,
             ports,
         };
@@ -456,7 +468,7 @@ async fn write_slices(
             Some(&written.metadata),
         );
     }
-    for extra in existing.iter().skip(keep) {
+    for extra in existing.iter().filter(|s| !kept.contains(&s.name_any())) {
         delete_ignoring_missing(&api, &extra.name_any()).await?;
         ctx.record(key, format!("slice/{}", extra.name_any()), None);
     }

@@ -12,14 +12,16 @@
 //! failed sync in between loses nothing.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::model::{Protocol, ServiceKey, ServicePort};
+use crate::model::{Family, Protocol, ServiceKey, ServicePort};
 use crate::tracker::Changes;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Conntrack {
+    /// The family of the table this follows (its ports only).
+    family: Family,
     /// UDP ports as last programmed.
     programmed: HashMap<ServiceKey, Vec<ServicePort>>,
     /// A first sync happened: before it, entries were made under the rules
@@ -29,21 +31,30 @@ pub(crate) struct Conntrack {
     missing: bool,
 }
 
-fn udp(ports: &[ServicePort]) -> Vec<ServicePort> {
-    ports
-        .iter()
-        .filter(|p| p.protocol == Protocol::Udp)
-        .cloned()
-        .collect()
-}
-
 impl Conntrack {
+    pub(crate) fn new(family: Family) -> Self {
+        Conntrack {
+            family,
+            programmed: HashMap::new(),
+            primed: false,
+            missing: false,
+        }
+    }
+
+    fn udp(&self, ports: &[ServicePort]) -> Vec<ServicePort> {
+        ports
+            .iter()
+            .filter(|p| p.protocol == Protocol::Udp && p.family() == self.family)
+            .cloned()
+            .collect()
+    }
+
     /// After a successful sync of `changes` (every Service when `full`).
     pub(crate) fn programmed(&mut self, changes: &Changes, full: bool) {
         let mut now: Vec<(ServiceKey, Vec<ServicePort>)> = changes
             .services
             .iter()
-            .map(|(key, ports)| (key.clone(), udp(ports)))
+            .map(|(key, ports)| (key.clone(), self.udp(ports)))
             .collect();
         if full {
             let gone = self
@@ -84,8 +95,8 @@ impl Conntrack {
 
     /// Deletes the UDP entries to `port`'s addresses (and node port) that
     /// `endpoint` answers, or all of them.
-    fn forget(&mut self, port: &ServicePort, endpoint: Option<SocketAddrV4>) {
-        let addresses: Vec<Ipv4Addr> = std::iter::once(port.cluster_ip)
+    fn forget(&mut self, port: &ServicePort, endpoint: Option<SocketAddr>) {
+        let addresses: Vec<IpAddr> = std::iter::once(port.cluster_ip)
             .chain(port.external_ips.iter().copied())
             .chain(port.load_balancer_ips.iter().copied())
             .collect();
@@ -112,7 +123,11 @@ impl Conntrack {
             ]
         });
         for filter in filters {
-            let mut args = vec!["-D", "-p", "udp"];
+            let family = match self.family {
+                Family::V4 => "ipv4",
+                Family::V6 => "ipv6",
+            };
+            let mut args = vec!["-D", "-f", family, "-p", "udp"];
             args.extend(filter.iter().map(String::as_str));
             args.extend(reply.iter().map(String::as_str));
             // Exit status 1 only means "no entry matched".

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::rules::TABLE;
+use super::rules::TABLE_NAME;
+use crate::model::Family;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -39,9 +40,17 @@ pub trait Nft: Send {
     }
 }
 
-/// The real kernel, through `nft`.
-#[derive(Debug, Default)]
-pub struct NftCommand;
+/// The real kernel, through `nft`; listings read the table of `family`.
+#[derive(Debug, Clone, Copy)]
+pub struct NftCommand {
+    pub family: Family,
+}
+
+impl Default for NftCommand {
+    fn default() -> Self {
+        NftCommand { family: Family::V4 }
+    }
+}
 
 /// A full sync of 10,000 Services takes about 3 s; far more means `nft`
 /// is stuck.
@@ -86,21 +95,29 @@ impl Nft for NftCommand {
         // `list chains/sets ip` lists names without rules or elements, which
         // stays fast with tens of thousands of chains (a table listing does
         // not) and does not fail when the table is missing.
-        let (_, table) = TABLE.split_once(' ').unwrap_or(("ip", "portal"));
+        let family = self.family.nft();
         Ok(Existing {
-            chains: names("chain", &run(&["-j", "list", "chains", "ip"], None)?, table)?,
+            chains: names(
+                "chain",
+                &run(&["-j", "list", "chains", family], None)?,
+                TABLE_NAME,
+            )?,
             // Terse: without the elements (the hairpin set has one per endpoint).
             sets: names(
                 "set",
-                &run(&["-t", "-j", "list", "sets", "ip"], None)?,
-                table,
+                &run(&["-t", "-j", "list", "sets", family], None)?,
+                TABLE_NAME,
             )?,
         })
     }
 
     fn chains(&mut self) -> Result<Vec<String>, Error> {
-        let (_, table) = TABLE.split_once(' ').unwrap_or(("ip", "portal"));
-        names("chain", &run(&["-j", "list", "chains", "ip"], None)?, table)
+        let family = self.family.nft();
+        names(
+            "chain",
+            &run(&["-j", "list", "chains", family], None)?,
+            TABLE_NAME,
+        )
     }
 }
 

@@ -21,22 +21,24 @@ mod transaction;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 pub use exec::{Error, Existing, FakeNft, Nft, NftCommand};
-use rules::{External, ServiceRules, HAIRPIN, TABLE};
+use rules::{External, ServiceRules, HAIRPIN};
 use transaction::Transaction;
 
-use crate::model::{ServiceKey, ServicePort};
+use crate::model::{Family, ServiceKey, ServicePort};
 use crate::tracker::Changes;
 
 /// A map key (`map`, `key`), e.g. an external IP and port.
 type ElementKey = (&'static str, String);
 
-/// Keeps Portal's table equal to the Services it is given.
+/// Keeps Portal's table of one family equal to the Services it is given
+/// (their ports of that family; the others are another table's).
 #[derive(Debug)]
 pub struct Nftables<N> {
     nft: N,
+    family: Family,
     external: External,
     /// Every Service's ports as last given.
     services: HashMap<ServiceKey, Vec<ServicePort>>,
@@ -47,61 +49,102 @@ pub struct Nftables<N> {
     /// the first by name owns it, the others get it when it is released.
     claims: HashMap<ElementKey, BTreeSet<ServiceKey>>,
     /// Services using each hairpin address.
-    hairpin: HashMap<Ipv4Addr, usize>,
+    hairpin: HashMap<IpAddr, usize>,
     /// Deletes stale UDP conntrack entries (none in tests).
     conntrack: Option<conntrack::Conntrack>,
 }
 
-/// Removes Portal's nftables table from this network namespace (`portal
-/// proxy --cleanup`); whether there was one.
+/// Removes Portal's nftables tables (both families) from this network
+/// namespace (`portal proxy --cleanup`); whether there was one.
 pub fn cleanup() -> Result<bool, Error> {
-    let listed = crate::command::run(
-        "nft",
-        &["list", "table", "ip", "portal"],
-        None,
-        std::time::Duration::from_secs(10),
-    )
-    .map_err(Error::Spawn)?;
-    if !listed.status.success() {
-        return Ok(false);
+    let mut removed = false;
+    for family in ["ip", "ip6"] {
+        let listed = crate::command::run(
+            "nft",
+            &["list", "table", family, rules::TABLE_NAME],
+            None,
+            std::time::Duration::from_secs(10),
+        )
+        .map_err(Error::Spawn)?;
+        if !listed.status.success() {
+            continue;
+        }
+        let deleted = crate::command::run(
+            "nft",
+            &["delete", "table", family, rules::TABLE_NAME],
+            None,
+            std::time::Duration::from_secs(10),
+        )
+        .map_err(Error::Spawn)?;
+        if !deleted.status.success() {
+            return Err(Error::Rejected(
+                String::from_utf8_lossy(&deleted.stderr).trim().to_owned(),
+            ));
+        }
+        removed = true;
     }
-    let deleted = crate::command::run(
-        "nft",
-        &["delete", "table", "ip", "portal"],
-        None,
-        std::time::Duration::from_secs(10),
-    )
-    .map_err(Error::Spawn)?;
-    if deleted.status.success() {
-        Ok(true)
-    } else {
-        Err(Error::Rejected(
-            String::from_utf8_lossy(&deleted.stderr).trim().to_owned(),
-        ))
+    Ok(removed)
+}
+
+/// The kernel mode's tables: IPv4's, and IPv6's where the node has IPv6
+/// (each serves the Service ports of its family, as kube-proxy runs a
+/// proxier per family).
+#[derive(Debug)]
+pub struct Tables {
+    v4: Nftables<NftCommand>,
+    v6: Option<Nftables<NftCommand>>,
+}
+
+impl Tables {
+    pub fn kernel() -> Self {
+        // IPv6 may be disabled in this namespace (or the kernel).
+        let ipv6 = std::path::Path::new("/proc/net/if_inet6").exists();
+        Tables {
+            v4: Nftables::kernel(Family::V4),
+            v6: ipv6.then(|| Nftables::kernel(Family::V6)),
+        }
+    }
+
+    /// Applies `changes` to every table (see [`Nftables::sync`]).
+    pub fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), Error> {
+        let v4 = self.v4.sync(changes, full);
+        let v6 = self.v6.as_mut().map_or(Ok(()), |v6| v6.sync(changes, full));
+        v4.and(v6)
+    }
+
+    pub fn tampered(&mut self) -> bool {
+        self.v4.tampered() || self.v6.as_mut().is_some_and(Nftables::tampered)
     }
 }
 
 impl Nftables<NftCommand> {
-    /// The real kernel.
-    pub fn kernel() -> Self {
+    /// The real kernel's table of `family`.
+    pub fn kernel(family: Family) -> Self {
         Self::new(
-            NftCommand,
+            NftCommand { family },
+            family,
             External::Masquerade,
-            Some(conntrack::Conntrack::default()),
+            Some(conntrack::Conntrack::new(family)),
         )
     }
 
     /// Rules for the userspace proxy: every Service port's "endpoint" is
     /// the proxy's listener; no masquerading (the proxy terminates).
     pub fn redirecting() -> Self {
-        Self::new(NftCommand, External::Keep, None)
+        Self::new(NftCommand::default(), Family::V4, External::Keep, None)
     }
 }
 
 impl<N: Nft> Nftables<N> {
-    fn new(nft: N, external: External, conntrack: Option<conntrack::Conntrack>) -> Self {
+    fn new(
+        nft: N,
+        family: Family,
+        external: External,
+        conntrack: Option<conntrack::Conntrack>,
+    ) -> Self {
         Self {
             nft,
+            family,
             external,
             services: HashMap::new(),
             applied: HashMap::new(),
@@ -113,7 +156,21 @@ impl<N: Nft> Nftables<N> {
 
     #[cfg(test)]
     pub(crate) fn fake(nft: N) -> Self {
-        Self::new(nft, External::Masquerade, None)
+        Self::new(nft, Family::V4, External::Masquerade, None)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn fake_of(nft: N, family: Family) -> Self {
+        Self::new(nft, family, External::Masquerade, None)
+    }
+
+    /// The ports of `ports` this table serves.
+    fn mine(&self, ports: &[ServicePort]) -> Vec<ServicePort> {
+        ports
+            .iter()
+            .filter(|p| p.family() == self.family)
+            .cloned()
+            .collect()
     }
 
     #[cfg(test)]
@@ -199,9 +256,10 @@ impl<N: Nft> Nftables<N> {
         self.services = changes
             .services
             .iter()
+            .map(|(key, ports)| (key.clone(), self.mine(ports)))
             .filter(|(_, ports)| !ports.is_empty())
-            .map(|(key, ports)| (key.clone(), ports.clone()))
             .collect();
+        let table = rules::table(self.family);
         self.claims.clear();
         let keys: Vec<ServiceKey> = self.services.keys().cloned().collect();
         for key in &keys {
@@ -209,31 +267,35 @@ impl<N: Nft> Nftables<N> {
             self.claim(key, &rules, true);
         }
         let mut script = String::new();
-        rules::render_base(&mut script);
+        rules::render_base(&mut script, self.family);
         let mut applied = HashMap::new();
-        let mut hairpin: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
+        let mut hairpin: BTreeMap<IpAddr, usize> = BTreeMap::new();
         let (mut chains, mut sets) = (BTreeSet::new(), BTreeSet::new());
         for key in &keys {
             let rules = self.owned(key);
             for (set, timeout) in &rules.sets {
                 // Not flushed: affinity survives a resync.
-                let _ = writeln!(script, "add set {TABLE} {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {timeout}s ; }}");
+                let _ = writeln!(
+                    script,
+                    "add set {table} {set} {}",
+                    rules::affinity_set_type(self.family, *timeout)
+                );
                 sets.insert(set.clone());
             }
             for chain in rules.chains.keys() {
                 let _ = writeln!(
                     script,
-                    "add chain {TABLE} {chain}\nflush chain {TABLE} {chain}"
+                    "add chain {table} {chain}\nflush chain {table} {chain}"
                 );
                 chains.insert(chain.clone());
             }
             for (chain, chain_rules) in &rules.chains {
-                rules::render_rules(&mut script, chain, chain_rules);
+                rules::render_rules(&mut script, table, chain, chain_rules);
             }
             for ((map, element), verdict) in &rules.elements {
                 let _ = writeln!(
                     script,
-                    "add element {TABLE} {map} {{ {element} : {verdict} }}"
+                    "add element {table} {map} {{ {element} : {verdict} }}"
                 );
             }
             for ip in &rules.hairpin {
@@ -242,7 +304,7 @@ impl<N: Nft> Nftables<N> {
             applied.insert(key.clone(), rules);
         }
         for ip in hairpin.keys() {
-            let _ = writeln!(script, "add element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}");
+            let _ = writeln!(script, "add element {table} {HAIRPIN} {{ {ip} . {ip} }}");
         }
         let base: BTreeSet<&str> = rules::BASE_CHAINS.iter().copied().collect();
         let stale_chains: Vec<&String> = existing
@@ -252,17 +314,17 @@ impl<N: Nft> Nftables<N> {
             .collect();
         // Flush before deleting: stale chains may jump to each other.
         for chain in &stale_chains {
-            let _ = writeln!(script, "flush chain {TABLE} {chain}");
+            let _ = writeln!(script, "flush chain {table} {chain}");
         }
         for chain in &stale_chains {
-            let _ = writeln!(script, "delete chain {TABLE} {chain}");
+            let _ = writeln!(script, "delete chain {table} {chain}");
         }
         for set in existing
             .sets
             .iter()
             .filter(|s| !sets.contains(*s) && s.as_str() != HAIRPIN)
         {
-            let _ = writeln!(script, "delete set {TABLE} {set}");
+            let _ = writeln!(script, "delete set {table} {set}");
         }
         let rendered = started.elapsed();
         self.nft.apply(&script)?;
@@ -278,6 +340,7 @@ impl<N: Nft> Nftables<N> {
         // key with them (ownership may move).
         let mut affected = BTreeSet::new();
         for (key, ports) in &changes.services {
+            let ports = &self.mine(ports);
             let old = self
                 .services
                 .get(key)
@@ -301,7 +364,7 @@ impl<N: Nft> Nftables<N> {
                 self.services.insert(key.clone(), ports.clone());
             }
         }
-        let mut tx = Transaction::default();
+        let mut tx = Transaction::new(self.family);
         let mut next = Vec::new();
         let empty = ServiceRules::default();
         for key in affected {

@@ -14,11 +14,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
-use crate::model::{Protocol, ServicePort};
+use crate::model::{Family, Protocol, ServicePort};
 
-pub(crate) const TABLE: &str = "ip portal";
+/// Portal's table of a family: `ip portal`, `ip6 portal`.
+pub(crate) fn table(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ip portal",
+        Family::V6 => "ip6 portal",
+    }
+}
+
+/// The name of the table in either family.
+pub(crate) const TABLE_NAME: &str = "portal";
 
 /// Verdict maps from an address (or node port) to a Service port's chain.
 pub(crate) const CLUSTER_IPS: &str = "cluster-ips";
@@ -47,14 +56,14 @@ pub(crate) enum Rule {
     /// A client with an affinity entry for this endpoint goes back to it.
     Sticky {
         set: String,
-        to: SocketAddrV4,
+        to: SocketAddr,
         protocol: Protocol,
     },
     /// Endpoint `to` with probability 1/`of` (1 = always), recording the
     /// client in the affinity set when there is one.
     Pick {
         of: usize,
-        to: SocketAddrV4,
+        to: SocketAddr,
         protocol: Protocol,
         affinity: Option<String>,
     },
@@ -76,9 +85,10 @@ impl Rule {
                 let _ = write!(out, "goto {chain}");
             }
             Self::Sticky { set, to, protocol } => {
+                let ip = Family::of(to.ip()).nft();
                 let _ = write!(
                     out,
-                    "ip saddr @{set} update @{set} {{ ip saddr }} meta l4proto {} dnat to {to}",
+                    "{ip} saddr @{set} update @{set} {{ {ip} saddr }} meta l4proto {} dnat to {to}",
                     protocol.as_str()
                 );
             }
@@ -92,7 +102,8 @@ impl Rule {
                     let _ = write!(out, "numgen random mod {of} 0 ");
                 }
                 if let Some(set) = affinity {
-                    let _ = write!(out, "update @{set} {{ ip saddr }} ");
+                    let ip = Family::of(to.ip()).nft();
+                    let _ = write!(out, "update @{set} {{ {ip} saddr }} ");
                 }
                 let _ = write!(out, "meta l4proto {} dnat to {to}", protocol.as_str());
             }
@@ -117,7 +128,7 @@ pub(crate) struct ServiceRules {
     pub elements: BTreeMap<(&'static str, String), String>,
     /// Affinity set → timeout in seconds.
     pub sets: BTreeMap<String, u32>,
-    pub hairpin: BTreeSet<Ipv4Addr>,
+    pub hairpin: BTreeSet<IpAddr>,
 }
 
 /// How external traffic is treated.
@@ -141,7 +152,7 @@ pub(crate) fn service_rules(ports: &[ServicePort], external: External) -> Servic
 fn add_port(rules: &mut ServiceRules, port: &ServicePort, external: External) {
     let id = port.id();
     let protocol = port.protocol.as_str();
-    let key = |ip: Ipv4Addr, number: u16| format!("{ip} . {protocol} . {number}");
+    let key = |ip: IpAddr, number: u16| format!("{ip} . {protocol} . {number}");
     let addresses = std::iter::once((CLUSTER_IPS, port.cluster_ip))
         .chain(port.external_ips.iter().map(|ip| (EXTERNAL_IPS, *ip)))
         .chain(
@@ -229,13 +240,13 @@ fn pick_chain(
     rules: &mut ServiceRules,
     port: &ServicePort,
     id: &str,
-    endpoints: &[SocketAddrV4],
+    endpoints: &[SocketAddr],
     scope: &str,
 ) -> Vec<Rule> {
     let mut chain = Vec::new();
     let timeout = port.affinity.unwrap_or_default();
     let affinity_set =
-        |to: &SocketAddrV4| format!("aff-{id}/{scope}{}/{}/{timeout}", to.ip(), to.port());
+        |to: &SocketAddr| format!("aff-{id}/{scope}{}/{}/{timeout}", to.ip(), to.port());
     if port.affinity.is_some() {
         for to in endpoints {
             let set = affinity_set(to);
@@ -255,119 +266,139 @@ fn pick_chain(
             protocol: port.protocol,
             affinity: port.affinity.map(|_| affinity_set(to)),
         });
-        rules.hairpin.insert(*to.ip());
+        rules.hairpin.insert(to.ip());
     }
     chain
 }
 
 /// `add rule ip portal CHAIN RULE` lines for a chain's rules.
-pub(crate) fn render_rules(out: &mut String, chain: &str, rules: &[Rule]) {
+pub(crate) fn render_rules(out: &mut String, table: &str, chain: &str, rules: &[Rule]) {
     for rule in rules {
-        let _ = write!(out, "add rule {TABLE} {chain} ");
+        let _ = write!(out, "add rule {table} {chain} ");
         rule.render(out);
         out.push('\n');
     }
 }
 
+/// An affinity set: client addresses of `family` remembered for `timeout`.
+pub(crate) fn affinity_set_type(family: Family, timeout: u32) -> String {
+    format!(
+        "{{ type {} ; flags dynamic,timeout ; timeout {timeout}s ; }}",
+        family.addr_type()
+    )
+}
+
 /// The table's fixed objects: hooks, dispatch chains, maps, hairpin set.
 /// Every statement is idempotent (`add`), and the chains are flushed and
 /// refilled, so applying it over an existing table changes nothing.
-pub(crate) fn render_base(out: &mut String) {
+pub(crate) fn render_base(out: &mut String, family: Family) {
+    let table = table(family);
+    let address = format!("{} . inet_proto . inet_service", family.addr_type());
     let maps: [(&str, &str); 6] = [
-        (CLUSTER_IPS, "ipv4_addr . inet_proto . inet_service"),
-        (EXTERNAL_IPS, "ipv4_addr . inet_proto . inet_service"),
-        (LOAD_BALANCER_IPS, "ipv4_addr . inet_proto . inet_service"),
+        (CLUSTER_IPS, &address),
+        (EXTERNAL_IPS, &address),
+        (LOAD_BALANCER_IPS, &address),
         (NODE_PORTS, "inet_proto . inet_service"),
-        (
-            NO_ENDPOINT_SERVICES,
-            "ipv4_addr . inet_proto . inet_service",
-        ),
+        (NO_ENDPOINT_SERVICES, &address),
         (NO_ENDPOINT_NODE_PORTS, "inet_proto . inet_service"),
     ];
-    let _ = writeln!(out, "add table {TABLE}");
+    let _ = writeln!(out, "add table {table}");
     for (name, key) in maps {
-        let _ = writeln!(out, "add map {TABLE} {name} {{ type {key} : verdict ; }}");
-        let _ = writeln!(out, "flush map {TABLE} {name}");
+        let _ = writeln!(out, "add map {table} {name} {{ type {key} : verdict ; }}");
+        let _ = writeln!(out, "flush map {table} {name}");
     }
+    let addr = family.addr_type();
     let _ = writeln!(
         out,
-        "add set {TABLE} {HAIRPIN} {{ type ipv4_addr . ipv4_addr ; }}"
+        "add set {table} {HAIRPIN} {{ type {addr} . {addr} ; }}"
     );
-    let _ = writeln!(out, "flush set {TABLE} {HAIRPIN}");
-    for (name, hook, rules) in BASE {
+    let _ = writeln!(out, "flush set {table} {HAIRPIN}");
+    for (name, hook, rules) in base(family) {
         if hook.is_empty() {
-            let _ = writeln!(out, "add chain {TABLE} {name}");
+            let _ = writeln!(out, "add chain {table} {name}");
         } else {
-            let _ = writeln!(out, "add chain {TABLE} {name} {{ {hook} }}");
+            let _ = writeln!(out, "add chain {table} {name} {{ {hook} }}");
         }
-        let _ = writeln!(out, "flush chain {TABLE} {name}");
+        let _ = writeln!(out, "flush chain {table} {name}");
         for rule in rules {
-            let _ = writeln!(out, "add rule {TABLE} {name} {rule}");
+            let _ = writeln!(out, "add rule {table} {name} {rule}");
         }
     }
 }
 
 /// The fixed chains: name, hook (empty: a regular chain), rules. Regular
 /// chains come first: a rule may only jump to a chain that exists.
-const BASE: [(&str, &str, &[&str]); 10] = [
-    (
-        MARK_FOR_MASQUERADE,
-        "",
-        &["meta mark set meta mark | 0x4000"],
-    ),
-    (REJECT, "", &["reject"]),
-    (
-        "endpoints-check",
-        "",
-        &["ip daddr . meta l4proto . th dport vmap @no-endpoint-services"],
-    ),
-    (
-        "services",
-        "",
-        &[
-            "ip daddr . meta l4proto . th dport vmap @cluster-ips",
-            "ip daddr . meta l4proto . th dport vmap @external-ips",
-            "ip daddr . meta l4proto . th dport vmap @load-balancer-ips",
-            "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @node-ports",
-        ],
-    ),
-    (
-        "nat-prerouting",
-        "type nat hook prerouting priority dstnat ;",
-        &["jump services"],
-    ),
-    (
-        "nat-output",
-        "type nat hook output priority -100 ;",
-        &["jump services"],
-    ),
-    (
-        "nat-postrouting",
-        "type nat hook postrouting priority srcnat ;",
-        &[
-            "meta mark & 0x4000 == 0x4000 meta mark set meta mark ^ 0x4000 masquerade fully-random",
-            "ct status dnat ip saddr . ip daddr @hairpin masquerade fully-random",
-        ],
-    ),
-    (
-        "filter-forward",
-        "type filter hook forward priority filter ;",
-        &["ct state new jump endpoints-check"],
-    ),
-    (
-        "filter-output",
-        "type filter hook output priority filter ;",
-        &["ct state new jump endpoints-check"],
-    ),
-    (
-        "filter-input",
-        "type filter hook input priority filter ;",
-        &["ct state new meta l4proto . th dport vmap @no-endpoint-node-ports"],
-    ),
-];
+fn base(family: Family) -> [(&'static str, &'static str, Vec<String>); 10] {
+    let ip = family.nft();
+    let loopback = family.loopback();
+    [
+        (
+            MARK_FOR_MASQUERADE,
+            "",
+            vec!["meta mark set meta mark | 0x4000".into()],
+        ),
+        (REJECT, "", vec!["reject".into()]),
+        (
+            "endpoints-check",
+            "",
+            vec![format!("{ip} daddr . meta l4proto . th dport vmap @no-endpoint-services")],
+        ),
+        (
+            "services",
+            "",
+            vec![
+                format!("{ip} daddr . meta l4proto . th dport vmap @cluster-ips"),
+                format!("{ip} daddr . meta l4proto . th dport vmap @external-ips"),
+                format!("{ip} daddr . meta l4proto . th dport vmap @load-balancer-ips"),
+                format!("fib daddr type local {ip} daddr != {loopback} meta l4proto . th dport vmap @node-ports"),
+            ],
+        ),
+        (
+            "nat-prerouting",
+            "type nat hook prerouting priority dstnat ;",
+            vec!["jump services".into()],
+        ),
+        (
+            "nat-output",
+            "type nat hook output priority -100 ;",
+            vec!["jump services".into()],
+        ),
+        (
+            "nat-postrouting",
+            "type nat hook postrouting priority srcnat ;",
+            vec![
+                "meta mark & 0x4000 == 0x4000 meta mark set meta mark ^ 0x4000 masquerade fully-random".into(),
+                format!("ct status dnat {ip} saddr . {ip} daddr @hairpin masquerade fully-random"),
+            ],
+        ),
+        (
+            "filter-forward",
+            "type filter hook forward priority filter ;",
+            vec!["ct state new jump endpoints-check".into()],
+        ),
+        (
+            "filter-output",
+            "type filter hook output priority filter ;",
+            vec!["ct state new jump endpoints-check".into()],
+        ),
+        (
+            "filter-input",
+            "type filter hook input priority filter ;",
+            vec!["ct state new meta l4proto . th dport vmap @no-endpoint-node-ports".into()],
+        ),
+    ]
+}
 
 /// Names of the fixed chains (never deleted as stale).
 pub(crate) const BASE_CHAINS: [&str; 10] = [
-    BASE[0].0, BASE[1].0, BASE[2].0, BASE[3].0, BASE[4].0, BASE[5].0, BASE[6].0, BASE[7].0,
-    BASE[8].0, BASE[9].0,
+    MARK_FOR_MASQUERADE,
+    REJECT,
+    "endpoints-check",
+    "services",
+    "nat-prerouting",
+    "nat-output",
+    "nat-postrouting",
+    "filter-forward",
+    "filter-output",
+    "filter-input",
 ];

@@ -1,20 +1,20 @@
 //! Golden transactions and packet traces for the nftables backend.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use super::tracer::{trace, Outcome, Packet};
 use super::{FakeNft, Nftables};
 use crate::model::{Protocol, ServiceKey, ServicePort};
 use crate::tracker::Changes;
 
-fn ep(s: &str) -> SocketAddrV4 {
+fn ep(s: &str) -> SocketAddr {
     s.parse()
-        .unwrap_or_else(|_| SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
+        .unwrap_or_else(|_| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
 }
 
-fn ip(s: &str) -> Ipv4Addr {
-    s.parse().unwrap_or(Ipv4Addr::UNSPECIFIED)
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
 fn web(endpoints: &[&str]) -> ServicePort {
@@ -113,6 +113,52 @@ fn full_sync_writes_the_whole_table_in_one_transaction() {
         dnat(&["10.244.0.5:8080", "10.244.0.6:8080"], false)
     );
     assert_eq!(traced(&proxy, packet("10.96.0.20", 81)), Outcome::Untouched);
+}
+
+#[test]
+fn each_family_has_its_table_and_programs_only_its_ports() {
+    let v4 = web(&["10.244.0.5:8080"]);
+    let v6 = ServicePort {
+        cluster_ip: ip("fd00:10:96::20"),
+        endpoints: vec![ep("[fd00:10:244::5]:8080")],
+        affinity: Some(60),
+        ..web(&[])
+    };
+    let both = changes(&[v4.clone(), v6.clone()]);
+    let mut six = Nftables::fake_of(FakeNft::default(), crate::model::Family::V6);
+    assert!(six.sync(&both, true).is_ok());
+    let tx = last(&mut six);
+    assert!(tx.starts_with("add table ip6 portal\n"), "{tx}");
+    assert!(tx.contains(
+        "add map ip6 portal cluster-ips { type ipv6_addr . inet_proto . inet_service : verdict ; }"
+    ));
+    assert!(tx.contains("add rule ip6 portal services fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @node-ports"));
+    assert!(tx.contains("add set ip6 portal aff-default/web/tcp/http/fd00:10:244::5/8080/60 { type ipv6_addr ; flags dynamic,timeout ; timeout 60s ; }"), "{tx}");
+    assert!(tx.contains("add rule ip6 portal svc-default/web/tcp/http ip6 saddr @aff-default/web/tcp/http/fd00:10:244::5/8080/60 update @aff-default/web/tcp/http/fd00:10:244::5/8080/60 { ip6 saddr } meta l4proto tcp dnat to [fd00:10:244::5]:8080"), "{tx}");
+    assert!(tx.contains("add element ip6 portal cluster-ips { fd00:10:96::20 . tcp . 80 : goto svc-default/web/tcp/http }"));
+    assert!(tx.contains("add element ip6 portal hairpin { fd00:10:244::5 . fd00:10:244::5 }"));
+    assert!(
+        !tx.contains("10.96.0.20") && !tx.contains("ip portal"),
+        "{tx}"
+    );
+    // The IPv4 table has the IPv4 port only; a partial change of the
+    // IPv6 endpoints leaves it untouched.
+    let mut four = Nftables::fake(FakeNft::default());
+    assert!(four.sync(&both, true).is_ok());
+    assert!(!last(&mut four).contains("fd00:"));
+    let before = four.nft().transactions.len();
+    let moved = ServicePort {
+        endpoints: vec![ep("[fd00:10:244::6]:8080")],
+        ..v6
+    };
+    let change = changes(&[v4, moved]);
+    assert!(four.sync(&change, false).is_ok() && six.sync(&change, false).is_ok());
+    assert_eq!(
+        four.nft().transactions.len(),
+        before,
+        "nothing changed for IPv4"
+    );
+    assert!(last(&mut six).contains("dnat to [fd00:10:244::6]:8080"));
 }
 
 #[test]
@@ -397,24 +443,24 @@ fn write_a_large_full_sync() {
         .map(|s| {
             let endpoint = |i: usize| {
                 let n = s * 5 + i;
-                SocketAddrV4::new(
-                    Ipv4Addr::new(
+                SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::new(
                         10,
                         245 + (n / 65536) as u8,
                         (n / 256 % 256) as u8,
                         (n % 256) as u8,
-                    ),
+                    )),
                     8080,
                 )
             };
             ServicePort {
                 service: ServiceKey::new("bench", &format!("s{s}")),
-                cluster_ip: Ipv4Addr::new(
+                cluster_ip: IpAddr::V4(Ipv4Addr::new(
                     10,
                     96 + (s / 65536) as u8,
                     (s / 256 % 256) as u8,
                     (s % 256) as u8,
-                ),
+                )),
                 endpoints: (0..5).map(endpoint).collect(),
                 ..web(&[])
             }

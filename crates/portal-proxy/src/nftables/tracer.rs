@@ -3,7 +3,7 @@
 //! it can go.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
 use super::rules::{
     Rule, ServiceRules, CLUSTER_IPS, EXTERNAL_IPS, LOAD_BALANCER_IPS, NODE_PORTS,
@@ -13,8 +13,8 @@ use crate::model::Protocol;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Packet {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub protocol: Protocol,
     pub port: u16,
     /// `dst` is an address of this node (`fib daddr type local`).
@@ -29,7 +29,7 @@ pub(crate) struct Packet {
 pub(crate) enum Outcome {
     /// DNAT to one of `endpoints` (chosen at random), masqueraded or not.
     Dnat {
-        endpoints: BTreeSet<SocketAddrV4>,
+        endpoints: BTreeSet<SocketAddr>,
         masquerade: bool,
     },
     /// Refused: the Service has no ready endpoints.
@@ -113,7 +113,7 @@ pub(crate) fn trace<'a>(
     // Hairpin: a pod reaching itself through its Service.
     masquerade |= endpoints
         .iter()
-        .any(|e| *e.ip() == packet.src && hairpin.contains(e.ip()));
+        .any(|e| e.ip() == packet.src && hairpin.contains(&e.ip()));
     Outcome::Dnat {
         endpoints,
         masquerade,

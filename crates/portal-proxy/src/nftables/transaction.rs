@@ -2,15 +2,17 @@
 
 use std::collections::HashMap;
 use std::fmt::Write;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use super::rules::{self, ServiceRules, HAIRPIN, TABLE};
+use super::rules::{self, ServiceRules, HAIRPIN};
+use crate::model::Family;
 
 /// A partial sync's statements, in an order the kernel accepts within one
 /// transaction: new sets and chains before anything refers to them,
 /// deletions after the last reference is gone.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Transaction {
+    family: Family,
     add_sets: String,
     add_chains: String,
     delete_elements: String,
@@ -21,24 +23,43 @@ pub(super) struct Transaction {
 }
 
 impl Transaction {
+    /// An empty transaction on the table of `family`.
+    pub(super) fn new(family: Family) -> Self {
+        Transaction {
+            family,
+            add_sets: String::new(),
+            add_chains: String::new(),
+            delete_elements: String::new(),
+            fill_chains: String::new(),
+            add_elements: String::new(),
+            delete_chains: String::new(),
+            delete_sets: String::new(),
+        }
+    }
+
     pub(super) fn diff(
         &mut self,
         old: &ServiceRules,
         new: &ServiceRules,
-        hairpin: &mut HashMap<Ipv4Addr, usize>,
+        hairpin: &mut HashMap<IpAddr, usize>,
     ) {
+        let table = rules::table(self.family);
         // The timeout is part of a set's name: sets are only added or deleted.
         for (set, timeout) in new.sets.iter().filter(|(s, _)| !old.sets.contains_key(*s)) {
-            let _ = writeln!(self.add_sets, "add set {TABLE} {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {timeout}s ; }}");
+            let _ = writeln!(
+                self.add_sets,
+                "add set {table} {set} {}",
+                rules::affinity_set_type(self.family, *timeout)
+            );
         }
         for set in old.sets.keys().filter(|s| !new.sets.contains_key(*s)) {
-            let _ = writeln!(self.delete_sets, "delete set {TABLE} {set}");
+            let _ = writeln!(self.delete_sets, "delete set {table} {set}");
         }
         for ((map, key), verdict) in &old.elements {
             if new.elements.get(&(*map, key.clone())) != Some(verdict) {
                 let _ = writeln!(
                     self.delete_elements,
-                    "delete element {TABLE} {map} {{ {key} }}"
+                    "delete element {table} {map} {{ {key} }}"
                 );
             }
         }
@@ -46,7 +67,7 @@ impl Transaction {
             if old.elements.get(&(*map, key.clone())) != Some(verdict) {
                 let _ = writeln!(
                     self.add_elements,
-                    "add element {TABLE} {map} {{ {key} : {verdict} }}"
+                    "add element {table} {map} {{ {key} : {verdict} }}"
                 );
             }
         }
@@ -55,15 +76,15 @@ impl Transaction {
                 Some(old_rules) if old_rules == rules => continue,
                 Some(_) => {}
                 None => {
-                    let _ = writeln!(self.add_chains, "add chain {TABLE} {chain}");
+                    let _ = writeln!(self.add_chains, "add chain {table} {chain}");
                 }
             }
-            let _ = writeln!(self.fill_chains, "flush chain {TABLE} {chain}");
-            rules::render_rules(&mut self.fill_chains, chain, rules);
+            let _ = writeln!(self.fill_chains, "flush chain {table} {chain}");
+            rules::render_rules(&mut self.fill_chains, table, chain, rules);
         }
         for chain in old.chains.keys().filter(|c| !new.chains.contains_key(*c)) {
-            let _ = writeln!(self.fill_chains, "flush chain {TABLE} {chain}");
-            let _ = writeln!(self.delete_chains, "delete chain {TABLE} {chain}");
+            let _ = writeln!(self.fill_chains, "flush chain {table} {chain}");
+            let _ = writeln!(self.delete_chains, "delete chain {table} {chain}");
         }
         for ip in new.hairpin.difference(&old.hairpin) {
             let count = hairpin.entry(*ip).or_default();
@@ -71,7 +92,7 @@ impl Transaction {
             if *count == 1 {
                 let _ = writeln!(
                     self.add_elements,
-                    "add element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}"
+                    "add element {table} {HAIRPIN} {{ {ip} . {ip} }}"
                 );
             }
         }
@@ -82,7 +103,7 @@ impl Transaction {
                     hairpin.remove(ip);
                     let _ = writeln!(
                         self.delete_elements,
-                        "delete element {TABLE} {HAIRPIN} {{ {ip} . {ip} }}"
+                        "delete element {table} {HAIRPIN} {{ {ip} . {ip} }}"
                     );
                 }
             }

@@ -2,7 +2,7 @@
 //! to under ClientIP affinity (until its timeout passes unused).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -17,10 +17,10 @@ const MAX_PINS: usize = 65_536;
 
 #[derive(Debug)]
 pub(crate) struct Balancer {
-    endpoints: RwLock<Vec<SocketAddrV4>>,
+    endpoints: RwLock<Vec<SocketAddr>>,
     next: AtomicUsize,
     affinity: RwLock<Option<Duration>>,
-    pins: Mutex<HashMap<IpAddr, (SocketAddrV4, Instant)>>,
+    pins: Mutex<HashMap<IpAddr, (SocketAddr, Instant)>>,
 }
 
 impl Balancer {
@@ -46,7 +46,7 @@ impl Balancer {
 
     /// Up to `attempts` distinct endpoints to try in order: the pinned one
     /// first, then round robin.
-    pub(crate) fn candidates(&self, client: IpAddr, attempts: usize) -> Vec<SocketAddrV4> {
+    pub(crate) fn candidates(&self, client: IpAddr, attempts: usize) -> Vec<SocketAddr> {
         let endpoints = self.endpoints.read();
         if endpoints.is_empty() {
             return Vec::new();
@@ -74,7 +74,7 @@ impl Balancer {
     }
 
     /// `client` reached `endpoint`: pin it there under affinity.
-    pub(crate) fn used(&self, client: IpAddr, endpoint: SocketAddrV4) {
+    pub(crate) fn used(&self, client: IpAddr, endpoint: SocketAddr) {
         if self.affinity.read().is_none() {
             return;
         }

@@ -202,7 +202,7 @@ impl Userspace {
                             endpoints: if p.endpoints.is_empty() {
                                 Vec::new()
                             } else {
-                                vec![listener.addr]
+                                vec![std::net::SocketAddr::V4(listener.addr)]
                             },
                             affinity: None,
                             // The listener on the node port serves it directly.
@@ -235,7 +235,14 @@ impl crate::runner::Backend for Userspace {
             std::mem::take(&mut self.unbound)
         };
         self.unbound.clear();
-        services.extend(changes.services.iter().map(|(k, p)| (k.clone(), p.clone())));
+        // IPv4 only: the listeners are the node's IPv4 sockets (IPv6
+        // Services need the kernel mode).
+        services.extend(changes.services.iter().map(|(k, ports)| {
+            let v4 = ports
+                .iter()
+                .filter(|p| p.family() == crate::model::Family::V4);
+            (k.clone(), v4.cloned().collect())
+        }));
         self.sync_listeners(&services, full);
         if self.redirect.is_some() {
             let redirected = self.redirected(&Changes {

@@ -98,6 +98,9 @@ pub struct Config {
     pub pod_network: routes::PodNetwork,
     /// The node's address; default: its first global IPv4 address.
     pub node_ip: Option<Ipv4Addr>,
+    /// The node's IPv6 address on a dual-stack network (its second
+    /// InternalIP, the way to its IPv6 pods).
+    pub node_ip6: Option<std::net::Ipv6Addr>,
     /// The node's `ExternalIP`s.
     pub external_ips: Vec<std::net::IpAddr>,
     /// Keeps images, containers, pod files, logs and address leases.
@@ -201,6 +204,7 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
     let me = node::Identity {
         name: config.node_name.clone(),
         ip,
+        ip6: config.node_ip6,
         port: config.port,
         lease_seconds: config.lease_seconds,
         pod_cidr: None,

@@ -416,75 +416,87 @@ impl Netlink {
             .map_err(failed(format!("adding VXLAN device {name}")))
     }
 
-    /// The IPv4 routes of one routing protocol number in the main table:
-    /// (destination, prefix length, gateway).
-    pub async fn routes_of(&self, protocol: u8) -> Result<Vec<(Ipv4Addr, u8, Option<Ipv4Addr>)>> {
-        let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        let mut routes = self.handle.route().get(filter).execute();
+    /// The routes (both families) of one routing protocol number in the
+    /// main table: (destination, prefix length, gateway).
+    pub async fn routes_of(&self, protocol: u8) -> Result<Vec<(IpAddr, u8, Option<IpAddr>)>> {
         let mut found = Vec::new();
-        while let Some(route) = routes.try_next().await.map_err(failed("listing routes"))? {
-            if u8::from(route.header.protocol) != protocol {
-                continue;
-            }
-            let mut destination = Ipv4Addr::UNSPECIFIED;
-            let mut gateway = None;
-            for attribute in &route.attributes {
-                match attribute {
-                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => destination = *ip,
-                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
-                    _ => {}
+        for filter in [
+            RouteMessageBuilder::<Ipv4Addr>::new().build(),
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+        ] {
+            let mut routes = self.handle.route().get(filter).execute();
+            while let Some(route) = routes.try_next().await.map_err(failed("listing routes"))? {
+                if u8::from(route.header.protocol) != protocol {
+                    continue;
                 }
+                let mut destination = None;
+                let mut gateway = None;
+                for attribute in &route.attributes {
+                    match attribute {
+                        RouteAttribute::Destination(RouteAddress::Inet(ip)) => {
+                            destination = Some(IpAddr::V4(*ip));
+                        }
+                        RouteAttribute::Destination(RouteAddress::Inet6(ip)) => {
+                            destination = Some(IpAddr::V6(*ip));
+                        }
+                        RouteAttribute::Gateway(RouteAddress::Inet(ip)) => {
+                            gateway = Some(IpAddr::V4(*ip));
+                        }
+                        RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => {
+                            gateway = Some(IpAddr::V6(*ip));
+                        }
+                        _ => {}
+                    }
+                }
+                let Some(destination) = destination else {
+                    continue;
+                };
+                found.push((destination, route.header.destination_prefix_length, gateway));
             }
-            found.push((destination, route.header.destination_prefix_length, gateway));
         }
         Ok(found)
     }
 
     /// Adds (or, with `replace`, replaces) the route to
-    /// `destination/prefix` via `gateway`, marked with `protocol`; through
-    /// link `onlink` when given (the gateway is taken as directly reachable
-    /// on it).
+    /// `destination/prefix` via `gateway` (one family), marked with
+    /// `protocol`; through link `onlink` when given (the gateway is taken
+    /// as directly reachable on it).
     pub async fn set_route(
         &self,
-        destination: Ipv4Addr,
+        destination: IpAddr,
         prefix: u8,
-        gateway: Ipv4Addr,
+        gateway: IpAddr,
         protocol: u8,
         onlink: Option<&str>,
         replace: bool,
     ) -> Result<()> {
-        let mut route = RouteMessageBuilder::<Ipv4Addr>::new()
+        let what = || format!("route {destination}/{prefix} via {gateway}");
+        let mut route = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(destination, prefix)
-            .gateway(gateway)
+            .and_then(|r| r.gateway(gateway))
+            .map_err(|e| io_failed(what())(io::Error::other(e)))?
             .protocol(RouteProtocol::from(protocol));
         if let Some(name) = onlink {
             route = route.output_interface(self.index_of(name).await?).onlink();
         }
         let request = self.handle.route().add(route.build());
         let request = if replace { request.replace() } else { request };
-        request.execute().await.map_err(failed(format!(
-            "route {destination}/{prefix} via {gateway}"
-        )))
+        request.execute().await.map_err(failed(what()))
     }
 
     /// Deletes the route to `destination/prefix` of `protocol`; a missing
     /// one is not an error.
-    pub async fn delete_route(
-        &self,
-        destination: Ipv4Addr,
-        prefix: u8,
-        protocol: u8,
-    ) -> Result<()> {
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
+    pub async fn delete_route(&self, destination: IpAddr, prefix: u8, protocol: u8) -> Result<()> {
+        let what = || format!("deleting route {destination}/{prefix}");
+        let route = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(destination, prefix)
+            .map_err(|e| io_failed(what())(io::Error::other(e)))?
             .protocol(RouteProtocol::from(protocol))
             .build();
         match self.handle.route().del(route).execute().await {
             Ok(()) => Ok(()),
             Err(error) if errno(&error) == Some(nix::libc::ESRCH) => Ok(()),
-            Err(error) => Err(failed(format!("deleting route {destination}/{prefix}"))(
-                error,
-            )),
+            Err(error) => Err(failed(what())(error)),
         }
     }
 

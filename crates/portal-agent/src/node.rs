@@ -33,6 +33,8 @@ const LEASE_NAMESPACE: &str = "kube-node-lease";
 pub struct Identity {
     pub name: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address on a dual-stack network.
+    pub ip6: Option<std::net::Ipv6Addr>,
     /// The port of the agent's own server (`daemonEndpoints`).
     pub port: i32,
     /// How long its Lease lasts (renewed every quarter of it).
@@ -46,6 +48,15 @@ pub struct Identity {
     /// Addresses the node is reached at from outside the cluster, published
     /// as its `ExternalIP`s (`--node-external-ip`; k3s's flag).
     pub external_ips: Vec<std::net::IpAddr>,
+}
+
+impl Identity {
+    /// The node's addresses as a pod's `hostIPs` list them (IPv4 first).
+    pub fn ips(&self) -> Vec<String> {
+        std::iter::once(self.ip.to_string())
+            .chain(self.ip6.map(|ip| ip.to_string()))
+            .collect()
+    }
 }
 
 /// The annotation that publishes [`Identity::storage_root`].
@@ -158,6 +169,10 @@ fn status(me: &Identity, previous: Option<&NodeStatus>) -> NodeStatus {
         type_: "InternalIP".into(),
         address: me.ip.to_string(),
     }];
+    addresses.extend(me.ip6.map(|ip| NodeAddress {
+        type_: "InternalIP".into(),
+        address: ip.to_string(),
+    }));
     addresses.extend(me.external_ips.iter().map(|ip| NodeAddress {
         type_: "ExternalIP".into(),
         address: ip.to_string(),

@@ -34,10 +34,11 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// The nftables tables (family, name) of the proxy (one per family), the
 /// egress masquerade, host ports and network policies.
-const TABLES: [(&str, &str); 5] = [
+const TABLES: [(&str, &str); 6] = [
     ("ip", "portal"),
     ("ip6", "portal"),
     ("ip", "portal_egress"),
+    ("ip6", "portal_egress"),
     ("ip", "portal_hostports"),
     ("ip", "portal_policy"),
 ];

@@ -1,10 +1,12 @@
 //! Routes to the other nodes' pods (host-gw, as flannel's `host-gw`
 //! backend and kube-router do): every other Node's pod range via that
-//! Node's InternalIP, following Nodes as they come, change and go. Pods
+//! Node's InternalIP, following Nodes as they come, change and go; on a
+//! dual-stack cluster its IPv6 pod range via its IPv6 InternalIP too. Pods
 //! keep their own addresses across nodes (nothing is translated); traffic
 //! from pods to anywhere outside the pod ranges is masqueraded behind the
-//! node's address (nftables table `ip portal_egress`), as flannel's
-//! `--ip-masq` does, so the rest of the network needs no routes to pods.
+//! node's address (nftables tables `ip portal_egress`, `ip6
+//! portal_egress`), as flannel's `--ip-masq` does, so the rest of the
+//! network needs no routes to pods. The VXLAN overlay carries IPv4 only.
 //!
 //! The routes carry a protocol number of their own ([`PROTO`]), so the
 //! agent finds the ones it made (also after a restart) and never touches
@@ -13,7 +15,7 @@
 //! whose routes go through the VXLAN device instead.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +23,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
-use portal_api::cidr::Ipv4Cidr;
+use portal_api::cidr::{IpCidr, Ipv4Cidr};
 
 use crate::netlink::Netlink;
 use crate::vxlan;
@@ -46,63 +48,94 @@ pub enum PodNetwork {
 /// A route to one node's pod range: via an address, on a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Route {
-    via: Ipv4Addr,
+    via: IpAddr,
     /// The VXLAN device (the gateway is on it, `onlink`).
     overlay: bool,
 }
 
-/// The routes the cluster calls for: each other node's pod range via its
-/// InternalIP (nodes without either are skipped).
-pub fn wanted(nodes: &[Arc<Node>], me: &str) -> BTreeMap<Ipv4Cidr, Ipv4Addr> {
-    let mine: Option<Ipv4Cidr> = nodes
+/// A Node's pod ranges (`podCIDRs`, else `podCIDR`).
+fn ranges_of(node: &Node) -> Vec<IpCidr> {
+    let Some(spec) = node.spec.as_ref() else {
+        return Vec::new();
+    };
+    match &spec.pod_cidrs {
+        Some(ranges) if !ranges.is_empty() => {
+            ranges.iter().filter_map(|r| r.parse().ok()).collect()
+        }
+        _ => spec
+            .pod_cidr
+            .iter()
+            .filter_map(|r| r.parse().ok())
+            .collect(),
+    }
+}
+
+/// A Node's first InternalIP of each family.
+fn internal_ips(node: &Node) -> Vec<IpAddr> {
+    let mut found: Vec<IpAddr> = Vec::new();
+    let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    for address in addresses.into_iter().flatten() {
+        let Ok(ip) = address.address.parse::<IpAddr>() else {
+            continue;
+        };
+        if address.type_ == "InternalIP" && !found.iter().any(|f| f.is_ipv4() == ip.is_ipv4()) {
+            found.push(ip);
+        }
+    }
+    found
+}
+
+/// The routes the cluster calls for: each other node's pod range of each
+/// family via its InternalIP of that family (ranges without one are
+/// skipped).
+pub fn wanted(nodes: &[Arc<Node>], me: &str) -> BTreeMap<IpCidr, IpAddr> {
+    let mine: Vec<IpCidr> = nodes
         .iter()
         .find(|n| n.name_any() == me)
-        .and_then(|n| n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok());
+        .map(|n| ranges_of(n))
+        .unwrap_or_default();
     nodes
         .iter()
         .filter(|n| n.name_any() != me)
-        .filter_map(|n| {
-            let range: Ipv4Cidr = n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok()?;
-            let address = n
-                .status
-                .as_ref()?
-                .addresses
-                .as_ref()?
-                .iter()
-                .find(|a| a.type_ == "InternalIP")?
-                .address
-                .parse()
-                .ok()?;
-            Some((range, address))
+        .flat_map(|n| {
+            let addresses = internal_ips(n);
+            ranges_of(n).into_iter().filter_map(move |range| {
+                let via = addresses
+                    .iter()
+                    .find(|ip| ip.is_ipv4() == matches!(range, IpCidr::V4(_)))?;
+                Some((range, *via))
+            })
         })
         // A range that overlaps this node's own (a misconfigured node) or
         // is wider than a node's share never takes this node's routes.
-        .filter(|(range, _): &(Ipv4Cidr, Ipv4Addr)| {
-            range.prefix() >= MIN_PREFIX && mine.is_none_or(|m| !overlaps(&m, range))
+        .filter(|(range, _): &(IpCidr, IpAddr)| {
+            let min = match range {
+                IpCidr::V4(_) => MIN_PREFIX,
+                IpCidr::V6(_) => MIN_PREFIX_V6,
+            };
+            range.prefix() >= min && !mine.iter().any(|m| m.overlaps(range))
         })
         .collect()
 }
 
 /// The widest range routed to one node (no default or LAN-wide routes).
 const MIN_PREFIX: u8 = 8;
-
-fn overlaps(a: &Ipv4Cidr, b: &Ipv4Cidr) -> bool {
-    let first = |c: &Ipv4Cidr| c.nth(0);
-    first(b).is_some_and(|n| a.contains(n)) || first(a).is_some_and(|n| b.contains(n))
-}
+const MIN_PREFIX_V6: u8 = 32;
 
 /// The overlay's peers: the nodes of `routes` that published a MAC. Two
 /// nodes claiming one MAC are both left out (frames for it would go to
 /// whichever was written last).
 pub fn peers(
     nodes: &[Arc<Node>],
-    routes: &BTreeMap<Ipv4Cidr, Ipv4Addr>,
+    routes: &BTreeMap<IpCidr, IpAddr>,
 ) -> BTreeMap<Ipv4Cidr, vxlan::Peer> {
     let candidates: Vec<(Ipv4Cidr, vxlan::Peer)> = nodes
         .iter()
         .filter_map(|n| {
             let range: Ipv4Cidr = n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok()?;
-            let vtep = *routes.get(&range)?;
+            let IpAddr::V4(vtep) = *routes.get(&IpCidr::V4(range))? else {
+                return None;
+            };
             let mac = n.annotations().get(vxlan::MAC_ANNOTATION)?;
             let mac = vxlan::parse_mac(mac)?;
             let gateway = range.nth(0)?;
@@ -189,7 +222,7 @@ pub(crate) async fn run(client: Client, me: String, network: PodNetwork, node_ip
 /// Everything the routes task makes from the Nodes.
 #[derive(Debug, PartialEq, Eq)]
 struct Plan {
-    routes: BTreeMap<Ipv4Cidr, Route>,
+    routes: BTreeMap<IpCidr, Route>,
     peers: BTreeMap<Ipv4Cidr, vxlan::Peer>,
     /// This node's range and published MAC (the overlay's own part).
     mine: Option<(Option<String>, Option<String>)>,
@@ -223,10 +256,10 @@ impl Plan {
             .iter()
             .map(|(range, peer)| {
                 let route = Route {
-                    via: peer.gateway,
+                    via: IpAddr::V4(peer.gateway),
                     overlay: true,
                 };
-                (*range, route)
+                (IpCidr::V4(*range), route)
             })
             .collect();
         let mine = nodes.iter().find(|n| n.name_any() == me).map(|n| {
@@ -279,13 +312,15 @@ async fn overlay(
 }
 
 /// Makes the kernel's routes of [`PROTO`] exactly `wanted`.
-async fn sync(wanted: &BTreeMap<Ipv4Cidr, Route>) -> Result<(), String> {
+async fn sync(wanted: &BTreeMap<IpCidr, Route>) -> Result<(), String> {
     let node = Netlink::connect().map_err(|e| e.to_string())?;
     let current = current(&node).await?;
     // One bad route (a gateway not on this link) does not hold up the others.
     let mut failed = Vec::new();
     for (range, route) in wanted {
-        let network = range.nth(0).unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let Some(network) = range.nth(0) else {
+            continue;
+        };
         let replace = match current.get(range) {
             Some(gateway) if *gateway == Some(route.via) => continue,
             // Only a route of ours is replaced: adding fails rather than
@@ -306,7 +341,9 @@ async fn sync(wanted: &BTreeMap<Ipv4Cidr, Route>) -> Result<(), String> {
     }
     for range in current.keys() {
         if !wanted.contains_key(range) {
-            let network = range.nth(0).unwrap_or(Ipv4Addr::UNSPECIFIED);
+            let Some(network) = range.nth(0) else {
+                continue;
+            };
             match node.delete_route(network, range.prefix(), PROTO).await {
                 Ok(()) => tracing::info!(pods = %range, "route to a node that is gone removed"),
                 Err(error) => failed.push(error.to_string()),
@@ -320,40 +357,49 @@ async fn sync(wanted: &BTreeMap<Ipv4Cidr, Route>) -> Result<(), String> {
     }
 }
 
-/// Every node's pod range (this one's too).
-fn pod_ranges(nodes: &[Arc<Node>]) -> Vec<Ipv4Cidr> {
-    let mut ranges: Vec<Ipv4Cidr> = nodes
-        .iter()
-        .filter_map(|n| n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok())
-        .collect();
+/// Every node's pod ranges (this one's too), IPv4 first.
+fn pod_ranges(nodes: &[Arc<Node>]) -> Vec<IpCidr> {
+    let mut ranges: Vec<IpCidr> = nodes.iter().flat_map(|n| ranges_of(n)).collect();
     ranges.sort();
     ranges.dedup();
     ranges
 }
 
-/// The egress rule: from a pod range to anywhere else, masquerade.
-pub fn egress_rules(ranges: &[Ipv4Cidr]) -> String {
-    let elements: Vec<String> = ranges.iter().map(ToString::to_string).collect();
-    let set = if elements.is_empty() {
-        String::new()
-    } else {
-        format!("elements = {{ {} }}", elements.join(", "))
-    };
-    format!(
-        "table ip portal_egress\n\
-         delete table ip portal_egress\n\
-         table ip portal_egress {{\n\
-         \tset pods {{ type ipv4_addr; flags interval; {set} }}\n\
-         \tchain postrouting {{\n\
-         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\tip saddr @pods ip daddr != @pods masquerade\n\
-         \t}}\n\
-         }}\n"
-    )
+/// The egress rules: from a pod range to anywhere else, masquerade; a
+/// table per family (IPv6's only once there are IPv6 pod ranges).
+pub fn egress_rules(ranges: &[IpCidr]) -> String {
+    let mut rules = String::new();
+    for (family, addr_type, v6) in [("ip", "ipv4_addr", false), ("ip6", "ipv6_addr", true)] {
+        let elements: Vec<String> = ranges
+            .iter()
+            .filter(|r| matches!(r, IpCidr::V6(_)) == v6)
+            .map(ToString::to_string)
+            .collect();
+        if v6 && elements.is_empty() {
+            continue;
+        }
+        let set = if elements.is_empty() {
+            String::new()
+        } else {
+            format!("elements = {{ {} }}", elements.join(", "))
+        };
+        rules.push_str(&format!(
+            "table {family} portal_egress\n\
+             delete table {family} portal_egress\n\
+             table {family} portal_egress {{\n\
+             \tset pods {{ type {addr_type}; flags interval; {set} }}\n\
+             \tchain postrouting {{\n\
+             \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+             \t\t{family} saddr @pods {family} daddr != @pods masquerade\n\
+             \t}}\n\
+             }}\n"
+        ));
+    }
+    rules
 }
 
-/// Replaces the egress table in one nft transaction.
-async fn masquerade(ranges: &[Ipv4Cidr]) -> Result<(), String> {
+/// Replaces the egress tables in one nft transaction.
+async fn masquerade(ranges: &[IpCidr]) -> Result<(), String> {
     apply_nft(&egress_rules(ranges)).await
 }
 
@@ -388,12 +434,12 @@ pub(crate) async fn apply_nft(rules: &str) -> Result<(), String> {
 }
 
 /// The routes of [`PROTO`]: destination → gateway.
-async fn current(node: &Netlink) -> Result<BTreeMap<Ipv4Cidr, Option<Ipv4Addr>>, String> {
+async fn current(node: &Netlink) -> Result<BTreeMap<IpCidr, Option<IpAddr>>, String> {
     let routes = node.routes_of(PROTO).await.map_err(|e| e.to_string())?;
     Ok(routes
         .into_iter()
         .filter_map(|(destination, prefix, gateway)| {
-            let range = format!("{destination}/{prefix}").parse::<Ipv4Cidr>().ok()?;
+            let range = format!("{destination}/{prefix}").parse::<IpCidr>().ok()?;
             Some((range, gateway))
         })
         .collect())
@@ -427,6 +473,58 @@ mod tests {
         );
         assert!(rules.contains("ip saddr @pods ip daddr != @pods masquerade"));
         assert!(rules.starts_with("table ip portal_egress\ndelete table ip portal_egress\n"));
+    }
+
+    #[test]
+    fn ipv6_ranges_go_via_ipv6_addresses_and_get_their_own_egress_table() {
+        let dual = |name: &str, v4: &str, v6: &str, ips: serde_json::Value| -> Arc<Node> {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"podCIDR": v4, "podCIDRs": [v4, v6]},
+                "status": {"addresses": ips},
+            }))
+            .map(Arc::new)
+            .unwrap()
+        };
+        let nodes = [
+            dual(
+                "me",
+                "10.244.0.0/24",
+                "fd00:10:244::/64",
+                serde_json::json!([{"type": "InternalIP", "address": "192.168.1.1"}, {"type": "InternalIP", "address": "fd00:1::1"}]),
+            ),
+            dual(
+                "b",
+                "10.244.1.0/24",
+                "fd00:10:244:1::/64",
+                serde_json::json!([{"type": "InternalIP", "address": "192.168.1.2"}, {"type": "InternalIP", "address": "fd00:1::2"}]),
+            ),
+            // No IPv6 address: its IPv6 pods are not reachable this way.
+            dual(
+                "c",
+                "10.244.2.0/24",
+                "fd00:10:244:2::/64",
+                serde_json::json!([{"type": "InternalIP", "address": "192.168.1.3"}]),
+            ),
+        ];
+        let routes: Vec<(String, String)> = wanted(&nodes, "me")
+            .iter()
+            .map(|(range, via)| (range.to_string(), via.to_string()))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                ("10.244.1.0/24".to_owned(), "192.168.1.2".to_owned()),
+                ("10.244.2.0/24".to_owned(), "192.168.1.3".to_owned()),
+                ("fd00:10:244:1::/64".to_owned(), "fd00:1::2".to_owned()),
+            ]
+        );
+        let rules = egress_rules(&pod_ranges(&nodes));
+        assert!(rules.contains("table ip6 portal_egress {"), "{rules}");
+        assert!(rules.contains("type ipv6_addr; flags interval; elements = { fd00:10:244::/64, fd00:10:244:1::/64, fd00:10:244:2::/64 }"), "{rules}");
+        assert!(rules.contains("ip6 saddr @pods ip6 daddr != @pods masquerade"));
+        let v4_only = egress_rules(&pod_ranges(&nodes[..0]));
+        assert!(!v4_only.contains("ip6"), "{v4_only}");
     }
 
     #[test]

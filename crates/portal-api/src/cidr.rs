@@ -238,8 +238,8 @@ impl IpFamily {
     }
 }
 
-/// A network of either family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A network of either family (IPv4 ones order first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum IpCidr {
     V4(Ipv4Cidr),
     V6(Ipv6Cidr),

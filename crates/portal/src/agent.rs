@@ -99,6 +99,41 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
     Ok((name.to_owned(), value.trim().to_owned()))
 }
 
+/// `--node-ip` of a node: its IPv4 address, and on a dual-stack network its
+/// IPv6 one after a comma (`192.168.1.2,fd00:1::2`), as the kubelet takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NodeIps {
+    pub v4: Ipv4Addr,
+    pub v6: Option<std::net::Ipv6Addr>,
+}
+
+impl std::str::FromStr for NodeIps {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        let v4 = |text: &str| {
+            text.parse::<Ipv4Addr>()
+                .map_err(|_| format!("{text:?}: the node's first address must be IPv4"))
+        };
+        match parts.as_slice() {
+            [one] => Ok(NodeIps {
+                v4: v4(one)?,
+                v6: None,
+            }),
+            [first, second] => Ok(NodeIps {
+                v4: v4(first)?,
+                v6: Some(
+                    second
+                        .parse()
+                        .map_err(|_| format!("{second:?}: the second address must be IPv6"))?,
+                ),
+            }),
+            _ => Err(format!("{s:?}: one address, or two (IPv4, then IPv6)")),
+        }
+    }
+}
+
 impl AgentOptions {
     pub(crate) fn node_name(&self) -> String {
         self.node_name.clone().unwrap_or_else(hostname)
@@ -108,6 +143,7 @@ impl AgentOptions {
         &self,
         data_dir: PathBuf,
         node_ip: Option<Ipv4Addr>,
+        node_ip6: Option<std::net::Ipv6Addr>,
         cluster_domain: &str,
         client_ca: Option<PathBuf>,
     ) -> portal_agent::Config {
@@ -118,6 +154,7 @@ impl AgentOptions {
                 PodNetwork::Vxlan => portal_agent::routes::PodNetwork::Vxlan,
             },
             node_ip,
+            node_ip6,
             external_ips: self.node_external_ips.clone(),
             data_dir,
             cluster_domain: cluster_domain.to_owned(),
@@ -221,9 +258,10 @@ pub(crate) struct AgentArgs {
     /// Keeps images, containers, pod files, logs and address leases.
     #[arg(long, default_value = "/var/lib/portal/agent")]
     data_dir: PathBuf,
-    /// This node's address (default: its first global IPv4 address).
-    #[arg(long)]
-    node_ip: Option<Ipv4Addr>,
+    /// This node's address (default: its first global IPv4 address), and
+    /// its IPv6 one after a comma on a dual-stack network.
+    #[arg(long, value_name = "IP[,IPv6]")]
+    node_ip: Option<NodeIps>,
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
     #[command(flatten)]
@@ -257,9 +295,13 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<(), Error> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Metrics { addr, source })?;
-    let config = args
-        .options
-        .config(args.data_dir, args.node_ip, &args.cluster_domain, client_ca);
+    let config = args.options.config(
+        args.data_dir,
+        args.node_ip.map(|ips| ips.v4),
+        args.node_ip.and_then(|ips| ips.v6),
+        &args.cluster_domain,
+        client_ca,
+    );
     let agent = portal_agent::start(client, config).await?;
     let (metrics, health) = (agent.metrics.clone(), agent.metrics.clone());
     tokio::spawn(crate::serve_metrics_and_health(

@@ -351,9 +351,11 @@ impl IpamArgs {
 struct ServerArgs {
     #[command(flatten)]
     api: apiserver::ApiArgs,
-    /// This node's address: where pods reach the API server.
-    #[arg(long)]
-    node_ip: Option<IpAddr>,
+    /// This node's address: where pods reach the API server (an IPv4
+    /// address for its agent), and its IPv6 one after a comma on a
+    /// dual-stack network.
+    #[arg(long, value_name = "IP[,IPv6]", value_parser = parse_server_node_ip)]
+    node_ip: Option<(IpAddr, Option<std::net::Ipv6Addr>)>,
     /// Where the cluster DNS answers (UDP and TCP); none = no DNS in this
     /// process until the proxy can serve the kube-dns address.
     #[arg(long)]
@@ -412,11 +414,24 @@ enum Error {
     },
 }
 
+/// The server's `--node-ip`: any one address (the API server may serve on
+/// IPv6 alone), or an IPv4 and an IPv6 one.
+fn parse_server_node_ip(text: &str) -> Result<(IpAddr, Option<std::net::Ipv6Addr>), String> {
+    match text.parse::<IpAddr>() {
+        Ok(ip) => Ok((ip, None)),
+        Err(_) => {
+            let ips: agent::NodeIps = text.parse()?;
+            Ok((IpAddr::V4(ips.v4), ips.v6))
+        }
+    }
+}
+
 async fn server(args: ServerArgs) -> Result<(), Error> {
     let disabled = args.disable.clone();
     let agent_wanted = !disabled.contains(&Component::Agent) && running_as_root();
     // A node needs its address: given, or found for the agent.
-    let node_ip = match args.node_ip {
+    let node_ip6 = args.node_ip.and_then(|(_, v6)| v6);
+    let node_ip = match args.node_ip.map(|(ip, _)| ip) {
         Some(ip) => Some(ip),
         None if agent_wanted => Some(IpAddr::V4(portal_agent::node_address().await)),
         None => None,
@@ -537,9 +552,13 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
                 Some(IpAddr::V4(ip)) => Some(ip),
                 _ => None,
             };
-            let config = args
-                .agent
-                .config(agent_data, node_ip, &cluster_domain, Some(client_ca));
+            let config = args.agent.config(
+                agent_data,
+                node_ip,
+                node_ip6,
+                &cluster_domain,
+                Some(client_ca),
+            );
             let registry = api.metrics.clone();
             // In its own task: it waits for a pod range (node IPAM), and a
             // node that cannot run pods must not take the API down.

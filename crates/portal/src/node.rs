@@ -3,7 +3,7 @@
 //! this node's agent (pods) and service proxy (Services on this node) in
 //! one process, both as `system:node:NAME`.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::agent::{AgentOptions, JoinArgs};
@@ -16,9 +16,10 @@ pub(crate) struct NodeArgs {
     /// Keeps the node's credentials (and the agent's files in DIR/agent).
     #[arg(long, default_value = "/var/lib/portal/node")]
     data_dir: PathBuf,
-    /// This node's address (default: its first global IPv4 address).
-    #[arg(long)]
-    node_ip: Option<Ipv4Addr>,
+    /// This node's address (default: its first global IPv4 address), and
+    /// its IPv6 one after a comma on a dual-stack network.
+    #[arg(long, value_name = "IP[,IPv6]")]
+    node_ip: Option<crate::agent::NodeIps>,
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
     #[command(flatten)]
@@ -46,7 +47,7 @@ pub(crate) async fn node(args: NodeArgs) -> Result<(), Error> {
         .await?
         .ok_or_else(|| Error::Usage("--server is required".into()))?;
     let node_ip = match args.node_ip {
-        Some(ip) => ip,
+        Some(ips) => ips.v4,
         None => portal_agent::node_address().await,
     };
     let listener = tokio::net::TcpListener::bind(args.metrics_bind)
@@ -68,6 +69,7 @@ pub(crate) async fn node(args: NodeArgs) -> Result<(), Error> {
     let config = args.agent.config(
         args.data_dir.join("agent"),
         Some(node_ip),
+        args.node_ip.and_then(|ips| ips.v6),
         &args.cluster_domain,
         Some(joined.client_ca),
     );

@@ -20,10 +20,10 @@ PEER = b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n%s\\n' \"$REMOTE
 
 
 class Bed:
-    def __init__(self, tmp, routed=False, extra=(), count=3, server_extra=()):
+    def __init__(self, tmp, routed=False, extra=(), count=3, server_extra=(), ipv6=False):
         self.tmp = tmp
         self.count = count
-        self.lan = Lan(count, routed=routed)
+        self.lan = Lan(count, routed=routed, ipv6=ipv6)
         self.extra = list(extra)
         # For `portal server` alone (cluster-wide flags).
         self.server_extra = list(server_extra)
@@ -40,7 +40,7 @@ class Bed:
             self.image = "peer:1"  # each node pulls it through its mirror
             (self.tmp / "n1").mkdir()
             self.portal = Portal(self.tmp / "n1", [
-                "--node-ip", self.lan.address(1), "--node-name", NAMES[1], "--proxy-mode", "nftables",
+                "--node-ip", self.node_ip(1), "--node-name", NAMES[1], "--proxy-mode", "nftables",
                 "--registry-mirror", f"docker.io=http://{self.registry.host}",
                 "--node-monitor-grace-period", GRACE, "--node-lease-duration-seconds", LEASE_SECONDS,
                 *self.extra, *self.server_extra,
@@ -63,11 +63,15 @@ class Bed:
         mirror = f"{self.lan.address(1)}:{registry_port}"
         return [
             BINARY, "node", "--server", self.server, "--token-file", str(token_file or self.token_file),
-            "--node-name", name or NAMES[i], "--node-ip", self.lan.address(i),
+            "--node-name", name or NAMES[i], "--node-ip", self.node_ip(i),
             "--data-dir", str(data_dir or self.tmp / f"n{i}"), "--proxy-mode", "nftables",
             "--registry-mirror", f"docker.io=http://{mirror}", "--insecure-registry", mirror,
             "--node-lease-duration-seconds", LEASE_SECONDS, *self.extra,
         ]
+
+    def node_ip(self, i):
+        """`--node-ip`: both addresses on an IPv6 LAN."""
+        return f"{self.lan.address(i)},{self.lan.address6(i)}" if self.lan.ipv6 else self.lan.address(i)
 
     def start_worker(self, i):
         self.workers[i] = self.lan.start(i, self.worker_args(i), self.tmp / f"node-{i}.log")

@@ -3,7 +3,8 @@
 The LAN is a bridge in a namespace of its own (`<tag>-lan`); node i is
 namespace `<tag>-n<i>` with `eth0` = 192.168.99.i/24 plugged into it and
 a default route out of it (so Service addresses are routed at all, then
-NATed by the node's proxy). The test thread enters node 1, like
+NATed by the node's proxy). With `ipv6=True` (shared link only) each node
+also has fd00:99::i/64, the LAN fd00:99::fe, and an IPv6 default route. The test thread enters node 1, like
 nodes.Cluster: `portal server`, the API client and kubectl run there;
 other nodes' processes are started with `start(i, argv)`, which enters
 node i's network namespace only (setns, not `ip netns exec`, whose fresh
@@ -22,6 +23,7 @@ from support import nodes
 from support.nodes import sh
 
 SUBNET = "192.168.99"
+SUBNET6 = "fd00:99::"
 _counter = itertools.count()
 
 
@@ -29,10 +31,12 @@ class Lan:
     """`routed=True`: no shared link; node i alone on 192.168.(100+i).0/24,
     the LAN namespace routing between them (nodes that need an overlay)."""
 
-    def __init__(self, count=3, routed=False):
+    def __init__(self, count=3, routed=False, ipv6=False):
+        assert not (routed and ipv6), "IPv6 on the shared link only"
         self.tag = f"pl{os.getpid()}x{next(_counter)}"
         self.count = count
         self.routed = routed
+        self.ipv6 = ipv6
         self.lan = f"{self.tag}-lan"
         self.namespaces = []
         self.processes = []
@@ -40,6 +44,9 @@ class Lan:
 
     def address(self, i):
         return f"192.168.{100 + i}.1" if self.routed else f"{SUBNET}.{i}"
+
+    def address6(self, i):
+        return f"{SUBNET6}{i}"
 
     def netns(self, i):
         return f"{self.tag}-n{i}"
@@ -63,6 +70,8 @@ class Lan:
             sh(*in_lan, "ip", *args)
         # The LAN's own address: "outside" every node, for node-port checks.
         sh(*in_lan, "ip", "addr", "add", f"{SUBNET}.254/24", "dev", "br0")
+        if self.ipv6:
+            sh(*in_lan, "ip", "addr", "add", f"{SUBNET6}fe/64", "dev", "br0", "nodad")
         if self.routed:
             sh(*in_lan, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         for i in range(1, self.count + 1):
@@ -86,6 +95,12 @@ class Lan:
                 default,
             ):
                 sh("ip", "netns", "exec", ns, "ip", *args)
+            if self.ipv6:
+                for args in (
+                    ["addr", "add", f"{self.address6(i)}/64", "dev", "eth0", "nodad"],
+                    ["-6", "route", "add", "default", "dev", "eth0"],
+                ):
+                    sh("ip", "netns", "exec", ns, "ip", *args)
         self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         nodes._setns(f"/var/run/netns/{self.netns(1)}")
 

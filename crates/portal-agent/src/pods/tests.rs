@@ -67,6 +67,7 @@ impl Bed {
             me: Identity {
                 name: "n1".into(),
                 ip: std::net::Ipv4Addr::new(192, 0, 2, 1),
+                ip6: None,
                 port: 10250,
                 lease_seconds: 40,
                 pod_cidr: None,

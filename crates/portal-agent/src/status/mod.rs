@@ -38,7 +38,8 @@ pub struct Observed<'a> {
     pub sandbox_ready: bool,
     /// The pod's addresses, primary (IPv4) first.
     pub pod_ips: Vec<String>,
-    pub host_ip: String,
+    /// The node's addresses, IPv4 first.
+    pub host_ips: Vec<String>,
     /// When the agent first took the pod on.
     pub start_time: jiff::Timestamp,
     /// The node ended it (then it failed): why, in a word and a sentence
@@ -360,10 +361,14 @@ pub fn compute(observed: &Observed<'_>) -> PodStatus {
         reason,
         message,
         conditions: Some(merged),
-        host_ip: Some(observed.host_ip.clone()),
-        host_ips: Some(vec![HostIP {
-            ip: observed.host_ip.clone(),
-        }]),
+        host_ip: observed.host_ips.first().cloned(),
+        host_ips: Some(
+            observed
+                .host_ips
+                .iter()
+                .map(|ip| HostIP { ip: ip.clone() })
+                .collect(),
+        ),
         pod_ip: observed.pod_ips.first().cloned(),
         pod_ips: (!observed.pod_ips.is_empty()).then(|| {
             observed

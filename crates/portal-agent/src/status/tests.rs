@@ -64,7 +64,7 @@ fn observe<'a>(
         verdicts: &HashMap::new(),
         sandbox_ready: true,
         pod_ips: vec!["10.244.0.5".into()],
-        host_ip: "192.168.1.2".into(),
+        host_ips: vec!["192.168.1.2".into()],
         start_time: jiff::Timestamp::UNIX_EPOCH,
         ended: None,
     })

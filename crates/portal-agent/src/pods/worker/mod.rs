@@ -222,7 +222,7 @@ impl<R: Runtime> Worker<R> {
             (None, ips_in_status(pod))
         } else {
             let (netns, ips) = if host_network {
-                (None, vec![self.ctx.me.ip.to_string()])
+                (None, self.ctx.me.ips())
             } else {
                 match self.ctx.network.existing(&self.uid) {
                     Some(sandbox) => (Some(sandbox.netns_path()), sandbox.ips()),
@@ -549,7 +549,7 @@ impl<R: Runtime> Worker<R> {
             verdicts: &self.verdicts(pod, containers),
             sandbox_ready,
             pod_ips,
-            host_ip: self.ctx.me.ip.to_string(),
+            host_ips: self.ctx.me.ips(),
             start_time,
             ended,
         })

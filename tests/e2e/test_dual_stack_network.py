@@ -117,3 +117,28 @@ def test_dns_answers_a_and_aaaa_inside_a_pod(bed):
     assert spec.cluster_ips[1] in out, out
     out = bed.kubectl("exec", "client", "--", "nslookup", "-type=A", "web.default.svc.cluster.local").stdout
     assert spec.cluster_ips[0] in out, out
+
+
+def test_network_policy_isolates_over_ipv6_too(bed):
+    """A default deny for the servers holds on both families (no way
+    around it over IPv6); admitting the client's pods opens both."""
+    v4, v6 = pod_ips(bed, "server-2")
+    deny = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "servers", "namespace": "default"},
+            "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"]}}
+
+    def apply(policy):
+        subprocess.run(["kubectl", "--kubeconfig", str(bed.portal.kubeconfig), "apply", "-f", "-"],
+                       input=json.dumps(policy), capture_output=True, text=True, timeout=60, check=True)
+
+    apply(deny)
+    try:
+        # The agents apply it once they see it: the first refused fetch.
+        wait_for(lambda: fetch(bed, v6, 8080) is None, "IPv6 to the server cut off", timeout=30)
+        assert fetch(bed, v4, 8080) is None
+        deny["spec"]["ingress"] = [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}]}]
+        apply(deny)
+        assert wait_for(lambda: fetch(bed, v6, 8080), "IPv6 from the client admitted", timeout=30) == "server-2"
+        assert fetch(bed, v4, 8080) == "server-2"
+    finally:
+        bed.kubectl("delete", "networkpolicy", "servers", check=False)

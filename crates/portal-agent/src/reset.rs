@@ -34,13 +34,14 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// The nftables tables (family, name) of the proxy (one per family), the
 /// egress masquerade, host ports and network policies.
-const TABLES: [(&str, &str); 6] = [
+const TABLES: [(&str, &str); 7] = [
     ("ip", "portal"),
     ("ip6", "portal"),
     ("ip", "portal_egress"),
     ("ip6", "portal_egress"),
     ("ip", "portal_hostports"),
     ("ip", "portal_policy"),
+    ("ip6", "portal_policy"),
 ];
 
 /// The file the agent keeps its node name in (the tag needs it).

@@ -4,7 +4,7 @@
 //! the objects in, the plan out; `nft` renders it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as ApiSelector
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use portal_api::selector::LabelSelector;
 
-use super::ranges::{ip_block, merge, Ranges};
+use super::ranges::{address, ip_block, merge, Ranges};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
@@ -50,10 +50,11 @@ pub type Ports = BTreeMap<Protocol, Option<Ranges<u16>>>;
 type Resolved = Vec<(Protocol, u16)>;
 
 /// What one rule lets through: from (ingress) or to (egress) `peers`
-/// (None: any address), on `ports` (None: every port of every protocol).
+/// (None: any address; ranges of both families, see [`super::ranges`]),
+/// on `ports` (None: every port of every protocol).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allow {
-    pub peers: Option<Ranges<u32>>,
+    pub peers: Option<Ranges<u128>>,
     pub ports: Option<Ports>,
     /// The policy it comes from (`namespace/name`), for the rule's comment.
     pub policy: String,
@@ -63,6 +64,8 @@ pub struct Allow {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Isolated {
     pub ip: Ipv4Addr,
+    /// Its IPv6 address on a dual-stack node.
+    pub ip6: Option<Ipv6Addr>,
     /// `namespace/name`.
     pub pod: String,
     /// None: not isolated for ingress; Some(rules): only what they allow.
@@ -74,7 +77,7 @@ pub struct Isolated {
 /// Endpoints), with the ports published there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DnsEndpoint {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// `(name, protocol, port)`.
     pub ports: Vec<(String, Protocol, u16)>,
 }
@@ -96,10 +99,12 @@ pub struct Cluster<'a> {
 }
 
 /// A pod that takes part: running somewhere with an IPv4 address of its
-/// own (host-network pods have the node's and are not selected).
+/// own, and an IPv6 one on a dual-stack network (host-network pods have
+/// the node's and are not selected).
 struct Member<'a> {
     pod: &'a Pod,
-    ip: u32,
+    v4: Ipv4Addr,
+    v6: Option<Ipv6Addr>,
     namespace: &'a str,
 }
 
@@ -112,18 +117,27 @@ impl Member<'_> {
         {
             return None;
         }
-        let ip = status
-            .pod_ips
-            .iter()
-            .flatten()
-            .map(|p| p.ip.as_str())
-            .chain(status.pod_ip.as_deref())
-            .find_map(|ip| ip.parse::<Ipv4Addr>().ok())?;
+        let ips = || {
+            status
+                .pod_ips
+                .iter()
+                .flatten()
+                .map(|p| p.ip.as_str())
+                .chain(status.pod_ip.as_deref())
+        };
         Some(Member {
             pod,
-            ip: u32::from(ip),
+            v4: ips().find_map(|ip| ip.parse::<Ipv4Addr>().ok())?,
+            v6: ips().find_map(|ip| ip.parse::<Ipv6Addr>().ok()),
             namespace: pod.metadata.namespace.as_deref()?,
         })
+    }
+
+    /// Its addresses as ranges of the one address space.
+    fn ranges(&self) -> impl Iterator<Item = (u128, u128)> {
+        let v4 = address(IpAddr::V4(self.v4));
+        let v6 = self.v6.map(|v6| address(IpAddr::V6(v6)));
+        std::iter::once((v4, v4)).chain(v6.map(|v| (v, v)))
     }
 
     fn labels(&self) -> Option<&BTreeMap<String, String>> {
@@ -233,16 +247,16 @@ fn with_ports(numbered: &Ports, resolved: impl IntoIterator<Item = (Protocol, u1
 /// ipBlock ranges and (egress) the cluster DNS endpoints.
 struct Peers<'a> {
     pods: Vec<&'a Member<'a>>,
-    blocks: Ranges<u32>,
+    blocks: Ranges<u128>,
     dns: Vec<&'a DnsEndpoint>,
 }
 
 impl Peers<'_> {
-    fn addresses(&self) -> Ranges<u32> {
+    fn addresses(&self) -> Ranges<u128> {
         merge(
             self.pods
                 .iter()
-                .map(|m| (m.ip, m.ip))
+                .flat_map(|m| m.ranges())
                 .chain(self.blocks.iter().copied())
                 .collect(),
         )
@@ -319,7 +333,7 @@ fn egress_allows(
     ports: Option<&RulePorts>,
     index: &Index<'_>,
 ) -> Vec<Allow> {
-    let allow = |peers: Option<Ranges<u32>>, ports: Option<Ports>| Allow {
+    let allow = |peers: Option<Ranges<u128>>, ports: Option<Ports>| Allow {
         peers,
         ports,
         policy: policy.to_owned(),
@@ -345,7 +359,7 @@ fn egress_allows(
         // by what the names resolve to on them (ipBlocks have no names).
         let everyone: Vec<&Member<'_>> = index.members.iter().collect();
         let destinations = peers.map_or(everyone.as_slice(), |p| p.pods.as_slice());
-        let mut groups: BTreeMap<Resolved, Ranges<u32>> = BTreeMap::new();
+        let mut groups: BTreeMap<Resolved, Ranges<u128>> = BTreeMap::new();
         for destination in destinations {
             let mut resolved: Vec<(Protocol, u16)> = ports
                 .named
@@ -360,7 +374,7 @@ fn egress_allows(
                 groups
                     .entry(resolved)
                     .or_default()
-                    .push((destination.ip, destination.ip));
+                    .extend(destination.ranges());
             }
         }
         for (resolved, addresses) in groups {
@@ -390,7 +404,7 @@ fn dns_allows(policy: &str, dns: &[&DnsEndpoint], ports: Option<&RulePorts>) -> 
                 })
                 .map(|(_, protocol, port)| (*protocol, *port))
                 .collect();
-            let ip = u32::from(endpoint.ip);
+            let ip = address(endpoint.ip);
             (!covered.is_empty()).then(|| Allow {
                 peers: Some(vec![(ip, ip)]),
                 ports: Some(with_ports(&Ports::new(), covered)),
@@ -404,7 +418,7 @@ fn dns_allows(policy: &str, dns: &[&DnsEndpoint], ports: Option<&RulePorts>) -> 
 /// its own); None when the rule can let nothing through.
 fn ingress_allow(
     policy: &str,
-    addresses: Option<&Ranges<u32>>,
+    addresses: Option<&Ranges<u128>>,
     ports: Option<&RulePorts>,
     local: &Member<'_>,
 ) -> Option<Allow> {
@@ -467,7 +481,7 @@ impl Cluster<'_> {
             let id = format!("{namespace}/{name}");
             let (ingress, egress) = policy_types(spec);
             // Each rule's peers are worked out once, whatever the pods.
-            let ingress_rules: Vec<(Option<Ranges<u32>>, Option<RulePorts>)> = spec
+            let ingress_rules: Vec<(Option<Ranges<u128>>, Option<RulePorts>)> = spec
                 .ingress
                 .iter()
                 .flatten()
@@ -494,9 +508,10 @@ impl Cluster<'_> {
                 })
                 .collect();
             for local in selected {
-                let ip = Ipv4Addr::from(local.ip);
+                let ip = local.v4;
                 let entry = plan.entry(ip).or_insert_with(|| Isolated {
                     ip,
+                    ip6: local.v6,
                     pod: format!(
                         "{}/{}",
                         local.namespace,

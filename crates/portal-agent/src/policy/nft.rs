@@ -1,33 +1,70 @@
-//! The plan as one nftables table, `ip portal_policy`, replaced whole in
-//! one transaction. Its forward chain lets established flows through
-//! first (a policy change never cuts a connection it allowed), then sends
-//! packets from an egress-isolated pod and to an ingress-isolated pod to
-//! that pod's chain: a rule per allowed peer and protocol, and a drop at
-//! the end (a dropped connection times out, as in Kubernetes). Traffic the
-//! node itself sends or receives never reaches the forward hook, so it is
-//! always allowed, as Kubernetes requires.
+//! The plan as an nftables table per family, `ip portal_policy` and `ip6
+//! portal_policy`, replaced whole in one transaction. A table's forward
+//! chain lets established flows through first (a policy change never cuts
+//! a connection it allowed), then sends packets from an egress-isolated
+//! pod and to an ingress-isolated pod to that pod's chain: a rule per
+//! allowed peer (of the table's family) and protocol, and a drop at the
+//! end (a dropped connection times out, as in Kubernetes). A pod isolated
+//! in IPv4 is isolated in IPv6 as well: a peer of the other family is no
+//! way around a policy. Traffic the node itself sends or receives never
+//! reaches the forward hook, so it is always allowed, as Kubernetes
+//! requires.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use super::model::{Allow, Isolated, Protocol};
-use super::ranges::Ranges;
+use super::ranges::{ip_of, split, Ranges};
 
 pub const TABLE: &str = "portal_policy";
 
+/// The families' tables: `ip`, `ip6`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn nft(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+
+    /// The pod's address of this family.
+    fn of(self, pod: &Isolated) -> Option<IpAddr> {
+        match self {
+            Family::V4 => Some(IpAddr::V4(pod.ip)),
+            Family::V6 => pod.ip6.map(IpAddr::V6),
+        }
+    }
+
+    /// The part of `ranges` of this family.
+    fn part(self, ranges: &Ranges<u128>) -> Ranges<u128> {
+        let (v4, v6) = split(ranges);
+        match self {
+            Family::V4 => v4,
+            Family::V6 => v6,
+        }
+    }
+}
+
+/// A pod's chain, named by its IPv4 address in both tables.
 fn chain(direction: &str, ip: Ipv4Addr) -> String {
     format!("{direction}_{}", ip.to_string().replace('.', "_"))
 }
 
-fn addresses(ranges: &Ranges<u32>) -> String {
+fn addresses(ranges: &Ranges<u128>) -> String {
     let items: Vec<String> = ranges
         .iter()
         .map(|&(low, high)| {
             if low == high {
-                Ipv4Addr::from(low).to_string()
+                ip_of(low).to_string()
             } else {
-                format!("{}-{}", Ipv4Addr::from(low), Ipv4Addr::from(high))
+                format!("{}-{}", ip_of(low), ip_of(high))
             }
         })
         .collect();
@@ -58,14 +95,20 @@ fn comment(text: &str) -> String {
     format!("comment \"{}\"", &clean[..end])
 }
 
-/// One allow as rules: the peer match (`saddr` in, `daddr` out), then one
-/// rule per protocol, or one with no port match for "every port".
-fn allow_rules(out: &mut String, allow: &Allow, field: &str, verdict: &str) {
-    let peers = allow
-        .peers
-        .as_ref()
-        .map(|p| format!("ip {field} {} ", addresses(p)))
-        .unwrap_or_default();
+/// One allow as rules of `family`: the peer match (`saddr` in, `daddr`
+/// out), then one rule per protocol, or one with no port match for "every
+/// port". Peers none of which is of the family allow nothing here.
+fn allow_rules(out: &mut String, family: Family, allow: &Allow, field: &str, verdict: &str) {
+    let peers = match &allow.peers {
+        None => String::new(),
+        Some(peers) => {
+            let mine = family.part(peers);
+            if mine.is_empty() {
+                return;
+            }
+            format!("{} {field} {} ", family.nft(), addresses(&mine))
+        }
+    };
     let note = comment(&allow.policy);
     let Some(by_protocol) = &allow.ports else {
         let _ = writeln!(out, "\t\t{peers}{verdict} {note}");
@@ -85,7 +128,7 @@ fn allow_rules(out: &mut String, allow: &Allow, field: &str, verdict: &str) {
     }
 }
 
-fn vmap(out: &mut String, field: &str, entries: &BTreeMap<Ipv4Addr, String>) {
+fn vmap(out: &mut String, family: Family, field: &str, entries: &BTreeMap<IpAddr, String>) {
     if entries.is_empty() {
         return;
     }
@@ -93,37 +136,56 @@ fn vmap(out: &mut String, field: &str, entries: &BTreeMap<Ipv4Addr, String>) {
         .iter()
         .map(|(ip, chain)| format!("{ip} : jump {chain}"))
         .collect();
-    let _ = writeln!(out, "\t\tip {field} vmap {{ {} }}", items.join(", "));
+    let _ = writeln!(
+        out,
+        "\t\t{} {field} vmap {{ {} }}",
+        family.nft(),
+        items.join(", ")
+    );
 }
 
-/// The table's text for `nft -f`: delete and make again, atomically.
+/// The tables' text for `nft -f`: each deleted and made again, atomically.
 pub fn render(plan: &[Isolated]) -> String {
-    let mut out = format!("table ip {TABLE}\ndelete table ip {TABLE}\ntable ip {TABLE} {{\n");
-    let egress: BTreeMap<Ipv4Addr, String> = plan
-        .iter()
-        .filter(|p| p.egress.is_some())
-        .map(|p| (p.ip, chain("out", p.ip)))
-        .collect();
-    let ingress: BTreeMap<Ipv4Addr, String> = plan
-        .iter()
-        .filter(|p| p.ingress.is_some())
-        .map(|p| (p.ip, chain("in", p.ip)))
-        .collect();
+    let mut out = String::new();
+    for family in [Family::V4, Family::V6] {
+        render_table(&mut out, family, plan);
+    }
+    out
+}
+
+fn render_table(out: &mut String, family: Family, plan: &[Isolated]) {
+    let table = format!("{} {TABLE}", family.nft());
+    let _ = write!(
+        out,
+        "table {table}\ndelete table {table}\ntable {table} {{\n"
+    );
+    let dispatch = |isolated: fn(&Isolated) -> bool, direction: &str| -> BTreeMap<IpAddr, String> {
+        plan.iter()
+            .filter(|p| isolated(p))
+            .filter_map(|p| Some((family.of(p)?, chain(direction, p.ip))))
+            .collect()
+    };
+    let egress = dispatch(|p| p.egress.is_some(), "out");
+    let ingress = dispatch(|p| p.ingress.is_some(), "in");
     out.push_str(
         "\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n",
     );
     out.push_str("\t\tct state established,related accept\n");
     // Egress first: a packet between two isolated pods passes both.
-    vmap(&mut out, "saddr", &egress);
-    vmap(&mut out, "daddr", &ingress);
+    vmap(out, family, "saddr", &egress);
+    vmap(out, family, "daddr", &ingress);
     out.push_str("\t}\n");
+    let ip = family.nft();
     for pod in plan {
+        let Some(own) = family.of(pod) else {
+            continue;
+        };
         if let Some(allows) = &pod.egress {
             let _ = writeln!(out, "\tchain {} {{", chain("out", pod.ip));
             // A pod reaches itself whatever its policies (hairpin through a Service).
-            let _ = writeln!(out, "\t\tip daddr {} return", pod.ip);
+            let _ = writeln!(out, "\t\t{ip} daddr {own} return");
             for allow in allows {
-                allow_rules(&mut out, allow, "daddr", "return");
+                allow_rules(out, family, allow, "daddr", "return");
             }
             let _ = writeln!(
                 out,
@@ -134,9 +196,9 @@ pub fn render(plan: &[Isolated]) -> String {
         }
         if let Some(allows) = &pod.ingress {
             let _ = writeln!(out, "\tchain {} {{", chain("in", pod.ip));
-            let _ = writeln!(out, "\t\tip saddr {} accept", pod.ip);
+            let _ = writeln!(out, "\t\t{ip} saddr {own} accept");
             for allow in allows {
-                allow_rules(&mut out, allow, "saddr", "accept");
+                allow_rules(out, family, allow, "saddr", "accept");
             }
             let _ = writeln!(
                 out,
@@ -147,5 +209,4 @@ pub fn render(plan: &[Isolated]) -> String {
         }
     }
     out.push_str("}\n");
-    out
 }

@@ -1,6 +1,5 @@
 //! The plan for NetworkPolicies' cases, and the table it renders.
 
-use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -37,8 +36,9 @@ fn policy(namespace: &str, name: &str, spec: serde_json::Value) -> Arc<NetworkPo
     )
 }
 
-fn ip(text: &str) -> u32 {
-    u32::from(text.parse::<Ipv4Addr>().unwrap())
+/// An address in the plan's one address space.
+fn ip(text: &str) -> u128 {
+    super::ranges::address(text.parse().unwrap())
 }
 
 struct World {
@@ -194,11 +194,93 @@ fn ip_blocks_leave_out_their_exceptions() {
         peers,
         vec![
             (ip("192.168.0.0"), ip("192.168.0.255")),
-            (ip("192.168.2.0"), ip("192.168.255.255"))
+            (ip("192.168.2.0"), ip("192.168.255.255")),
+            (
+                ip("2001:db8::"),
+                ip("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff")
+            )
         ]
     );
     let text = render(&isolated);
     assert!(text.contains("ip saddr { 192.168.0.0-192.168.0.255, 192.168.2.0-192.168.255.255 } accept comment \"a/blocks\""), "{text}");
+    // The pods have no IPv6 address: the IPv6 table holds no pod's chain.
+    let six = &text[text.find("table ip6 portal_policy {").unwrap()..];
+    assert!(!six.contains("chain in_"), "{six}");
+}
+
+#[test]
+fn dual_stack_pods_are_isolated_in_both_tables() {
+    let dual = |namespace: &str,
+                name: &str,
+                node: &str,
+                v4: &str,
+                v6: &str,
+                labels: serde_json::Value|
+     -> Arc<Pod> {
+        let pod = pod(namespace, name, node, v4, labels);
+        let mut pod = (*pod).clone();
+        pod.status.as_mut().unwrap().pod_ips = Some(vec![
+            k8s_openapi::api::core::v1::PodIP { ip: v4.into() },
+            k8s_openapi::api::core::v1::PodIP { ip: v6.into() },
+        ]);
+        Arc::new(pod)
+    };
+    let w = World {
+        pods: vec![
+            dual(
+                "a",
+                "db",
+                "n1",
+                "10.244.0.2",
+                "fd00:10:244::2",
+                json!({"app": "db"}),
+            ),
+            dual(
+                "b",
+                "client",
+                "n2",
+                "10.244.1.2",
+                "fd00:10:244:1::2",
+                json!({"app": "client"}),
+            ),
+        ],
+        ..world()
+    };
+    let from_b = policy(
+        "a",
+        "from-b",
+        json!({"podSelector": {"matchLabels": {"app": "db"}},
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}, {"ipBlock": {"cidr": "10.9.0.0/16"}}]}]}),
+    );
+    let isolated = plan(&w, &[from_b], "n1");
+    assert_eq!(isolated[0].ip6, Some("fd00:10:244::2".parse().unwrap()));
+    let text = render(&isolated);
+    let (four, six) = text.split_at(text.find("table ip6 portal_policy").unwrap());
+    assert!(
+        four.contains("ip daddr vmap { 10.244.0.2 : jump in_10_244_0_2 }"),
+        "{four}"
+    );
+    assert!(
+        four.contains("ip saddr { 10.9.0.0-10.9.255.255, 10.244.1.2 } accept"),
+        "{four}"
+    );
+    assert!(
+        six.contains("ip6 daddr vmap { fd00:10:244::2 : jump in_10_244_0_2 }"),
+        "{six}"
+    );
+    assert!(six.contains("ip6 saddr fd00:10:244::2 accept"), "{six}");
+    assert!(
+        six.contains("ip6 saddr { fd00:10:244:1::2 } accept"),
+        "{six}"
+    );
+    assert!(
+        six.contains("drop comment \"a/db: ingress not allowed\""),
+        "{six}"
+    );
+    assert!(
+        !six.contains("10.9.0.0"),
+        "an IPv4 block admits no IPv6 peer: {six}"
+    );
 }
 
 #[test]
@@ -372,7 +454,7 @@ fn the_dns_stand_in_opens_only_dns_ports_and_only_for_egress() {
     let ports = to_dns[0].ports.as_ref().unwrap();
     assert_eq!(ports[&Protocol::Udp], Some(vec![(53, 53)]));
     assert_eq!(ports[&Protocol::Tcp], Some(vec![(53, 53)]));
-    let holds = |ranges: &Vec<(u32, u32)>| {
+    let holds = |ranges: &Vec<(u128, u128)>| {
         ranges
             .iter()
             .any(|&(low, high)| (low..=high).contains(&dns))

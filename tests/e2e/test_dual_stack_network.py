@@ -104,6 +104,24 @@ def test_both_cluster_ips_reach_every_backend(bed):
         assert seen == {"server-1", "server-2"}, (ip, seen)
 
 
+def test_a_single_stack_ipv6_service_works(bed):
+    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "six", "namespace": "default"},
+            "spec": {"ipFamilies": ["IPv6"], "selector": {"app": "server"}, "ports": [{"port": 8000, "targetPort": 8080}]}}
+    subprocess.run(["kubectl", "--kubeconfig", str(bed.portal.kubeconfig), "create", "-f", "-"],
+                   input=json.dumps(body), capture_output=True, text=True, timeout=60, check=True)
+    try:
+        spec = bed.core.read_namespaced_service("six", "default").spec
+        assert spec.ip_family_policy == "SingleStack" and spec.ip_families == ["IPv6"], spec
+        (ip,) = spec.cluster_ips
+        # The proxy programs it once it sees it: the first answer.
+        assert wait_for(lambda: fetch(bed, ip, 8000), "the IPv6 Service answering", timeout=30) in ("server-1", "server-2")
+        slices = bed.kubectl("get", "endpointslices", "-l", "kubernetes.io/service-name=six", "-o",
+                             "jsonpath={.items[*].addressType}").stdout.split()
+        assert slices == ["IPv6"], slices
+    finally:
+        bed.kubectl("delete", "service", "six", check=False)
+
+
 def test_node_port_answers_on_both_node_addresses_from_outside(bed):
     node_port = bed.core.read_namespaced_service("web", "default").spec.ports[0].node_port
     for address in (bed.lan.address(2), f"[{bed.lan.address6(2)}]"):

@@ -1,11 +1,12 @@
 //! Feeds the change tracker from watches of Services and EndpointSlices
-//! (so the proxy also runs against a real Kubernetes API server) and wakes
-//! the runner. A re-list drops what disappeared meanwhile.
+//! (so the proxy also runs against a real Kubernetes API server), and of
+//! its own Node for its zone (topology hints), and wakes the runner. A
+//! re-list drops what disappeared meanwhile.
 
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -34,16 +35,43 @@ impl Feed {
     }
 }
 
-/// Follows both resources until the process ends; `listed` turns true once
-/// both initial lists are in.
-pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>) {
+/// The node label that places a node in a zone.
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Follows the resources until the process ends; `listed` turns true once
+/// the initial lists of Services and slices are in.
+pub(crate) async fn run(
+    client: Client,
+    feed: Feed,
+    listed: watch::Sender<bool>,
+    node: Option<String>,
+) {
+    let zone = async {
+        let Some(node) = node else {
+            return;
+        };
+        let nodes = watcher(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={node}")),
+        )
+        .default_backoff();
+        let (unused, _) = watch::channel(false);
+        follow(nodes, &feed, &unused, |tracker, event| match event {
+            Change::Put(n) | Change::Listed(n) => {
+                tracker.set_zone(n.labels().get(ZONE_LABEL).cloned());
+            }
+            Change::Gone(_) => tracker.set_zone(None),
+            Change::Relisted(_) => {}
+        })
+        .await;
+    };
     let services = watcher(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff();
     let slices = watcher(
-        Api::<EndpointSlice>::all(client),
+        Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff();
@@ -58,6 +86,7 @@ pub(crate) async fn run(client: Client, feed: Feed, listed: watch::Sender<bool>)
     };
     tokio::join!(
         both,
+        zone,
         follow(
             services,
             &feed,

@@ -116,7 +116,10 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
         metrics: metrics.clone(),
     };
     let tasks = portal_client::Supervisor::new();
-    tasks.critical("proxy watches", feed::run(client, feed, listed_tx));
+    tasks.critical(
+        "proxy watches",
+        feed::run(client, feed, listed_tx, config.node_name.clone()),
+    );
     tasks.critical(
         "proxy sync loop",
         runner::run(

@@ -281,16 +281,26 @@ enum Wanted {
     ServingTerminating,
 }
 
-/// A slice's wanted endpoints for one Service port (of its family), matched by port
-/// name and protocol like kube-proxy (an unnamed Service port matches the
-/// slice's unnamed port).
+/// One endpoint of a slice for one Service port, with what topology needs.
+#[derive(Clone, Debug)]
+struct Candidate {
+    address: SocketAddr,
+    /// On this proxy's node.
+    local: bool,
+    zone_hints: Vec<String>,
+    node_hints: Vec<String>,
+}
+
+/// A slice's wanted endpoints for one Service port (of its family),
+/// matched by port name and protocol like kube-proxy (an unnamed Service
+/// port matches the slice's unnamed port).
 fn slice_endpoints(
     slice: &EndpointSlice,
     port: &ServicePort,
     unnamed: bool,
     wanted: Wanted,
     node: Option<&str>,
-) -> Vec<(SocketAddr, bool)> {
+) -> Vec<Candidate> {
     let family = port.family();
     if slice.address_type != family.address_type() {
         return Vec::new();
@@ -308,37 +318,96 @@ fn slice_endpoints(
     let Ok(number) = u16::try_from(number) else {
         return Vec::new();
     };
-    slice
-        .endpoints
-        .iter()
-        .filter(|e| {
-            let conditions = e.conditions.as_ref();
-            // Unset means ready, and serving when ready (discovery.k8s.io/v1).
-            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-            let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
-            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-            match wanted {
-                Wanted::Ready => ready,
-                Wanted::ServingTerminating => serving && terminating,
+    let mut found = Vec::new();
+    for endpoint in &slice.endpoints {
+        let conditions = endpoint.conditions.as_ref();
+        // Unset means ready, and serving when ready (discovery.k8s.io/v1).
+        let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+        let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
+        let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+        let take = match wanted {
+            Wanted::Ready => ready,
+            Wanted::ServingTerminating => serving && terminating,
+        };
+        if !take {
+            continue;
+        }
+        let local = node.is_some() && endpoint.node_name.as_deref() == node;
+        let hints = endpoint.hints.as_ref();
+        let zone_hints: Vec<String> = hints
+            .and_then(|h| h.for_zones.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|z| z.name.clone())
+            .collect();
+        let node_hints: Vec<String> = hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|n| n.name.clone())
+            .collect();
+        for address in &endpoint.addresses {
+            let Ok(ip) = address.parse::<IpAddr>() else {
+                continue;
+            };
+            if Family::of(ip) == family {
+                found.push(Candidate {
+                    address: SocketAddr::new(ip, number),
+                    local,
+                    zone_hints: zone_hints.clone(),
+                    node_hints: node_hints.clone(),
+                });
             }
-        })
-        .flat_map(|e| {
-            let local = node.is_some() && e.node_name.as_deref() == node;
-            e.addresses.iter().map(move |a| (a, local))
-        })
-        .filter_map(|(a, local)| Some((a.parse::<IpAddr>().ok()?, local)))
-        .filter(|(ip, _)| Family::of(*ip) == family)
-        .map(|(ip, local)| (SocketAddr::new(ip, number), local))
-        .collect()
+        }
+    }
+    found
 }
 
-/// A Service's ports joined with the ready endpoints of its slices; `node`
-/// (this proxy's node) tells which are local.
+/// Where this proxy runs, for local endpoints and topology hints.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Topology<'a> {
+    pub node: Option<&'a str>,
+    /// The node's `topology.kubernetes.io/zone`.
+    pub zone: Option<&'a str>,
+}
+
+/// The ready endpoints this node sends cluster traffic to, as kube-proxy's
+/// `topologyModeFromHints`: when every one has a node hint and one is for
+/// this node, those for this node; else when every one has a zone hint and
+/// one is for this node's zone, those for the zone; else all of them.
+fn by_topology(ready: &[Candidate], topology: &Topology<'_>) -> Vec<SocketAddr> {
+    let all_have =
+        |hints: fn(&Candidate) -> &Vec<String>| ready.iter().all(|c| !hints(c).is_empty());
+    let for_me = |hints: fn(&Candidate) -> &Vec<String>, me: Option<&str>| -> Vec<SocketAddr> {
+        ready
+            .iter()
+            .filter(|c| me.is_some_and(|me| hints(c).iter().any(|h| h == me)))
+            .map(|c| c.address)
+            .collect()
+    };
+    if !ready.is_empty() && all_have(|c| &c.node_hints) {
+        let mine = for_me(|c| &c.node_hints, topology.node);
+        if !mine.is_empty() {
+            return mine;
+        }
+    }
+    if !ready.is_empty() && all_have(|c| &c.zone_hints) {
+        let mine = for_me(|c| &c.zone_hints, topology.zone);
+        if !mine.is_empty() {
+            return mine;
+        }
+    }
+    ready.iter().map(|c| c.address).collect()
+}
+
+/// A Service's ports joined with the ready endpoints of its slices;
+/// `topology` (where this proxy runs) tells which are local and which
+/// topology hints are for it.
 pub fn join<'a>(
     key: &ServiceKey,
     service: &Service,
     slices: impl Iterator<Item = &'a EndpointSlice> + Clone,
-    node: Option<&str>,
+    topology: &Topology<'_>,
 ) -> Vec<ServicePort> {
     let named_in_spec = |name: &str| {
         service
@@ -350,24 +419,29 @@ pub fn join<'a>(
     let mut ports = service_ports(key, service);
     for port in &mut ports {
         let unnamed = !named_in_spec(&port.port_name);
-        let pick = |wanted| -> Vec<(SocketAddr, bool)> {
-            slices
+        let pick = |wanted| -> Vec<Candidate> {
+            let mut found: Vec<Candidate> = slices
                 .clone()
-                .flat_map(|slice| slice_endpoints(slice, port, unnamed, wanted, node))
-                .collect()
+                .flat_map(|slice| slice_endpoints(slice, port, unnamed, wanted, topology.node))
+                .collect();
+            found.sort_by_key(|c| c.address);
+            found.dedup_by_key(|c| c.address);
+            found
         };
-        let mut endpoints = pick(Wanted::Ready);
-        if endpoints.is_empty() {
-            endpoints = pick(Wanted::ServingTerminating);
-        }
-        endpoints.sort_unstable();
-        endpoints.dedup_by_key(|(address, _)| *address);
-        port.local_endpoints = endpoints
-            .iter()
-            .filter(|(_, local)| *local)
-            .map(|(address, _)| *address)
-            .collect();
-        port.endpoints = endpoints.into_iter().map(|(address, _)| address).collect();
+        let ready = pick(Wanted::Ready);
+        // Topology narrows ready endpoints only; with none ready, the
+        // serving terminating ones anywhere.
+        let (all, mut cluster) = if ready.is_empty() {
+            let stopping = pick(Wanted::ServingTerminating);
+            let addresses = stopping.iter().map(|c| c.address).collect();
+            (stopping, addresses)
+        } else {
+            let cluster = by_topology(&ready, topology);
+            (ready, cluster)
+        };
+        cluster.sort_unstable();
+        port.local_endpoints = all.iter().filter(|c| c.local).map(|c| c.address).collect();
+        port.endpoints = cluster;
     }
     ports
 }
@@ -434,7 +508,7 @@ mod tests {
             serde_json::json!([{"name": "http", "port": 9090, "protocol": "TCP"}]),
             serde_json::json!([{"addresses": ["10.244.0.8"], "conditions": {"ready": true}}]),
         );
-        let ports = join(&key(), &web, [&a, &b].into_iter(), None);
+        let ports = join(&key(), &web, [&a, &b].into_iter(), &Topology::default());
         assert_eq!(ports.len(), 2, "SCTP is not proxied");
         let http = &ports[0];
         assert_eq!(http.id(), "default/web/tcp/http");
@@ -467,7 +541,7 @@ mod tests {
             serde_json::json!([{"port": 8080, "protocol": "TCP"}]),
             serde_json::json!([{"addresses": ["10.244.0.5"]}]),
         );
-        let ports = join(&key(), &web, std::iter::once(&s), None);
+        let ports = join(&key(), &web, std::iter::once(&s), &Topology::default());
         assert_eq!(ports[0].id(), "default/web/tcp/80");
         assert_eq!(ports[0].endpoints.len(), 1);
     }
@@ -481,7 +555,7 @@ mod tests {
         let ports = serde_json::json!([{"port": 8080, "protocol": "TCP"}]);
         let only_stopping = slice(ports.clone(), serde_json::json!([stopping, gone]));
         let addresses = |s: &EndpointSlice| -> Vec<String> {
-            join(&key(), &web, std::iter::once(s), None)[0]
+            join(&key(), &web, std::iter::once(s), &Topology::default())[0]
                 .endpoints
                 .iter()
                 .map(|e| e.ip().to_string())
@@ -506,7 +580,15 @@ mod tests {
                 {"addresses": ["10.244.2.5"], "nodeName": "n2"},
             ]),
         );
-        let port = &join(&key(), &web, std::iter::once(&s), Some("n2"))[0];
+        let port = &join(
+            &key(),
+            &web,
+            std::iter::once(&s),
+            &Topology {
+                node: Some("n2"),
+                zone: None,
+            },
+        )[0];
         assert_eq!(port.endpoints.len(), 2);
         assert_eq!(
             port.local_endpoints,
@@ -517,7 +599,7 @@ mod tests {
         let cluster = service(
             serde_json::json!({"clusterIP": "10.96.0.20", "healthCheckNodePort": 32000, "ports": [{"port": 80}]}),
         );
-        let port = &join(&key(), &cluster, std::iter::once(&s), None)[0];
+        let port = &join(&key(), &cluster, std::iter::once(&s), &Topology::default())[0];
         assert!(port.local_endpoints.is_empty() && !port.internal_local && !port.external_local);
         assert_eq!(port.health_check_node_port, None);
     }
@@ -538,7 +620,7 @@ mod tests {
             serde_json::json!([{"addresses": ["fd00:10:244::5"]}]),
         );
         v6.address_type = "IPv6".into();
-        let ports = join(&key(), &dual, [&v4, &v6].into_iter(), None);
+        let ports = join(&key(), &dual, [&v4, &v6].into_iter(), &Topology::default());
         let seen: Vec<(String, Vec<String>, Vec<String>)> = ports
             .iter()
             .map(|p| {
@@ -578,5 +660,91 @@ mod tests {
         let external =
             service(serde_json::json!({"type": "ExternalName", "externalName": "example.com"}));
         assert!(service_ports(&key(), &external).is_empty());
+    }
+
+    #[test]
+    fn topology_hints_narrow_cluster_traffic_to_this_zone_or_node() {
+        let web = service(serde_json::json!({"clusterIP": "10.96.0.20", "ports": [{"port": 80}]}));
+        let hinted = |endpoints: serde_json::Value| {
+            slice(
+                serde_json::json!([{"port": 8080, "protocol": "TCP"}]),
+                endpoints,
+            )
+        };
+        let s = hinted(serde_json::json!([
+            {"addresses": ["10.244.1.5"], "nodeName": "n1", "zone": "east", "hints": {"forZones": [{"name": "east"}]}},
+            {"addresses": ["10.244.2.5"], "nodeName": "n2", "zone": "west", "hints": {"forZones": [{"name": "west"}]}},
+            {"addresses": ["10.244.3.5"], "nodeName": "n3", "zone": "west", "hints": {"forZones": [{"name": "west"}]}},
+        ]));
+        let cluster = |topology: Topology<'_>, s: &EndpointSlice| -> Vec<String> {
+            join(&key(), &web, std::iter::once(s), &topology)[0]
+                .endpoints
+                .iter()
+                .map(|e| e.ip().to_string())
+                .collect()
+        };
+        let west = Topology {
+            node: Some("n2"),
+            zone: Some("west"),
+        };
+        assert_eq!(cluster(west, &s), ["10.244.2.5", "10.244.3.5"]);
+        // No endpoint for this zone, or no zone: every endpoint.
+        assert_eq!(
+            cluster(
+                Topology {
+                    node: Some("n9"),
+                    zone: Some("north")
+                },
+                &s
+            )
+            .len(),
+            3
+        );
+        assert_eq!(cluster(Topology::default(), &s).len(), 3);
+        // The local endpoints are still all of this node's.
+        let port = &join(&key(), &web, std::iter::once(&s), &west)[0];
+        assert_eq!(port.local_endpoints.len(), 1);
+        // One ready endpoint without a hint: hints are ignored.
+        let partial = hinted(serde_json::json!([
+            {"addresses": ["10.244.1.5"], "zone": "east", "hints": {"forZones": [{"name": "east"}]}},
+            {"addresses": ["10.244.2.5"], "zone": "west"},
+        ]));
+        assert_eq!(
+            cluster(
+                Topology {
+                    node: None,
+                    zone: Some("east")
+                },
+                &partial
+            )
+            .len(),
+            2
+        );
+        // Node hints (PreferSameNode) come before zone hints.
+        let nodes = hinted(serde_json::json!([
+            {"addresses": ["10.244.1.5"], "nodeName": "n1", "hints": {"forZones": [{"name": "east"}], "forNodes": [{"name": "n1"}]}},
+            {"addresses": ["10.244.1.6"], "nodeName": "n4", "hints": {"forZones": [{"name": "east"}], "forNodes": [{"name": "n4"}]}},
+        ]));
+        assert_eq!(
+            cluster(
+                Topology {
+                    node: Some("n1"),
+                    zone: Some("east")
+                },
+                &nodes
+            ),
+            ["10.244.1.5"]
+        );
+        assert_eq!(
+            cluster(
+                Topology {
+                    node: Some("n7"),
+                    zone: Some("east")
+                },
+                &nodes
+            )
+            .len(),
+            2
+        );
     }
 }

@@ -38,6 +38,8 @@ pub struct Tracker {
     endpoint_changes: u64,
     /// This proxy's node: its endpoints are the local ones.
     node: Option<String>,
+    /// Its node's zone (`topology.kubernetes.io/zone`), for topology hints.
+    zone: Option<String>,
 }
 
 impl Default for Tracker {
@@ -52,6 +54,7 @@ impl Default for Tracker {
             service_changes: 0,
             endpoint_changes: 0,
             node: None,
+            zone: None,
         }
     }
 }
@@ -155,6 +158,17 @@ impl Tracker {
         }
     }
 
+    /// This node's zone now: every Service is looked at again when it
+    /// changes (their topology-hinted endpoints may change).
+    pub fn set_zone(&mut self, zone: Option<String>) {
+        if self.zone == zone {
+            return;
+        }
+        self.zone = zone;
+        self.service_changes += 1;
+        self.changed.extend(self.services.keys().cloned());
+    }
+
     /// (service, endpoint) changes waiting for a sync.
     pub fn pending(&self) -> (u64, u64) {
         (self.service_changes, self.endpoint_changes)
@@ -200,7 +214,15 @@ impl Tracker {
             .into_iter()
             .flatten()
             .filter_map(|slot| self.slices.get(slot).map(|(_, slice)| slice));
-        model::join(key, service, slices, self.node.as_deref())
+        model::join(
+            key,
+            service,
+            slices,
+            &model::Topology {
+                node: self.node.as_deref(),
+                zone: self.zone.as_deref(),
+            },
+        )
     }
 }
 

@@ -10,7 +10,9 @@ use portal_api::cidr::IpFamily;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, ObjectReference, Pod, Service,
 };
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort as SlicePort};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort as SlicePort, ForNode, ForZone,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 pub use portal_client::labels::{
@@ -35,6 +37,8 @@ pub struct PodEndpoint {
     pub serving: bool,
     pub terminating: bool,
     pub node_name: Option<String>,
+    /// Its node's `topology.kubernetes.io/zone`.
+    pub zone: Option<String>,
     pub hostname: Option<String>,
     pub target_ref: ObjectReference,
     /// The Service's ports resolved for this pod (S2), in Service order.
@@ -138,6 +142,7 @@ pub fn pod_endpoint(service: &Service, pod: &Pod) -> Option<PodEndpoint> {
         serving: pod_ready(pod),
         terminating,
         node_name: pod_spec.and_then(|s| s.node_name.clone()),
+        zone: None,
         hostname,
         target_ref: ObjectReference {
             kind: Some("Pod".into()),
@@ -165,6 +170,41 @@ pub fn endpoints_of<'a>(
             .then_with(|| a.target_ref.name.cmp(&b.target_ref.name))
     });
     all
+}
+
+/// The node label that places a node in a zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Which hints `trafficDistribution` asks for (the EndpointSlice
+/// controller's `trafficdist`): (zone hints, node hints).
+fn hints_wanted(service: &Service) -> (bool, bool) {
+    match service
+        .spec
+        .as_ref()
+        .and_then(|s| s.traffic_distribution.as_deref())
+    {
+        Some("PreferClose" | "PreferSameZone") => (true, false),
+        Some("PreferSameNode") => (true, true),
+        _ => (false, false),
+    }
+}
+
+/// A ready endpoint's hints: its own zone and (PreferSameNode) node.
+fn hints(endpoint: &PodEndpoint, ready: bool, wanted: (bool, bool)) -> Option<EndpointHints> {
+    let (zones, nodes) = wanted;
+    if !ready || !zones {
+        return None;
+    }
+    let for_zones = endpoint.zone.clone().map(|name| vec![ForZone { name }]);
+    let for_nodes = endpoint
+        .node_name
+        .clone()
+        .filter(|_| nodes)
+        .map(|name| vec![ForNode { name }]);
+    (for_zones.is_some() || for_nodes.is_some()).then_some(EndpointHints {
+        for_zones,
+        for_nodes,
+    })
 }
 
 fn publish_not_ready(service: &Service) -> bool {
@@ -275,20 +315,24 @@ fn family_slices(
     family: IpFamily,
 ) -> Vec<(Vec<SlicePort>, Vec<Endpoint>)> {
     let all_ready = publish_not_ready(service);
+    let wanted = hints_wanted(service);
     let mut groups: Vec<(Vec<EndpointPort>, Vec<Endpoint>)> = Vec::new();
     for endpoint in endpoints {
         let Some(ip) = address_of(endpoint, family) else {
             continue;
         };
+        let ready = endpoint.ready || all_ready;
         let entry = Endpoint {
             addresses: vec![ip.clone()],
             conditions: Some(EndpointConditions {
-                ready: Some(endpoint.ready || all_ready),
+                ready: Some(ready),
                 serving: Some(endpoint.serving || all_ready),
                 terminating: Some(endpoint.terminating),
             }),
+            hints: hints(endpoint, ready, wanted),
             hostname: endpoint.hostname.clone(),
             node_name: endpoint.node_name.clone(),
+            zone: endpoint.zone.clone(),
             target_ref: Some(endpoint.target_ref.clone()),
             ..Endpoint::default()
         };
@@ -516,5 +560,70 @@ mod tests {
         let slices = slice_contents(&svc, &[]);
         assert_eq!(slices.len(), 1);
         assert_eq!((slices[0].0, slices[0].2.len()), (IpFamily::Ipv6, 0));
+    }
+
+    /// An endpoint's zone, zone hints and node hints.
+    type Seen = (Option<String>, Option<Vec<String>>, Option<Vec<String>>);
+
+    #[test]
+    fn traffic_distribution_hints_each_ready_endpoint_to_its_zone() {
+        let mut svc = service(IntOrString::Int(8080));
+        let with_node = |name: &str, ip: &str, ready: bool, node: &str, zone: Option<&str>| {
+            let mut pod = pod(name, ip, ready, "p", 1);
+            pod.spec.as_mut().unwrap().node_name = Some(node.into());
+            let mut endpoint = endpoints_of(&svc, &[pod]).remove(0);
+            endpoint.zone = zone.map(str::to_owned);
+            endpoint
+        };
+        let endpoints = [
+            with_node("a", "10.0.0.1", true, "n1", Some("east")),
+            with_node("b", "10.0.0.2", true, "n2", None),
+            with_node("c", "10.0.0.3", false, "n3", Some("west")),
+        ];
+        let hints = |svc: &Service| -> Vec<Seen> {
+            slice_contents(svc, &endpoints)[0]
+                .2
+                .iter()
+                .map(|e| {
+                    let h = e.hints.as_ref();
+                    (
+                        e.zone.clone(),
+                        h.and_then(|h| h.for_zones.as_ref())
+                            .map(|z| z.iter().map(|z| z.name.clone()).collect()),
+                        h.and_then(|h| h.for_nodes.as_ref())
+                            .map(|n| n.iter().map(|n| n.name.clone()).collect()),
+                    )
+                })
+                .collect()
+        };
+        // Without trafficDistribution: zones, no hints.
+        assert_eq!(
+            hints(&svc),
+            [
+                (Some("east".into()), None, None),
+                (None, None, None),
+                (Some("west".into()), None, None)
+            ]
+        );
+        svc.spec.as_mut().unwrap().traffic_distribution = Some("PreferClose".into());
+        assert_eq!(
+            hints(&svc),
+            [
+                (Some("east".into()), Some(vec!["east".into()]), None),
+                (None, None, None),
+                // Not ready: no hint.
+                (Some("west".into()), None, None)
+            ]
+        );
+        svc.spec.as_mut().unwrap().traffic_distribution = Some("PreferSameNode".into());
+        assert_eq!(
+            hints(&svc)[0],
+            (
+                Some("east".into()),
+                Some(vec!["east".into()]),
+                Some(vec!["n1".into()])
+            )
+        );
+        assert_eq!(hints(&svc)[1], (None, None, Some(vec!["n2".into()])));
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, PostParams};
@@ -46,6 +46,9 @@ struct Context {
     /// The names of the managed slices of each Service.
     slice_names: Mutex<HashMap<ServiceKey, BTreeSet<String>>>,
     index: Mutex<index::Index>,
+    /// Each node's zone (`topology.kubernetes.io/zone`), for endpoints'
+    /// `zone` and `trafficDistribution` hints.
+    zones: Mutex<HashMap<String, String>>,
     written: Mutex<Written>,
     /// The pod index holds the first list (set at the first re-list).
     pods_indexed: crate::Listed,
@@ -122,6 +125,7 @@ pub async fn run(
         slices,
         slice_names: Mutex::default(),
         index: Mutex::default(),
+        zones: Mutex::default(),
         written: Mutex::default(),
         pods_indexed: crate::Listed::default(),
         endpoints_listed: Arc::default(),
@@ -225,11 +229,39 @@ pub async fn run(
         (gone || ctx.written.lock().pending(&key)).then(|| ObjectRef::new(&key.1).within(&key.0))
     };
 
+    // A node changing zone changes its endpoints' zone (and hints): every
+    // Service is looked at again (zones change rarely).
+    let ctx = context.clone();
+    let all_services = services.clone();
+    let zone_triggers = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .filter_map(|node| async move { node.ok() })
+        .flat_map(move |node: Node| {
+            let zone = node.labels().get(desired::ZONE_LABEL).cloned();
+            let mut zones = ctx.zones.lock();
+            let changed = match zone {
+                Some(zone) => zones.insert(node.name_any(), zone.clone()) != Some(zone),
+                None => zones.remove(&node.name_any()).is_some(),
+            };
+            let refs: Vec<ObjectRef<Service>> = if changed {
+                all_services
+                    .state()
+                    .iter()
+                    .map(|s| ObjectRef::from_obj(&**s))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            futures_util::stream::iter(refs)
+        });
+
     tokio::spawn(clean_up_deleted(context.clone(), deleted_rx));
     crate::drive(
         Controller::for_stream(service_events, services)
             .with_config(crate::config())
             .reconcile_on(pod_triggers)
+            .reconcile_on(zone_triggers)
             .watches_stream(endpoints_events, endpoints_mapper)
             .watches_stream(slice_events, |s: EndpointSlice| {
                 let namespace = s.namespace().unwrap_or_default();
@@ -354,7 +386,16 @@ async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, E
         .filter_map(|pod| ctx.pods.get(&ObjectRef::new(pod).within(&namespace)))
         .filter(|p| desired::selects(&service, p))
         .collect();
-    let endpoints = desired::endpoints_of(&service, pods.iter().map(|p| &**p));
+    let mut endpoints = desired::endpoints_of(&service, pods.iter().map(|p| &**p));
+    {
+        let zones = ctx.zones.lock();
+        for endpoint in &mut endpoints {
+            endpoint.zone = endpoint
+                .node_name
+                .as_ref()
+                .and_then(|node| zones.get(node).cloned());
+        }
+    }
     let trigger = trigger_time(&service, &pods);
     write_endpoints(&ctx, &service, &key, &endpoints, &trigger).await?;
     write_slices(&ctx, &service, &key, &endpoints, &trigger).await?;

@@ -106,7 +106,8 @@ def test_both_cluster_ips_reach_every_backend(bed):
 
 def test_a_single_stack_ipv6_service_works(bed):
     body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "six", "namespace": "default"},
-            "spec": {"ipFamilies": ["IPv6"], "selector": {"app": "server"}, "ports": [{"port": 8000, "targetPort": 8080}]}}
+            "spec": {"ipFamilies": ["IPv6"], "selector": {"app": "server"}, "sessionAffinity": "ClientIP",
+                     "ports": [{"port": 8000, "targetPort": 8080}]}}
     subprocess.run(["kubectl", "--kubeconfig", str(bed.portal.kubeconfig), "create", "-f", "-"],
                    input=json.dumps(body), capture_output=True, text=True, timeout=60, check=True)
     try:
@@ -114,7 +115,10 @@ def test_a_single_stack_ipv6_service_works(bed):
         assert spec.ip_family_policy == "SingleStack" and spec.ip_families == ["IPv6"], spec
         (ip,) = spec.cluster_ips
         # The proxy programs it once it sees it: the first answer.
-        assert wait_for(lambda: fetch(bed, ip, 8000), "the IPv6 Service answering", timeout=30) in ("server-1", "server-2")
+        first = wait_for(lambda: fetch(bed, ip, 8000), "the IPv6 Service answering", timeout=30)
+        assert first in ("server-1", "server-2")
+        # ClientIP affinity (the ip6 table's affinity sets): the same backend.
+        assert {fetch(bed, ip, 8000) for _ in range(6)} == {first}
         slices = bed.kubectl("get", "endpointslices", "-l", "kubernetes.io/service-name=six", "-o",
                              "jsonpath={.items[*].addressType}").stdout.split()
         assert slices == ["IPv6"], slices

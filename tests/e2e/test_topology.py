@@ -53,9 +53,10 @@ def ready(bed, name):
 
 
 def hints(bed):
-    """(address, zone, hinted zones) of the Service's endpoints."""
+    """(pod, zone, hinted zones) of the Service's endpoints, by pod name
+    (which node got which pod range, and so which address, varies)."""
     slices = json.loads(bed.kubectl("get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "json").stdout)
-    return sorted((e["addresses"][0], e.get("zone"), [z["name"] for z in (e.get("hints") or {}).get("forZones", [])])
+    return sorted((e["targetRef"]["name"], e.get("zone"), [z["name"] for z in (e.get("hints") or {}).get("forZones", [])])
                   for s in slices["items"] for e in s["endpoints"])
 
 

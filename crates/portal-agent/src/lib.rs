@@ -221,7 +221,20 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         routes::PodNetwork::Vxlan => Some(vxlan::pod_mtu(ip).await),
         routes::PodNetwork::HostGw => None,
     };
-    let network = network::Network::new(&tag, range, data.join("leases")).with_mtu(pod_mtu);
+    // Pods get IPv6 addresses only where other nodes route to them: a node
+    // with an IPv6 address of its own, on host-gw (VXLAN carries IPv4).
+    let pod_ranges = match (range.v6, config.node_ip6, config.pod_network) {
+        (Some(_), Some(_), routes::PodNetwork::HostGw) | (None, _, _) => range,
+        (Some(v6), None, _) => {
+            tracing::warn!(pod_cidr = %v6, "the node has an IPv6 pod range but no IPv6 address (--node-ip IPv4,IPv6): its pods get IPv4 addresses only");
+            PodCidrs { v6: None, ..range }
+        }
+        (Some(v6), Some(_), routes::PodNetwork::Vxlan) => {
+            tracing::warn!(pod_cidr = %v6, "the VXLAN overlay carries IPv4 only: pods get IPv4 addresses only");
+            PodCidrs { v6: None, ..range }
+        }
+    };
+    let network = network::Network::new(&tag, pod_ranges, data.join("leases")).with_mtu(pod_mtu);
     network.prepare_node().await?;
     let runtime = runtime::runc::Runc::new(data.join("runtime"), &tag)?;
     let images = Arc::new(images::ImageService::new(
@@ -385,12 +398,15 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
             config.pod_network,
             context.me.ip,
         );
+        // IPv6 tables (egress, policies) only where pods have IPv6: a
+        // kernel without IPv6 nftables never sees them.
+        let ipv6 = pod_ranges.v6.is_some();
         tasks.restarting("routes to other nodes", move || {
-            routes::run(routes_client.clone(), node.clone(), pod_network, ip)
+            routes::run(routes_client.clone(), node.clone(), pod_network, ip, ipv6)
         });
         let (policy_client, node) = (client.clone(), context.me.name.clone());
         tasks.restarting("network policies", move || {
-            policy::run(policy_client.clone(), node.clone())
+            policy::run(policy_client.clone(), node.clone(), ipv6)
         });
         let mirroring = mirror::Mirroring {
             mirrors: context.mirrors.clone(),

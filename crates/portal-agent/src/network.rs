@@ -191,6 +191,7 @@ impl Network {
             ("net/bridge/bridge-nf-call-iptables", "0"),
         ];
         if self.range6.is_some() {
+            keep_router_advertisements();
             settings.extend([
                 ("net/ipv6/conf/all/forwarding", "1"),
                 ("net/bridge/bridge-nf-call-ip6tables", "0"),
@@ -319,21 +320,30 @@ impl Network {
         self.leases.join(format!("{pod_uid}.plumbed"))
     }
 
-    /// The pod's sandbox if its namespace, links and address are in place.
+    /// The pod's sandbox if its namespace, links and addresses are in
+    /// place, as this node's ranges call for (the marker records the IPv6
+    /// address it was given: a sandbox made under other ranges is made
+    /// again).
     pub fn existing(&self, pod_uid: &str) -> Option<Sandbox> {
         let netns = self.netns_name(pod_uid);
-        if !netlink::netns_path(&netns).exists() || !self.plumbed_marker(pod_uid).exists() {
+        if !netlink::netns_path(&netns).exists() {
             return None;
         }
+        let plumbed = std::fs::read_to_string(self.plumbed_marker(pod_uid)).ok()?;
+        let given: Option<Ipv6Addr> = plumbed.trim().parse().ok();
         let (ip, _) = self
             .leases_held()
             .ok()?
             .into_iter()
             .find(|(_, uid)| uid == pod_uid)?;
+        let ip6 = self.ip6_for(ip);
+        if ip6 != given {
+            return None;
+        }
         Some(Sandbox {
             netns,
             ip,
-            ip6: self.ip6_for(ip),
+            ip6,
             veth: veth_name(pod_uid),
         })
     }
@@ -355,7 +365,8 @@ impl Network {
             self.remove_links(&sandbox).await;
             return Err(error);
         }
-        std::fs::write(self.plumbed_marker(pod_uid), b"")
+        let recorded = sandbox.ip6.map(|ip| ip.to_string()).unwrap_or_default();
+        std::fs::write(self.plumbed_marker(pod_uid), recorded)
             .map_err(|source| self.lease_error(source))?;
         Ok(sandbox)
     }
@@ -452,6 +463,29 @@ impl Network {
                     .and_then(|n| n.strip_prefix(&prefix).map(str::to_owned))
             })
             .collect()
+    }
+}
+
+/// A node that forwards IPv6 ignores router advertisements unless told
+/// otherwise: links that take them (`accept_ra=1`, the address or default
+/// route of a SLAAC node) are told to take them anyway (`2`), so turning
+/// forwarding on never costs the node its own IPv6 configuration.
+fn keep_router_advertisements() {
+    let forwarding = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/forwarding");
+    if forwarding.is_ok_and(|v| v.trim() == "1") {
+        return;
+    }
+    for link in std::fs::read_dir("/proc/sys/net/ipv6/conf")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let path = link.path().join("accept_ra");
+        if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == "1") {
+            if let Err(error) = std::fs::write(&path, "2") {
+                tracing::warn!(%error, path = %path.display(), "keeping router advertisements");
+            }
+        }
     }
 }
 

@@ -165,7 +165,14 @@ impl Drop for AbortOnDrop {
 }
 
 /// Keeps the routes in line with the Nodes for as long as the agent runs.
-pub(crate) async fn run(client: Client, me: String, network: PodNetwork, node_ip: Ipv4Addr) {
+/// `ipv6`: this node's pods have IPv6 addresses (an `ip6` egress table).
+pub(crate) async fn run(
+    client: Client,
+    me: String,
+    network: PodNetwork,
+    node_ip: Ipv4Addr,
+    ipv6: bool,
+) {
     let (nodes, writer) = reflector::store::<Node>();
     let changed = Arc::new(tokio::sync::Notify::new());
     // The watch runs on its own (the store fills only while it is polled).
@@ -202,7 +209,7 @@ pub(crate) async fn run(client: Client, me: String, network: PodNetwork, node_ip
             if let Err(error) = sync(&plan.routes).await {
                 problems.push(error);
             }
-            if let Err(error) = masquerade(&pod_ranges(&all)).await {
+            if let Err(error) = masquerade(&pod_ranges(&all), ipv6).await {
                 problems.push(error);
             }
             if problems.is_empty() {
@@ -366,18 +373,18 @@ fn pod_ranges(nodes: &[Arc<Node>]) -> Vec<IpCidr> {
 }
 
 /// The egress rules: from a pod range to anywhere else, masquerade; a
-/// table per family (IPv6's only once there are IPv6 pod ranges).
-pub fn egress_rules(ranges: &[IpCidr]) -> String {
+/// table per family (IPv6's when `ipv6`: this node's pods have IPv6).
+pub fn egress_rules(ranges: &[IpCidr], ipv6: bool) -> String {
     let mut rules = String::new();
     for (family, addr_type, v6) in [("ip", "ipv4_addr", false), ("ip6", "ipv6_addr", true)] {
+        if v6 && !ipv6 {
+            continue;
+        }
         let elements: Vec<String> = ranges
             .iter()
             .filter(|r| matches!(r, IpCidr::V6(_)) == v6)
             .map(ToString::to_string)
             .collect();
-        if v6 && elements.is_empty() {
-            continue;
-        }
         let set = if elements.is_empty() {
             String::new()
         } else {
@@ -399,8 +406,8 @@ pub fn egress_rules(ranges: &[IpCidr]) -> String {
 }
 
 /// Replaces the egress tables in one nft transaction.
-async fn masquerade(ranges: &[IpCidr]) -> Result<(), String> {
-    apply_nft(&egress_rules(ranges)).await
+async fn masquerade(ranges: &[IpCidr], ipv6: bool) -> Result<(), String> {
+    apply_nft(&egress_rules(ranges, ipv6)).await
 }
 
 /// Runs `nft -f -` with `rules`: one transaction, all or nothing.
@@ -466,7 +473,7 @@ mod tests {
             node("a", Some("10.244.1.0/24"), Some("192.168.1.1")),
             node("b", Some("10.244.0.0/24"), Some("192.168.1.2")),
         ];
-        let rules = egress_rules(&pod_ranges(&nodes));
+        let rules = egress_rules(&pod_ranges(&nodes), false);
         assert!(
             rules.contains("elements = { 10.244.0.0/24, 10.244.1.0/24 }"),
             "{rules}"
@@ -519,11 +526,11 @@ mod tests {
                 ("fd00:10:244:1::/64".to_owned(), "fd00:1::2".to_owned()),
             ]
         );
-        let rules = egress_rules(&pod_ranges(&nodes));
+        let rules = egress_rules(&pod_ranges(&nodes), true);
         assert!(rules.contains("table ip6 portal_egress {"), "{rules}");
         assert!(rules.contains("type ipv6_addr; flags interval; elements = { fd00:10:244::/64, fd00:10:244:1::/64, fd00:10:244:2::/64 }"), "{rules}");
         assert!(rules.contains("ip6 saddr @pods ip6 daddr != @pods masquerade"));
-        let v4_only = egress_rules(&pod_ranges(&nodes[..0]));
+        let v4_only = egress_rules(&pod_ranges(&nodes), false);
         assert!(!v4_only.contains("ip6"), "{v4_only}");
     }
 

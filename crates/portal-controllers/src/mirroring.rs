@@ -192,7 +192,8 @@ async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Actio
     if skip && existing.is_empty() {
         return Ok(Action::await_change());
     }
-    existing.sort_by_key(|s| s.name_any());
+    // In the order they were made: `-mirror-2` before `-mirror-10`.
+    existing.sort_by_key(|s| (s.name_any().len(), s.name_any()));
     let service = ctx.services.get(&ObjectRef::new(&name).within(&namespace));
     let selectorless = !skip
         && service.as_ref().is_some_and(|s| {
@@ -210,36 +211,33 @@ async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Actio
     let mut labels = endpoints.labels().clone();
     labels.insert(SERVICE_NAME_LABEL.into(), name.clone());
     labels.insert(MANAGED_BY_LABEL.into(), MIRRORED_BY.into());
-    for (index, mirror) in wanted.iter().enumerate() {
-        let mut current = existing.get(index);
-        let ports = Some(mirror.ports.clone());
-        if current.is_some_and(|c| {
-            c.address_type == mirror.address_type
-                && c.ports == ports
-                && c.endpoints == mirror.endpoints
-        }) {
-            continue;
+    // Slices are matched within their address type (which never changes):
+    // the n-th wanted one of a type replaces the n-th existing one.
+    let mut kept: Vec<String> = Vec::new();
+    let mut place: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for mirror in &wanted {
+        let index = place.entry(mirror.address_type).or_default();
+        let current = existing
+            .iter()
+            .filter(|s| s.address_type == mirror.address_type)
+            .nth(*index);
+        // Named by type and position, not generated: a create from a stale
+        // view of the mirrors fails (409) instead of duplicating.
+        let fresh_name = match mirror.address_type {
+            "IPv4" => format!("{name}-mirror-{index}"),
+            other => format!("{name}-mirror-{}-{index}", other.to_lowercase()),
+        };
+        *index += 1;
+        if let Some(current) = current {
+            kept.push(current.name_any());
         }
-        // A slice's address type cannot change: one of the other family in
-        // this place is replaced by a new one.
-        if let Some(other) = current.filter(|c| c.address_type != mirror.address_type) {
-            match slices
-                .delete(&other.name_any(), &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
-            current = None;
+        let ports = Some(mirror.ports.clone());
+        if current.is_some_and(|c| c.ports == ports && c.endpoints == mirror.endpoints) {
+            continue;
         }
         let slice = EndpointSlice {
             metadata: ObjectMeta {
-                // Named by position, not generated: a create from a stale
-                // view of the mirrors fails (409) instead of duplicating.
-                name: Some(
-                    current.map_or_else(|| format!("{name}-mirror-{index}"), |c| c.name_any()),
-                ),
+                name: Some(current.map_or(fresh_name, |c| c.name_any())),
                 namespace: Some(namespace.clone()),
                 labels: Some(labels.clone()),
                 annotations: endpoints
@@ -271,7 +269,7 @@ async fn reconcile(endpoints: Arc<Endpoints>, ctx: Arc<Context>) -> Result<Actio
             None => slices.create(&PostParams::default(), &slice).await?,
         };
     }
-    for extra in existing.iter().skip(wanted.len()) {
+    for extra in existing.iter().filter(|s| !kept.contains(&s.name_any())) {
         match slices
             .delete(&extra.name_any(), &DeleteParams::default())
             .await

@@ -151,6 +151,10 @@ impl runner::Backend for nftables::Tables {
     fn tampered(&mut self) -> bool {
         nftables::Tables::tampered(self)
     }
+
+    fn wants_full(&self) -> bool {
+        nftables::Tables::wants_full(self)
+    }
 }
 
 impl<N: nftables::Nft + 'static> runner::Backend for nftables::Nftables<N> {

@@ -28,6 +28,12 @@ pub(crate) trait Backend: Send + 'static {
     fn tampered(&mut self) -> bool {
         false
     }
+
+    /// Whether the next sync must be a full one though the last succeeded
+    /// (a part of the data plane failed and a change set cannot mend it).
+    fn wants_full(&self) -> bool {
+        false
+    }
 }
 
 /// A full sync at least this often, as kube-proxy does, whatever happened.
@@ -59,7 +65,7 @@ pub(crate) async fn run(
             tokio::time::sleep_until(earliest).await;
         }
         let started = Instant::now();
-        if !full && started - last_full >= FULL_SYNC_PERIOD {
+        if !full && (started - last_full >= FULL_SYNC_PERIOD || backend.wants_full()) {
             full = true;
         }
         if periodic && !full {

@@ -306,12 +306,12 @@ impl LifecycleArgs {
 
 impl IpamArgs {
     fn config(self) -> Result<portal_controllers::node_ipam::Config, Error> {
-        // As kube-controller-manager: a node range inside the cluster's,
-        // and at most 2^16 of them.
-        let check = |flag: &str, node: u8, cluster: u8| match node.checked_sub(cluster) {
-            Some(bits) if bits <= 16 => Ok(()),
+        // A node range inside the cluster's; IPv6 ranges at most 2^16 of
+        // them, as kube-controller-manager (IPv4's as before).
+        let check = |flag: &str, node: u8, cluster: u8, most: u8| match node.checked_sub(cluster) {
+            Some(bits) if bits <= most => Ok(()),
             Some(_) => Err(Error::Usage(format!(
-                "{flag} {node} cuts --cluster-cidr {} into more than 2^16 node ranges",
+                "{flag} {node} cuts --cluster-cidr {} into more than 2^{most} node ranges",
                 self.cluster_cidr
             ))),
             None => Err(Error::Usage(format!(
@@ -319,17 +319,11 @@ impl IpamArgs {
                 self.cluster_cidr
             ))),
         };
-        check(
-            "--node-cidr-mask-size",
-            self.node_cidr_mask_size,
-            self.cluster_cidr.v4.prefix(),
-        )?;
+        let v4 = self.cluster_cidr.v4.prefix();
+        check("--node-cidr-mask-size", self.node_cidr_mask_size, v4, 32)?;
         if let Some(v6) = self.cluster_cidr.v6 {
-            check(
-                "--node-cidr-mask-size-ipv6",
-                self.node_cidr_mask_size_ipv6,
-                v6.prefix(),
-            )?;
+            let (node, cluster) = (self.node_cidr_mask_size_ipv6, v6.prefix());
+            check("--node-cidr-mask-size-ipv6", node, cluster, 16)?;
             // A pod's IPv6 address sits at its IPv4 address's place in the
             // node's IPv6 range.
             if 128 - self.node_cidr_mask_size_ipv6 < 32 - self.node_cidr_mask_size {

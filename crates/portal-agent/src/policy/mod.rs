@@ -116,7 +116,8 @@ fn dns_endpoints(endpoints: &[Arc<Endpoints>]) -> Vec<model::DnsEndpoint> {
 }
 
 /// Keeps the policy table in line with the cluster while the agent runs.
-pub(crate) async fn run(client: Client, node: String) {
+/// `ipv6`: this node's pods have IPv6 addresses (an `ip6` table too).
+pub(crate) async fn run(client: Client, node: String, ipv6: bool) {
     let changed = Arc::new(tokio::sync::Notify::new());
     let mut tasks = Vec::new();
     let all = watcher::Config::default;
@@ -182,7 +183,7 @@ pub(crate) async fn run(client: Client, node: String) {
                 dns: &dns,
             };
             let plan = cluster.plan(&node);
-            (plan.len(), nft::render(&plan))
+            (plan.len(), nft::render(&plan, ipv6))
         })
         .await;
         let Ok((isolated, text)) = planned else {

@@ -144,11 +144,13 @@ fn vmap(out: &mut String, family: Family, field: &str, entries: &BTreeMap<IpAddr
     );
 }
 
-/// The tables' text for `nft -f`: each deleted and made again, atomically.
-pub fn render(plan: &[Isolated]) -> String {
+/// The tables' text for `nft -f`: each deleted and made again, atomically
+/// (IPv6's when `ipv6`: this node's pods have IPv6 addresses).
+pub fn render(plan: &[Isolated], ipv6: bool) -> String {
     let mut out = String::new();
-    for family in [Family::V4, Family::V6] {
-        render_table(&mut out, family, plan);
+    render_table(&mut out, Family::V4, plan);
+    if ipv6 {
+        render_table(&mut out, Family::V6, plan);
     }
     out
 }

@@ -85,9 +85,12 @@ fn plan(world: &World, policies: &[Arc<NetworkPolicy>], node: &str) -> Vec<Isola
 fn no_policy_isolates_nothing() {
     let w = world();
     assert!(plan(&w, &[], "n1").is_empty());
-    let text = render(&[]);
+    let text = render(&[], false);
     assert!(text.contains("ct state established,related accept"));
     assert!(!text.contains("vmap"), "{text}");
+    // A node whose pods have no IPv6: no IPv6 table at all.
+    assert!(!text.contains("ip6"), "{text}");
+    assert!(render(&[], true).contains("table ip6 portal_policy {"));
 }
 
 #[test]
@@ -105,7 +108,7 @@ fn default_deny_isolates_every_pod_of_its_namespace_on_this_node() {
         .all(|p| p.ingress == Some(vec![]) && p.egress.is_none()));
     // Another node's pods are that node's to isolate.
     assert!(plan(&w, &[policy("b", "deny", json!({}))], "n1").is_empty());
-    let text = render(&isolated);
+    let text = render(&isolated, true);
     assert!(
         text.contains(
             "ip daddr vmap { 10.244.0.2 : jump in_10_244_0_2, 10.244.0.3 : jump in_10_244_0_3 }"
@@ -201,7 +204,7 @@ fn ip_blocks_leave_out_their_exceptions() {
             )
         ]
     );
-    let text = render(&isolated);
+    let text = render(&isolated, true);
     assert!(text.contains("ip saddr { 192.168.0.0-192.168.0.255, 192.168.2.0-192.168.255.255 } accept comment \"a/blocks\""), "{text}");
     // The pods have no IPv6 address: the IPv6 table holds no pod's chain.
     let six = &text[text.find("table ip6 portal_policy {").unwrap()..];
@@ -254,7 +257,7 @@ fn dual_stack_pods_are_isolated_in_both_tables() {
     );
     let isolated = plan(&w, &[from_b], "n1");
     assert_eq!(isolated[0].ip6, Some("fd00:10:244::2".parse().unwrap()));
-    let text = render(&isolated);
+    let text = render(&isolated, true);
     let (four, six) = text.split_at(text.find("table ip6 portal_policy").unwrap());
     assert!(
         four.contains("ip daddr vmap { 10.244.0.2 : jump in_10_244_0_2 }"),
@@ -305,7 +308,7 @@ fn ports_numbered_ranged_named_and_by_protocol() {
         Some(vec![(80, 80), (8080, 8080), (9000, 9100)])
     );
     assert_eq!(by[&Protocol::Udp], None);
-    let text = render(&isolated);
+    let text = render(&isolated, true);
     assert!(
         text.contains("meta l4proto tcp th dport { 80, 8080, 9000-9100 } accept"),
         "{text}"
@@ -355,7 +358,7 @@ fn egress_named_ports_resolve_on_each_destination() {
     assert_eq!(allows[2].peers, Some(vec![(dns, dns)]));
     assert_eq!(allows[2].ports.as_ref().unwrap().len(), 1);
     assert_eq!(port(&allows[2]), Some(vec![(53, 53)]));
-    let text = render(&isolated);
+    let text = render(&isolated, true);
     assert!(
         text.contains("ip saddr vmap { 10.244.1.2 : jump out_10_244_1_2 }"),
         "{text}"
@@ -419,7 +422,7 @@ fn the_cluster_dns_is_picked_as_kubernetes_dns_pods_are() {
         allows.iter().all(|a| a.peers == Some(vec![(dns, dns)])),
         "{allows:?}"
     );
-    let text = render(&isolated);
+    let text = render(&isolated, true);
     assert!(
         text.contains("ip daddr { 192.168.99.1 } meta l4proto tcp th dport { 53 } return"),
         "{text}"

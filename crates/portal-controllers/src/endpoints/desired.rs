@@ -292,19 +292,19 @@ pub type SliceContent = (IpFamily, Vec<SlicePort>, Vec<Endpoint>);
 
 /// The contents of the slices: per family of the Service and port set,
 /// endpoints in chunks of at most [`MAX_ENDPOINTS_PER_SLICE`], in a stable
-/// order so updates touch few slices. A family none of whose pods has an
-/// address has no slice; a Service with no endpoints at all has one empty
-/// slice of its primary family, as upstream.
+/// order so updates touch few slices. A family without endpoints (none
+/// of the pods has an address of it) has one empty slice, as upstream's
+/// placeholder per address type.
 pub fn slice_contents(service: &Service, endpoints: &[PodEndpoint]) -> Vec<SliceContent> {
-    let families = families(service);
     let mut slices: Vec<SliceContent> = Vec::new();
-    for family in &families {
-        for (ports, entries) in family_slices(service, endpoints, *family) {
-            slices.push((*family, ports, entries));
+    for family in families(service) {
+        let found = family_slices(service, endpoints, family);
+        if found.is_empty() {
+            slices.push((family, placeholder_ports(service), Vec::new()));
         }
-    }
-    if slices.is_empty() {
-        slices.push((families[0], placeholder_ports(service), Vec::new()));
+        for (ports, entries) in found {
+            slices.push((family, ports, entries));
+        }
     }
     slices
 }
@@ -556,10 +556,10 @@ mod tests {
             .map(|a| a.ip.as_str())
             .collect();
         assert_eq!(ips, ["fd00::1"]);
-        // No endpoints of any family: one empty slice of the primary.
+        // No endpoints: an empty slice of each family.
         let slices = slice_contents(&svc, &[]);
-        assert_eq!(slices.len(), 1);
-        assert_eq!((slices[0].0, slices[0].2.len()), (IpFamily::Ipv6, 0));
+        let empty: Vec<(IpFamily, usize)> = slices.iter().map(|s| (s.0, s.2.len())).collect();
+        assert_eq!(empty, [(IpFamily::Ipv6, 0), (IpFamily::Ipv4, 0)]);
     }
 
     /// An endpoint's zone, zone hints and node hints.

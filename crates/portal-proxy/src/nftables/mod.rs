@@ -93,23 +93,44 @@ pub fn cleanup() -> Result<bool, Error> {
 pub struct Tables {
     v4: Nftables<NftCommand>,
     v6: Option<Nftables<NftCommand>>,
+    /// The IPv6 table's last sync failed: the next sync is a full one.
+    /// (An IPv6 failure never fails the IPv4 table's syncs.)
+    v6_failed: bool,
 }
 
 impl Tables {
     pub fn kernel() -> Self {
-        // IPv6 may be disabled in this namespace (or the kernel).
-        let ipv6 = std::path::Path::new("/proc/net/if_inet6").exists();
+        // IPv6 may be disabled in this namespace (or the kernel), or
+        // nftables may lack its ip6 family.
+        let ipv6 = std::path::Path::new("/proc/net/if_inet6").exists()
+            && NftCommand { family: Family::V6 }.chains().is_ok();
         Tables {
             v4: Nftables::kernel(Family::V4),
             v6: ipv6.then(|| Nftables::kernel(Family::V6)),
+            v6_failed: false,
         }
     }
 
-    /// Applies `changes` to every table (see [`Nftables::sync`]).
+    /// Applies `changes` to every table (see [`Nftables::sync`]); the
+    /// result is the IPv4 table's, an IPv6 failure asks for a full sync.
     pub fn sync(&mut self, changes: &Changes, full: bool) -> Result<(), Error> {
         let v4 = self.v4.sync(changes, full);
-        let v6 = self.v6.as_mut().map_or(Ok(()), |v6| v6.sync(changes, full));
-        v4.and(v6)
+        if let Some(v6) = &mut self.v6 {
+            match v6.sync(changes, full) {
+                Ok(()) => self.v6_failed = false,
+                Err(error) => {
+                    // A partial change set cannot repair it: ask for all.
+                    tracing::warn!(%error, "IPv6 proxy rules failed; the next sync rebuilds them");
+                    self.v6_failed = true;
+                }
+            }
+        }
+        v4
+    }
+
+    /// Whether the next sync must be a full one (the IPv6 table failed).
+    pub fn wants_full(&self) -> bool {
+        self.v6_failed
     }
 
     pub fn tampered(&mut self) -> bool {

@@ -245,8 +245,12 @@ fn pick_chain(
 ) -> Vec<Rule> {
     let mut chain = Vec::new();
     let timeout = port.affinity.unwrap_or_default();
-    let affinity_set =
-        |to: &SocketAddr| format!("aff-{id}/{scope}{}/{}/{timeout}", to.ip(), to.port());
+    // nft names take letters, digits and `/-_.` only: an IPv6 address's
+    // colons become `_` (no address has one, so names stay distinct).
+    let affinity_set = |to: &SocketAddr| {
+        let ip = to.ip().to_string().replace(':', "_");
+        format!("aff-{id}/{scope}{ip}/{}/{timeout}", to.port())
+    };
     if port.affinity.is_some() {
         for to in endpoints {
             let set = affinity_set(to);

@@ -133,8 +133,8 @@ fn each_family_has_its_table_and_programs_only_its_ports() {
         "add map ip6 portal cluster-ips { type ipv6_addr . inet_proto . inet_service : verdict ; }"
     ));
     assert!(tx.contains("add rule ip6 portal services fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @node-ports"));
-    assert!(tx.contains("add set ip6 portal aff-default/web/tcp/http/fd00:10:244::5/8080/60 { type ipv6_addr ; flags dynamic,timeout ; timeout 60s ; }"), "{tx}");
-    assert!(tx.contains("add rule ip6 portal svc-default/web/tcp/http ip6 saddr @aff-default/web/tcp/http/fd00:10:244::5/8080/60 update @aff-default/web/tcp/http/fd00:10:244::5/8080/60 { ip6 saddr } meta l4proto tcp dnat to [fd00:10:244::5]:8080"), "{tx}");
+    assert!(tx.contains("add set ip6 portal aff-default/web/tcp/http/fd00_10_244__5/8080/60 { type ipv6_addr ; flags dynamic,timeout ; timeout 60s ; }"), "{tx}");
+    assert!(tx.contains("add rule ip6 portal svc-default/web/tcp/http ip6 saddr @aff-default/web/tcp/http/fd00_10_244__5/8080/60 update @aff-default/web/tcp/http/fd00_10_244__5/8080/60 { ip6 saddr } meta l4proto tcp dnat to [fd00:10:244::5]:8080"), "{tx}");
     assert!(tx.contains("add element ip6 portal cluster-ips { fd00:10:96::20 . tcp . 80 : goto svc-default/web/tcp/http }"));
     assert!(tx.contains("add element ip6 portal hairpin { fd00:10:244::5 . fd00:10:244::5 }"));
     assert!(

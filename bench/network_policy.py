@@ -33,9 +33,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
-from support import agent_bed  # noqa: E402
 from support.cluster_bed import NAMES, Bed  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from common import percentile, pod_netns  # noqa: E402
 
 SERVE = """
 import socket
@@ -79,16 +81,6 @@ while time.monotonic() < deadline:
         print(began, flush=True); break
     time.sleep(0.02)
 """
-
-
-def percentile(values, p):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
-
-
-def pod_netns(bed, pod, node_index):
-    tag = agent_bed.agent_tag(bed.agent_dir(node_index), NAMES[node_index])
-    return f"portal-{tag}-{pod.metadata.uid}"
 
 
 def kubectl_apply(bed, tmp, objects):

@@ -30,19 +30,16 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
 from support import agent_bed  # noqa: E402
+from common import percentile  # noqa: E402
 from support import nodes  # noqa: E402
 from support import registry  # noqa: E402
 from conftest import BINARY, Portal  # noqa: E402
 
 NS = "default"
-
-
-def percentile(values, p):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 def rss_mib(pid):

@@ -30,9 +30,10 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
-from support import agent_bed  # noqa: E402
+from common import percentile, pod_netns  # noqa: E402
 from support.nodes import sh  # noqa: E402
 from support.cluster_bed import NAMES, Bed  # noqa: E402
 from support.agent_bed import NS  # noqa: E402
@@ -55,11 +56,6 @@ else:
         t = time.perf_counter(); c.sendall(b"x"); c.recv(1); times.append(time.perf_counter() - t)
     print(json.dumps(times))
 """
-
-
-def percentile(values, p):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 def measure(server_ns, client_ns, server_ip, seconds, pings):
@@ -103,11 +99,6 @@ def floor(seconds, pings):
     finally:
         for ns in (a, b):
             sh("ip", "netns", "del", ns, check=False)
-
-
-def pod_netns(bed, pod, node_index):
-    tag = agent_bed.agent_tag(bed.agent_dir(node_index), NAMES[node_index])
-    return f"portal-{tag}-{pod.metadata.uid}"
 
 
 def across_nodes(tmp, extra, seconds, pings):

@@ -29,16 +29,13 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
 from support import debian_images  # noqa: E402
+from common import percentile  # noqa: E402
 from support.agent_bed import NS, AgentNode, busybox_image, pod_manifest  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
-
-
-def percentile(values, p):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 def empty_image_store(node):

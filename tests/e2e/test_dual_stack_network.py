@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from support.cluster_bed import NAMES, Bed
+from support.cluster_bed import NAMES, Bed, placed_pod
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.netns]
@@ -28,29 +28,15 @@ TRIES = 24
 def bed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dualnet")
     with Bed(tmp, count=2, ipv6=True, server_extra=DUAL) as bed:
-        items = [pod(f"server-{i}", bed.image, NAMES[i], {"app": "server"}, ["/bin/serve"]) for i in (1, 2)]
-        items.append(pod("client", bed.image, NAMES[1], {"app": "client"}, ["sleep", "3600"]))
+        items = [placed_pod(f"server-{i}", bed.image, NAMES[i], {"app": "server"}, ["/bin/serve"]) for i in (1, 2)]
+        items.append(placed_pod("client", bed.image, NAMES[1], {"app": "client"}, ["sleep", "3600"]))
         items.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},
                       "spec": {"type": "NodePort", "ipFamilyPolicy": "RequireDualStack", "selector": {"app": "server"},
                                "ports": [{"port": 80, "targetPort": 8080}]}})
-        subprocess.run(["kubectl", "--kubeconfig", str(bed.portal.kubeconfig), "create", "-f", "-"],
-                       input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
-                       capture_output=True, text=True, timeout=60, check=True)
+        bed.create(items)
         for name in ("server-1", "server-2", "client"):
-            wait_for(lambda name=name: ready(bed, name), f"{name} ready", timeout=120)
+            wait_for(lambda name=name: bed.pod_ready(name), f"{name} ready", timeout=120)
         yield bed
-
-
-def pod(name, image, node, labels, command):
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": labels},
-            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "containers": [
-                {"name": "main", "image": image, "command": command,
-                 "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 1}}]}}
-
-
-def ready(bed, name):
-    status = bed.core.read_namespaced_pod(name, "default").status
-    return status.phase == "Running" and all(c.ready for c in status.container_statuses or [])
 
 
 def pod_ips(bed, name):
@@ -108,8 +94,7 @@ def test_a_single_stack_ipv6_service_works(bed):
     body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "six", "namespace": "default"},
             "spec": {"ipFamilies": ["IPv6"], "selector": {"app": "server"}, "sessionAffinity": "ClientIP",
                      "ports": [{"port": 8000, "targetPort": 8080}]}}
-    subprocess.run(["kubectl", "--kubeconfig", str(bed.portal.kubeconfig), "create", "-f", "-"],
-                   input=json.dumps(body), capture_output=True, text=True, timeout=60, check=True)
+    bed.create([body])
     try:
         spec = bed.core.read_namespaced_service("six", "default").spec
         assert spec.ip_family_policy == "SingleStack" and spec.ip_families == ["IPv6"], spec

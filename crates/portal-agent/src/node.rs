@@ -350,11 +350,7 @@ async fn renew(leases: &Api<Lease>, me: &Identity, node_uid: &str) -> Result<(),
 pub(crate) fn assigned_ranges(
     spec: &k8s_openapi::api::core::v1::NodeSpec,
 ) -> Option<portal_api::cidr::PodCidrs> {
-    let listed = match &spec.pod_cidrs {
-        Some(ranges) if !ranges.is_empty() => ranges.clone(),
-        _ => vec![spec.pod_cidr.clone()?],
-    };
-    portal_api::cidr::PodCidrs::from_strings(&listed).ok()
+    portal_api::cidr::PodCidrs::of_node(spec)
 }
 
 /// The node's pod ranges once node IPAM has assigned them.

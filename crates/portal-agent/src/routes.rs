@@ -55,19 +55,7 @@ struct Route {
 
 /// A Node's pod ranges (`podCIDRs`, else `podCIDR`).
 fn ranges_of(node: &Node) -> Vec<IpCidr> {
-    let Some(spec) = node.spec.as_ref() else {
-        return Vec::new();
-    };
-    match &spec.pod_cidrs {
-        Some(ranges) if !ranges.is_empty() => {
-            ranges.iter().filter_map(|r| r.parse().ok()).collect()
-        }
-        _ => spec
-            .pod_cidr
-            .iter()
-            .filter_map(|r| r.parse().ok())
-            .collect(),
-    }
+    portal_api::cidr::node_pod_cidrs(node.spec.as_ref())
 }
 
 /// A Node's first InternalIP of each family.

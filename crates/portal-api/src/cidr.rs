@@ -7,6 +7,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
+use k8s_openapi::api::core::v1::NodeSpec;
+
 /// An IPv4 network, `address/prefix`, with the address masked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ipv4Cidr {
@@ -428,6 +430,33 @@ impl PodCidrs {
         let joined: Vec<&str> = ranges.iter().map(AsRef::as_ref).collect();
         joined.join(",").parse()
     }
+
+    /// The ranges a Node's spec gives it, if Portal can use them (IPv4
+    /// first, then optionally IPv6).
+    pub fn of_node(spec: &NodeSpec) -> Option<Self> {
+        let listed = listed_pod_cidrs(spec);
+        if listed.is_empty() {
+            return None;
+        }
+        Self::from_strings(&listed).ok()
+    }
+}
+
+/// The pod ranges a Node's spec lists, as text: `podCIDRs`, else `podCIDR`.
+fn listed_pod_cidrs(spec: &NodeSpec) -> Vec<&str> {
+    match &spec.pod_cidrs {
+        Some(ranges) if !ranges.is_empty() => ranges.iter().map(String::as_str).collect(),
+        _ => spec.pod_cidr.as_deref().into_iter().collect(),
+    }
+}
+
+/// A Node's pod ranges of any family (those that are no CIDR left out).
+pub fn node_pod_cidrs(spec: Option<&NodeSpec>) -> Vec<IpCidr> {
+    spec.map(listed_pod_cidrs)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|r| r.parse().ok())
+        .collect()
 }
 
 impl From<Ipv4Cidr> for PodCidrs {

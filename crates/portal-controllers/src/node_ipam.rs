@@ -80,19 +80,7 @@ fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action {
 
 /// The node's ranges (any family), as `podCIDRs` or else `podCIDR` says.
 fn pod_cidrs(node: &Node) -> Vec<IpCidr> {
-    let Some(spec) = node.spec.as_ref() else {
-        return Vec::new();
-    };
-    match &spec.pod_cidrs {
-        Some(ranges) if !ranges.is_empty() => {
-            ranges.iter().filter_map(|r| r.parse().ok()).collect()
-        }
-        _ => spec
-            .pod_cidr
-            .iter()
-            .filter_map(|r| r.parse().ok())
-            .collect(),
-    }
+    portal_api::cidr::node_pod_cidrs(node.spec.as_ref())
 }
 
 async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -2,6 +2,7 @@
 `portal server` on node-1, `portal node` (agent + proxy) joined with the
 node token on the others. Shared by the multi-node tests."""
 
+import json
 import subprocess
 
 from conftest import BINARY, Portal
@@ -17,6 +18,15 @@ NAMES = {i: f"node-{i}" for i in range(1, 10)}
 
 SERVE = b"#!/bin/sh\nhostname > /www/name.txt\nexec httpd -f -p 8080 -h /www\n"
 PEER = b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n%s\\n' \"$REMOTE_ADDR\"\n"
+
+
+def placed_pod(name, image, node, labels, command):
+    """A pod on `node` in namespace default, ready once it runs (an exec
+    probe), that stops within a second."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": labels},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "containers": [
+                {"name": "main", "image": image, "command": command,
+                 "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 1}}]}}
 
 
 class Bed:
@@ -93,6 +103,16 @@ class Bed:
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
         return result
+
+    def create(self, items):
+        """Creates the objects with `kubectl create` (one List)."""
+        subprocess.run(["kubectl", "--kubeconfig", str(self.portal.kubeconfig), "create", "-f", "-"],
+                       input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+                       capture_output=True, text=True, timeout=60, check=True)
+
+    def pod_ready(self, name, namespace="default"):
+        status = self.core.read_namespaced_pod(name, namespace).status
+        return status.phase == "Running" and all(c.ready for c in status.container_statuses or [])
 
     def pods(self, selector):
         return [p for p in self.core.list_namespaced_pod(NS, label_selector=selector).items if not p.metadata.deletion_timestamp]

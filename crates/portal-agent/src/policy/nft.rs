@@ -16,39 +16,32 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use super::model::{Allow, Isolated, Protocol};
 use super::ranges::{ip_of, split, Ranges};
+use portal_api::cidr::IpFamily;
 
 pub const TABLE: &str = "portal_policy";
 
-/// The families' tables: `ip`, `ip6`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Family {
-    V4,
-    V6,
+/// A family's table and address match: `ip`, `ip6`.
+fn nft(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::Ipv4 => "ip",
+        IpFamily::Ipv6 => "ip6",
+    }
 }
 
-impl Family {
-    fn nft(self) -> &'static str {
-        match self {
-            Family::V4 => "ip",
-            Family::V6 => "ip6",
-        }
+/// The pod's address of `family`.
+fn own(family: IpFamily, pod: &Isolated) -> Option<IpAddr> {
+    match family {
+        IpFamily::Ipv4 => Some(IpAddr::V4(pod.ip)),
+        IpFamily::Ipv6 => pod.ip6.map(IpAddr::V6),
     }
+}
 
-    /// The pod's address of this family.
-    fn of(self, pod: &Isolated) -> Option<IpAddr> {
-        match self {
-            Family::V4 => Some(IpAddr::V4(pod.ip)),
-            Family::V6 => pod.ip6.map(IpAddr::V6),
-        }
-    }
-
-    /// The part of `ranges` of this family.
-    fn part(self, ranges: &Ranges<u128>) -> Ranges<u128> {
-        let (v4, v6) = split(ranges);
-        match self {
-            Family::V4 => v4,
-            Family::V6 => v6,
-        }
+/// The part of `ranges` of `family`.
+fn part(family: IpFamily, ranges: &Ranges<u128>) -> Ranges<u128> {
+    let (v4, v6) = split(ranges);
+    match family {
+        IpFamily::Ipv4 => v4,
+        IpFamily::Ipv6 => v6,
     }
 }
 
@@ -98,15 +91,15 @@ fn comment(text: &str) -> String {
 /// One allow as rules of `family`: the peer match (`saddr` in, `daddr`
 /// out), then one rule per protocol, or one with no port match for "every
 /// port". Peers none of which is of the family allow nothing here.
-fn allow_rules(out: &mut String, family: Family, allow: &Allow, field: &str, verdict: &str) {
+fn allow_rules(out: &mut String, family: IpFamily, allow: &Allow, field: &str, verdict: &str) {
     let peers = match &allow.peers {
         None => String::new(),
         Some(peers) => {
-            let mine = family.part(peers);
+            let mine = part(family, peers);
             if mine.is_empty() {
                 return;
             }
-            format!("{} {field} {} ", family.nft(), addresses(&mine))
+            format!("{} {field} {} ", nft(family), addresses(&mine))
         }
     };
     let note = comment(&allow.policy);
@@ -128,7 +121,7 @@ fn allow_rules(out: &mut String, family: Family, allow: &Allow, field: &str, ver
     }
 }
 
-fn vmap(out: &mut String, family: Family, field: &str, entries: &BTreeMap<IpAddr, String>) {
+fn vmap(out: &mut String, family: IpFamily, field: &str, entries: &BTreeMap<IpAddr, String>) {
     if entries.is_empty() {
         return;
     }
@@ -139,7 +132,7 @@ fn vmap(out: &mut String, family: Family, field: &str, entries: &BTreeMap<IpAddr
     let _ = writeln!(
         out,
         "\t\t{} {field} vmap {{ {} }}",
-        family.nft(),
+        nft(family),
         items.join(", ")
     );
 }
@@ -148,15 +141,15 @@ fn vmap(out: &mut String, family: Family, field: &str, entries: &BTreeMap<IpAddr
 /// (IPv6's when `ipv6`: this node's pods have IPv6 addresses).
 pub fn render(plan: &[Isolated], ipv6: bool) -> String {
     let mut out = String::new();
-    render_table(&mut out, Family::V4, plan);
+    render_table(&mut out, IpFamily::Ipv4, plan);
     if ipv6 {
-        render_table(&mut out, Family::V6, plan);
+        render_table(&mut out, IpFamily::Ipv6, plan);
     }
     out
 }
 
-fn render_table(out: &mut String, family: Family, plan: &[Isolated]) {
-    let table = format!("{} {TABLE}", family.nft());
+fn render_table(out: &mut String, family: IpFamily, plan: &[Isolated]) {
+    let table = format!("{} {TABLE}", nft(family));
     let _ = write!(
         out,
         "table {table}\ndelete table {table}\ntable {table} {{\n"
@@ -164,7 +157,7 @@ fn render_table(out: &mut String, family: Family, plan: &[Isolated]) {
     let dispatch = |isolated: fn(&Isolated) -> bool, direction: &str| -> BTreeMap<IpAddr, String> {
         plan.iter()
             .filter(|p| isolated(p))
-            .filter_map(|p| Some((family.of(p)?, chain(direction, p.ip))))
+            .filter_map(|p| Some((own(family, p)?, chain(direction, p.ip))))
             .collect()
     };
     let egress = dispatch(|p| p.egress.is_some(), "out");
@@ -177,9 +170,9 @@ fn render_table(out: &mut String, family: Family, plan: &[Isolated]) {
     vmap(out, family, "saddr", &egress);
     vmap(out, family, "daddr", &ingress);
     out.push_str("\t}\n");
-    let ip = family.nft();
+    let ip = nft(family);
     for pod in plan {
-        let Some(own) = family.of(pod) else {
+        let Some(own) = own(family, pod) else {
             continue;
         };
         if let Some(allows) = &pod.egress {

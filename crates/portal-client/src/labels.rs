@@ -7,6 +7,8 @@ pub const SERVICE_NAME: &str = "kubernetes.io/service-name";
 pub const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 /// On Endpoints: not to be mirrored into EndpointSlices.
 pub const SKIP_MIRROR: &str = "endpointslice.kubernetes.io/skip-mirror";
+/// On a Node: the zone it is in (topology hints, `trafficDistribution`).
+pub const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// On Endpoints and EndpointSlices: when the change they show was caused
 /// (network programming latency is measured from it).
 pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";

@@ -35,9 +35,6 @@ impl Feed {
     }
 }
 
-/// The node label that places a node in a zone.
-const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-
 /// Follows the resources until the process ends; `listed` turns true once
 /// the initial lists of Services and slices are in.
 pub(crate) async fn run(
@@ -58,7 +55,11 @@ pub(crate) async fn run(
         let (unused, _) = watch::channel(false);
         follow(nodes, &feed, &unused, |tracker, event| match event {
             Change::Put(n) | Change::Listed(n) => {
-                tracker.set_zone(n.labels().get(ZONE_LABEL).cloned());
+                tracker.set_zone(
+                    n.labels()
+                        .get(portal_client::labels::TOPOLOGY_ZONE)
+                        .cloned(),
+                );
             }
             Change::Gone(_) => tracker.set_zone(None),
             Change::Relisted(_) => {}

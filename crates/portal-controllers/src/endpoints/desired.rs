@@ -172,9 +172,6 @@ pub fn endpoints_of<'a>(
     all
 }
 
-/// The node label that places a node in a zone.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-
 /// Which hints `trafficDistribution` asks for (the EndpointSlice
 /// controller's `trafficdist`): (zone hints, node hints).
 fn hints_wanted(service: &Service) -> (bool, bool) {

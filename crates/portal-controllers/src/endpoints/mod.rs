@@ -238,7 +238,10 @@ pub async fn run(
         .touched_objects()
         .filter_map(|node| async move { node.ok() })
         .flat_map(move |node: Node| {
-            let zone = node.labels().get(desired::ZONE_LABEL).cloned();
+            let zone = node
+                .labels()
+                .get(portal_client::labels::TOPOLOGY_ZONE)
+                .cloned();
             let mut zones = ctx.zones.lock();
             let changed = match zone {
                 Some(zone) => zones.insert(node.name_any(), zone.clone()) != Some(zone),

@@ -174,9 +174,13 @@ def test_an_autoscaler_follows_cpu_load_up_and_back_down(node, tmp_path):
         # Under load: more replicas (1 → 3 at most).
         wait_for(lambda: (apps.read_namespaced_deployment("burner", NS).spec.replicas or 0) >= 2,
                  "the autoscaler to scale the Deployment up", timeout=120)
-        hpa = autoscaling.read_namespaced_horizontal_pod_autoscaler("burner", NS)
-        conditions = {c.type: (c.status, c.reason) for c in hpa.status.conditions}
-        assert conditions["ScalingActive"] == ("True", "ValidMetricFound"), conditions
+        # The autoscaler scales the target first and writes its own status
+        # after: wait for the status of the sync that scaled.
+        hpa = wait_for(lambda: (lambda h: h if (h.status.desired_replicas or 0) >= 2 else None)(
+                           autoscaling.read_namespaced_horizontal_pod_autoscaler("burner", NS)),
+                       "the autoscaler's status after scaling up", timeout=60)
+        conditions = {c.type: (c.status, c.reason, c.message) for c in hpa.status.conditions}
+        assert conditions["ScalingActive"][:2] == ("True", "ValidMetricFound"), conditions
         assert hpa.status.current_metrics[0].resource.current.average_utilization > 50
         assert hpa.status.last_scale_time is not None
         row = node.kubectl("get", "hpa", "burner", "--no-headers").split()
@@ -187,7 +191,9 @@ def test_an_autoscaler_follows_cpu_load_up_and_back_down(node, tmp_path):
         node.core.patch_namespaced_config_map("load", NS, {"data": {"burn": "no"}})
         wait_for(lambda: apps.read_namespaced_deployment("burner", NS).spec.replicas == 1,
                  "the autoscaler to scale back down", timeout=150)
-        events = node.kubectl("get", "events", "--field-selector", "involvedObject.name=burner,reason=SuccessfulRescale")
-        assert "All metrics below target" in events, events
+        # (The event follows the scale.)
+        wait_for(lambda: "All metrics below target" in node.kubectl(
+                     "get", "events", "--field-selector", "involvedObject.name=burner,reason=SuccessfulRescale"),
+                 "the scale-down event", timeout=30)
     finally:
         node.kubectl("delete", "-f", str(manifest), "--wait=false", check=False)

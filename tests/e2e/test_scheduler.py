@@ -58,8 +58,10 @@ def test_pods_spread_over_ready_nodes(portal):
     wait_for(lambda: len(owned_pods(core, "spread")) == 4 and all(p.spec.node_name for p in owned_pods(core, "spread")), "all pods bound", timeout=WAIT)
     placement = sorted(p.spec.node_name for p in owned_pods(core, "spread"))
     assert placement == ["node-a", "node-a", "node-b", "node-b"], placement
-    scheduled = core.list_namespaced_event(NS, field_selector="reason=Scheduled").items
-    assert any("Successfully assigned default/spread-" in e.message for e in scheduled)
+    # The event is recorded after the binding: wait for it.
+    wait_for(lambda: any("Successfully assigned default/spread-" in e.message
+                         for e in core.list_namespaced_event(NS, field_selector="reason=Scheduled").items),
+             "a Scheduled event", timeout=WAIT)
 
     # A bound pod cannot be bound again.
     pod = owned_pods(core, "spread")[0]

@@ -245,9 +245,12 @@ def test_queries_are_counted_in_metrics(cluster):
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     request = urllib.request.Request(server.server + "/metrics", headers={"Authorization": f"Bearer {server.token}"})
-    text = urllib.request.urlopen(request, context=context, timeout=10).read().decode()
-    assert re.search(r'portal_dns_queries_total\{type="A",rcode="REFUSED"\} [1-9]', text), text
-    assert re.search(r'portal_dns_queries_total\{type="A",rcode="NXDOMAIN"\} [1-9]', text)
+    scrape = lambda: urllib.request.urlopen(request, context=context, timeout=10).read().decode()
+    # A query is counted once its answer is sent.
+    counted = lambda text: (re.search(r'portal_dns_queries_total\{type="A",rcode="REFUSED"\} [1-9]', text)
+                            and re.search(r'portal_dns_queries_total\{type="A",rcode="NXDOMAIN"\} [1-9]', text))
+    assert eventually(lambda: counted(scrape()), timeout=5)
+    text = scrape()
     assert "dns_programming_duration_seconds" in text
 
 

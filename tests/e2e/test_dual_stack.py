@@ -97,13 +97,16 @@ def test_a_single_stack_cluster_refuses_dual_stack(portal):
     assert spec["ipFamilies"] == ["IPv4"] and spec["ipFamilyPolicy"] == "PreferDualStack"
 
 
-def test_an_ipv6_primary_range_is_refused_until_pods_speak_ipv6(tmp_path):
-    # Its kubernetes and kube-dns Services would get addresses no pod reaches.
+def test_an_ipv6_primary_range_needs_an_ipv6_advertised_address(tmp_path):
+    # As kube-apiserver: the kubernetes Service's endpoint is the advertised
+    # address, so it must be of the primary family (IPv6-first clusters:
+    # tests/e2e/test_ipv6_first.py).
     result = subprocess.run([BINARY, "server", "--data-dir", str(tmp_path), "--disable", "proxy,agent",
+                             "--node-ip", "192.0.2.1",
                              "--service-cluster-ip-range", "fd00:10:96::/112,10.96.0.0/24"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
-    assert "the first (primary) range must be IPv4" in result.stderr, result.stderr
+    assert "the primary range's family must be the advertised address's (192.0.2.1)" in result.stderr, result.stderr
 
 
 def test_coredns_style_fixture_answers_a_aaaa_srv_and_ptr(dual):
@@ -182,4 +185,5 @@ def test_coredns_style_fixture_answers_a_aaaa_srv_and_ptr(dual):
          {"op": "remove", "path": "/subsets/0/notReadyAddresses"}]))
     assert eventually(lambda: mirrors() == {"IPv6": ["5678:abcd::7"]}), mirrors()
     assert eventually(lambda: addresses(hdls, "AAAA") == ["5678:abcd::7"])
-    assert addresses(hdls, "A") == []
+    # (The IPv4 slice is deleted after the IPv6 one is replaced.)
+    assert eventually(lambda: addresses(hdls, "A") == [])

@@ -82,7 +82,8 @@ def test_both_cluster_ips_reach_every_backend(bed):
     spec = bed.core.read_namespaced_service("web", "default").spec
     assert spec.ip_families == ["IPv4", "IPv6"] and len(spec.cluster_ips) == 2
     for ip in spec.cluster_ips:
-        seen = set()
+        # Once the client's node has programmed it (it answers), count.
+        seen = {wait_for(lambda ip=ip: fetch(bed, ip), f"{ip} answering", timeout=30)}
         for _ in range(TRIES):
             seen.add(fetch(bed, ip))
             if seen >= {"server-1", "server-2"}:
@@ -114,8 +115,10 @@ def test_a_single_stack_ipv6_service_works(bed):
 def test_node_port_answers_on_both_node_addresses_from_outside(bed):
     node_port = bed.core.read_namespaced_service("web", "default").spec.ports[0].node_port
     for address in (bed.lan.address(2), f"[{bed.lan.address6(2)}]"):
-        result = bed.lan.run("lan", "curl", "-s", "--max-time", "5", f"http://{address}:{node_port}/name.txt", check=False)
-        assert result.returncode == 0 and result.stdout.strip() in ("server-1", "server-2"), (address, result)
+        get = lambda address=address: bed.lan.run("lan", "curl", "-s", "--max-time", "5",
+                                                  f"http://{address}:{node_port}/name.txt", check=False)
+        result = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(get()), f"{address} answering", timeout=30)
+        assert result.stdout.strip() in ("server-1", "server-2"), (address, result)
 
 
 def test_dns_answers_a_and_aaaa_inside_a_pod(bed):

@@ -319,7 +319,9 @@ def test_namespace_deletion_waits_for_its_pods(node):
     # Changing it meanwhile does not end its termination early.
     node.kubectl("label", "namespace", "doomed", "touched=yes")
     assert core.read_namespace("doomed").status.phase == "Terminating"
-    assert core.read_namespaced_pod("inside", "doomed").metadata.deletion_timestamp is not None
+    # The namespace controller marks its pods after the namespace.
+    wait_for(lambda: core.read_namespaced_pod("inside", "doomed").metadata.deletion_timestamp,
+             "the pod to be deleted with its namespace")
     wait_for(lambda: not [n for n in core.list_namespace().items if n.metadata.name == "doomed"], "the namespace to go", timeout=30)
 
 

@@ -45,7 +45,9 @@ def test_without_nodes_pods_stay_pending(portal):
     # A node appearing later gets them, and they are scheduled.
     make_node(core, "late")
     wait_for(lambda: all(p.spec.node_name == "late" for p in owned_pods(core, "waiting")), "binding once a node is ready", timeout=WAIT)
-    assert all(c.status == "True" for c in scheduled_conditions())
+    # (The binding writes the node, then the condition.)
+    wait_for(lambda: all(c.status == "True" for c in scheduled_conditions() or [None]),
+             "PodScheduled True", timeout=WAIT)
 
 
 def test_pods_spread_over_ready_nodes(portal):

@@ -298,8 +298,10 @@ def test_volume_claim_templates_make_a_claim_per_pod(node, kubectl):
     node.apps.create_namespaced_stateful_set(NS, manifest)
     wait_for(lambda: ready_names(node) == ["web-0", "web-1"], "both pods ready with their volumes", 120)
     for ordinal in range(2):
-        claim = node.core.read_namespaced_persistent_volume_claim(f"www-web-{ordinal}", NS)
-        assert claim.status.phase == "Bound" and claim.metadata.labels == {"app": "web"}, claim.metadata
+        # The pod runs once the claim names its volume; Bound is written after.
+        claim = wait_for(lambda: (lambda c: c if c.status.phase == "Bound" else None)(
+            node.core.read_namespaced_persistent_volume_claim(f"www-web-{ordinal}", NS)), f"www-web-{ordinal} Bound")
+        assert claim.metadata.labels == {"app": "web"}, claim.metadata
         pod = live_pods(node)[f"web-{ordinal}"]
         volume = next(v for v in pod.spec.volumes if v.name == "www")
         assert volume.persistent_volume_claim.claim_name == f"www-web-{ordinal}"

@@ -63,8 +63,10 @@ def test_a_claim_follows_its_first_pod_and_keeps_its_data(node):
 
     core.create_namespaced_pod(NS, pod_with_claim(node, "writer", "data", "echo kept > /data/file; exec sleep 100000"))
     node.wait_running("writer")
-    bound = read_claim(node, "data")
-    assert bound.status.phase == "Bound" and bound.status.capacity["storage"] == "1Gi"
+    # The pod runs once the claim names its volume; Bound is written after.
+    bound = wait_for(lambda: (lambda c: c if c.status.phase == "Bound" else None)(read_claim(node, "data")),
+                     "the claim Bound")
+    assert bound.status.capacity["storage"] == "1Gi"
     assert bound.metadata.annotations["volume.kubernetes.io/selected-node"] == node.node_name
     volume = core.read_persistent_volume(bound.spec.volume_name)
     directory = pathlib.Path(volume.spec.host_path.path)
@@ -137,7 +139,7 @@ def test_stateful_set_claims_get_volumes(node):
                  f"pod db-{ordinal} to be made", timeout=120)
         node.wait_running(f"db-{ordinal}", timeout=120)
         claim_name = f"store-db-{ordinal}"
-        assert read_claim(node, claim_name).status.phase == "Bound"
+        wait_for(lambda: read_claim(node, claim_name).status.phase == "Bound", f"{claim_name} Bound")
         assert node.kubectl("-n", NS, "exec", f"db-{ordinal}", "--", "cat", "/var/lib/db/owner") == f"db-{ordinal}\n"
     apps.delete_namespaced_stateful_set("db", NS)
     wait_for(lambda: not node.core.list_namespaced_pod(NS, label_selector="app=db").items, "the set's pods to go")

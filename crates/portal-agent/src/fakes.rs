@@ -285,6 +285,7 @@ impl PodNetwork for FakeNetwork {
                 netns: format!("fake-{pod_uid}"),
                 ip: Ipv4Addr::new(10, 88, 0, host),
                 ip6: None,
+                ipv6_primary: false,
                 veth: format!("veth-{host}"),
             };
             sandboxes.insert(pod_uid.to_owned(), sandbox.clone());

@@ -227,11 +227,11 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         (Some(_), Some(_), routes::PodNetwork::HostGw) | (None, _, _) => range,
         (Some(v6), None, _) => {
             tracing::warn!(pod_cidr = %v6, "the node has an IPv6 pod range but no IPv6 address (--node-ip IPv4,IPv6): its pods get IPv4 addresses only");
-            PodCidrs { v6: None, ..range }
+            range.ipv4_only()
         }
         (Some(v6), Some(_), routes::PodNetwork::Vxlan) => {
             tracing::warn!(pod_cidr = %v6, "the VXLAN overlay carries IPv4 only: pods get IPv4 addresses only");
-            PodCidrs { v6: None, ..range }
+            range.ipv4_only()
         }
     };
     let network = network::Network::new(&tag, pod_ranges, data.join("leases")).with_mtu(pod_mtu);

@@ -64,6 +64,8 @@ pub struct Network {
     range: Ipv4Cidr,
     /// The node's IPv6 pod range on a dual-stack node.
     range6: Option<Ipv6Cidr>,
+    /// Pods' first address is their IPv6 one (an IPv6-first cluster).
+    ipv6_primary: bool,
     leases: PathBuf,
     /// Pod workers lease concurrently: one at a time.
     leasing: std::sync::Arc<parking_lot::Mutex<()>>,
@@ -83,6 +85,9 @@ pub struct Sandbox {
     /// The pod's IPv6 address on a dual-stack node.
     #[serde(default)]
     pub ip6: Option<Ipv6Addr>,
+    /// Its IPv6 address is its first (an IPv6-first cluster).
+    #[serde(default)]
+    pub ipv6_primary: bool,
     /// The node side of the veth.
     pub veth: String,
 }
@@ -92,11 +97,15 @@ impl Sandbox {
         netlink::netns_path(&self.netns)
     }
 
-    /// The pod's addresses as `status.podIPs` lists them (IPv4 first).
+    /// The pod's addresses as `status.podIPs` lists them: the primary
+    /// family (the node's first pod range) first.
     pub fn ips(&self) -> Vec<String> {
-        std::iter::once(self.ip.to_string())
-            .chain(self.ip6.map(|ip| ip.to_string()))
-            .collect()
+        let v4 = self.ip.to_string();
+        match self.ip6.map(|ip| ip.to_string()) {
+            Some(v6) if self.ipv6_primary => vec![v6, v4],
+            Some(v6) => vec![v4, v6],
+            None => vec![v4],
+        }
     }
 }
 
@@ -138,6 +147,7 @@ impl Network {
             tag: tag.to_owned(),
             range: ranges.v4,
             range6: ranges.v6,
+            ipv6_primary: ranges.ipv6_primary,
             leases,
             leasing: std::sync::Arc::default(),
             mtu: None,
@@ -344,6 +354,7 @@ impl Network {
             netns,
             ip,
             ip6,
+            ipv6_primary: self.ipv6_primary && ip6.is_some(),
             veth: veth_name(pod_uid),
         })
     }
@@ -357,6 +368,7 @@ impl Network {
             netns: self.netns_name(pod_uid),
             ip,
             ip6: self.ip6_for(ip),
+            ipv6_primary: self.ipv6_primary && self.range6.is_some(),
             veth: veth_name(pod_uid),
         };
         self.remove_links(&sandbox).await;
@@ -438,6 +450,7 @@ impl Network {
             netns: self.netns_name(pod_uid),
             ip: Ipv4Addr::UNSPECIFIED,
             ip6: None,
+            ipv6_primary: false,
             veth: veth_name(pod_uid),
         };
         self.remove_links(&sandbox).await;

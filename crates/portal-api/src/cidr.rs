@@ -409,20 +409,42 @@ impl fmt::Display for ServiceCidrs {
 }
 
 /// `--cluster-cidr` (and a node's `--pod-cidr`): an IPv4 CIDR, and for a
-/// dual-stack pod network an IPv6 one after it (`10.244.0.0/16,
-/// fd00:10:244::/56`). Pods' first address is IPv4, so IPv4 comes first.
+/// dual-stack pod network an IPv6 one beside it, in either order: the first
+/// is the primary family (`10.244.0.0/16,fd00:10:244::/56`, or IPv6 first
+/// for an IPv6-first cluster). Pods always have an IPv4 address: their
+/// IPv6 one is derived from it (ADR 0034), so an IPv6-only pod network is
+/// not one Portal makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PodCidrs {
     pub v4: Ipv4Cidr,
     pub v6: Option<Ipv6Cidr>,
+    /// The IPv6 range was listed first: pods' first address is IPv6.
+    pub ipv6_primary: bool,
 }
 
 impl PodCidrs {
-    /// The ranges as a Node's `spec.podCIDRs` lists them.
+    /// The ranges as a Node's `spec.podCIDRs` lists them (primary first).
     pub fn to_strings(self) -> Vec<String> {
-        std::iter::once(self.v4.to_string())
-            .chain(self.v6.map(|v6| v6.to_string()))
-            .collect()
+        self.ranges().iter().map(ToString::to_string).collect()
+    }
+
+    /// The ranges, primary first.
+    pub fn ranges(self) -> Vec<IpCidr> {
+        let v4 = IpCidr::V4(self.v4);
+        match self.v6.map(IpCidr::V6) {
+            Some(v6) if self.ipv6_primary => vec![v6, v4],
+            Some(v6) => vec![v4, v6],
+            None => vec![v4],
+        }
+    }
+
+    /// Without the IPv6 range (a node that cannot route IPv6).
+    pub fn ipv4_only(self) -> Self {
+        PodCidrs {
+            v4: self.v4,
+            v6: None,
+            ipv6_primary: false,
+        }
     }
 
     /// A Node's `spec.podCIDRs` (or `podCIDR` alone) read back.
@@ -461,7 +483,11 @@ pub fn node_pod_cidrs(spec: Option<&NodeSpec>) -> Vec<IpCidr> {
 
 impl From<Ipv4Cidr> for PodCidrs {
     fn from(v4: Ipv4Cidr) -> Self {
-        PodCidrs { v4, v6: None }
+        PodCidrs {
+            v4,
+            v6: None,
+            ipv6_primary: false,
+        }
     }
 }
 
@@ -471,21 +497,25 @@ impl FromStr for PodCidrs {
     fn from_str(s: &str) -> Result<Self, String> {
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
         match parts.as_slice() {
-            [v4] => Ok(PodCidrs {
-                v4: v4.parse()?,
-                v6: None,
-            }),
-            [v4, v6] => {
-                let v4 = v4.parse::<IpCidr>()?;
-                let v6 = v6.parse::<IpCidr>()?;
-                match (v4, v6) {
-                    (IpCidr::V4(v4), IpCidr::V6(v6)) => Ok(PodCidrs { v4, v6: Some(v6) }),
-                    _ => Err(format!(
-                        "{s:?}: the first (primary) range must be IPv4 and the second IPv6"
-                    )),
-                }
-            }
-            _ => Err(format!("{s:?}: one CIDR, or two (IPv4, then IPv6)")),
+            [v4] => Ok(PodCidrs::from(v4.parse::<Ipv4Cidr>()?)),
+            [first, second] => match (first.parse::<IpCidr>()?, second.parse::<IpCidr>()?) {
+                (IpCidr::V4(v4), IpCidr::V6(v6)) => Ok(PodCidrs {
+                    v4,
+                    v6: Some(v6),
+                    ipv6_primary: false,
+                }),
+                (IpCidr::V6(v6), IpCidr::V4(v4)) => Ok(PodCidrs {
+                    v4,
+                    v6: Some(v6),
+                    ipv6_primary: true,
+                }),
+                _ => Err(format!(
+                    "{s:?}: a dual-stack pod network is one IPv4 and one IPv6 range"
+                )),
+            },
+            _ => Err(format!(
+                "{s:?}: one IPv4 CIDR, or an IPv4 and an IPv6 one (the first is the primary family)"
+            )),
         }
     }
 }
@@ -555,10 +585,12 @@ mod tests {
             Some("fd00:10:244:1::/64".parse().unwrap())
         );
         assert_eq!("10.244.0.0/16".parse::<PodCidrs>().unwrap().v6, None);
-        assert!("fd00::/56,10.244.0.0/16"
-            .parse::<PodCidrs>()
-            .unwrap_err()
-            .contains("must be IPv4"));
+        // IPv6 first: the same ranges, IPv6 primary, listed back in order.
+        let v6_first = "fd00::/56,10.244.0.0/16".parse::<PodCidrs>().unwrap();
+        assert!(v6_first.ipv6_primary);
+        assert_eq!(v6_first.to_string(), "fd00::/56,10.244.0.0/16");
+        assert_eq!(v6_first.ipv4_only().to_string(), "10.244.0.0/16");
+        assert!("fd00::/56".parse::<PodCidrs>().is_err());
         assert!("10.0.0.0/8,10.1.0.0/16".parse::<PodCidrs>().is_err());
     }
 

@@ -90,6 +90,9 @@ pub struct Config {
     /// The address pods reach this server at (the `kubernetes` Endpoints);
     /// none, or a loopback one, leaves the Service without endpoints.
     pub advertise_address: Option<std::net::IpAddr>,
+    /// Other addresses clients reach this server at (a dual-stack node's
+    /// other family): named in its serving certificate too.
+    pub other_addresses: Vec<std::net::IpAddr>,
     /// Bounds on client connections.
     pub connections: ConnectionLimits,
     /// Where objects are kept.
@@ -389,6 +392,7 @@ impl ApiServer {
         let extra: Vec<std::net::IpAddr> = config
             .advertise_address
             .into_iter()
+            .chain(config.other_addresses.iter().copied())
             .chain(service_ips)
             .collect();
         let (names, ips) = pki::serving_names(address, &extra);

@@ -26,6 +26,7 @@ async fn server() -> Server {
         service_cidrs: "10.96.0.0/24".parse::<ServiceCidrs>().expect("cidr"),
         node_ports: "30000-30010".parse::<PortRange>().expect("range"),
         advertise_address: None,
+        other_addresses: Vec::new(),
         connections: ConnectionLimits::default(),
         datastore: Default::default(),
         token: None,

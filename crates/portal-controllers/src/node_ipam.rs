@@ -33,13 +33,15 @@ pub struct Config {
 
 impl Config {
     /// The cluster's ranges with the node range length of each.
+    /// (In the cluster's order: a node's ranges list the primary first.)
     fn families(&self) -> Vec<(IpCidr, u8)> {
-        std::iter::once((IpCidr::V4(self.cluster_cidr.v4), self.node_prefix))
-            .chain(
-                self.cluster_cidr
-                    .v6
-                    .map(|v6| (IpCidr::V6(v6), self.node_prefix_v6)),
-            )
+        self.cluster_cidr
+            .ranges()
+            .into_iter()
+            .map(|range| match range {
+                IpCidr::V4(_) => (range, self.node_prefix),
+                IpCidr::V6(_) => (range, self.node_prefix_v6),
+            })
             .collect()
     }
 }
@@ -184,6 +186,15 @@ mod tests {
         assert_eq!(
             config.families(),
             [(cidr("10.244.0.0/16"), 24), (cidr("fd00:10:244::/56"), 64)]
+        );
+        // IPv6 first: nodes' ranges list IPv6 first too.
+        let config = Config {
+            cluster_cidr: "fd00:10:244::/56,10.244.0.0/16".parse().unwrap(),
+            ..config
+        };
+        assert_eq!(
+            config.families(),
+            [(cidr("fd00:10:244::/56"), 64), (cidr("10.244.0.0/16"), 24)]
         );
     }
 }

@@ -187,19 +187,26 @@ impl ApiArgs {
         self.datastore.datastore_endpoint.is_some()
     }
 
+    /// The family of the service range's first (primary) CIDR.
+    pub(crate) fn primary_family(&self) -> portal_apiserver::IpFamily {
+        self.service_cluster_ip_range.primary().family()
+    }
+
     pub(crate) fn config(
         &self,
         advertise_address: Option<IpAddr>,
     ) -> Result<portal_apiserver::Config, Error> {
         let defaults = portal_apiserver::ConnectionLimits::default();
-        // The service proxy and the pod network are IPv4: an IPv6 primary
-        // family would give the kubernetes and kube-dns Services addresses
-        // no pod could reach.
-        if self.service_cluster_ip_range.primary().family() != portal_apiserver::IpFamily::Ipv4 {
-            return Err(Error::Usage(format!(
-                "--service-cluster-ip-range {}: the first (primary) range must be IPv4 for now (pods and the service proxy are IPv4); an IPv6 range may come second",
-                self.service_cluster_ip_range
-            )));
+        // As kube-apiserver: the kubernetes Service's endpoints are this
+        // address, so it must be of the Service's (the primary) family.
+        let primary = self.primary_family();
+        if let Some(ip) = advertise_address {
+            if portal_apiserver::IpFamily::of(ip) != primary {
+                return Err(Error::Usage(format!(
+                    "--service-cluster-ip-range {}: the primary range's family must be the advertised address's ({ip}); for an IPv6-first cluster give the node an IPv6 address (--node-ip IPv4,IPv6)",
+                    self.service_cluster_ip_range
+                )));
+            }
         }
         Ok(portal_apiserver::Config {
             data_dir: self.data_dir.clone(),
@@ -208,6 +215,7 @@ impl ApiArgs {
             service_cidrs: self.service_cluster_ip_range.clone(),
             node_ports: self.service_node_port_range,
             advertise_address,
+            other_addresses: Vec::new(),
             connections: portal_apiserver::ConnectionLimits {
                 max: self.max_connections.unwrap_or(defaults.max).max(1),
                 handshake: Duration::from_secs(self.tls_handshake_timeout.max(1)),

@@ -430,7 +430,13 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         None if agent_wanted => Some(IpAddr::V4(portal_agent::node_address().await)),
         None => None,
     };
-    let reachable_node_ip = node_ip.filter(|ip| !ip.is_loopback());
+    // The address of the cluster's primary family (the service range's
+    // first): the kubernetes Service's endpoint and the cluster DNS's.
+    let primary_node_ip = match args.api.primary_family() {
+        portal_apiserver::IpFamily::Ipv6 => node_ip6.map(IpAddr::V6).or(node_ip),
+        portal_apiserver::IpFamily::Ipv4 => node_ip,
+    };
+    let reachable_node_ip = primary_node_ip.filter(|ip| !ip.is_loopback());
     let data_dir = args.api.data_dir.clone();
     let agent_data = data_dir.join("agent");
     let client_ca = data_dir.join("pki").join("kubelet-client-ca.crt");
@@ -440,7 +446,13 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     let node_kubeconfig = data_dir.join("node.kubeconfig");
     let node_token = data_dir.join("node-token");
     let node_name = args.agent.node_name();
-    let config = args.api.config(node_ip)?;
+    let mut config = args.api.config(primary_node_ip)?;
+    // Nodes may join at either of a dual-stack node's addresses.
+    config.other_addresses = node_ip
+        .into_iter()
+        .chain(node_ip6.map(IpAddr::V6))
+        .filter(|ip| Some(*ip) != primary_node_ip)
+        .collect();
     let mut api = portal_apiserver::ApiServer::start(config).await?;
     api.write_node_kubeconfig(&node_name, &node_kubeconfig)?;
     let controllers = args.controllers.config(api.ca_pem().to_owned())?;

@@ -30,8 +30,9 @@ def placed_pod(name, image, node, labels, command):
 
 
 class Bed:
-    def __init__(self, tmp, routed=False, extra=(), count=3, server_extra=(), ipv6=False):
+    def __init__(self, tmp, routed=False, extra=(), count=3, server_extra=(), ipv6=False, api_bind="0.0.0.0:0"):
         self.tmp = tmp
+        self.api_bind = api_bind
         self.count = count
         self.lan = Lan(count, routed=routed, ipv6=ipv6)
         self.extra = list(extra)
@@ -54,7 +55,7 @@ class Bed:
                 "--registry-mirror", f"docker.io=http://{self.registry.host}",
                 "--node-monitor-grace-period", GRACE, "--node-lease-duration-seconds", LEASE_SECONDS,
                 *self.extra, *self.server_extra,
-            ], proxy=True, agent=True, api_bind="0.0.0.0:0").start()
+            ], proxy=True, agent=True, api_bind=self.api_bind).start()
             self.core = self.portal.core()
             self.port = self.portal.server.rsplit(":", 1)[1]
             self.server = f"https://{self.lan.address(1)}:{self.port}"

@@ -4,7 +4,9 @@ ranges have both families. Every pod gets an address of each family;
 pods reach each other over IPv6 across nodes (host-gw routes via the
 nodes' IPv6 InternalIPs); a RequireDualStack Service's two cluster IPs
 both reach every backend from a pod, its NodePort answers on both node
-addresses from outside the nodes, and the cluster DNS gives A and AAAA."""
+addresses from outside the nodes, and the cluster DNS gives A and AAAA.
+A third node runs the userspace proxy: its listeners serve both
+families too."""
 
 import json
 import subprocess
@@ -27,14 +29,15 @@ TRIES = 24
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dualnet")
-    with Bed(tmp, count=2, ipv6=True, server_extra=DUAL) as bed:
+    with Bed(tmp, count=3, ipv6=True, server_extra=DUAL, proxy_modes={3: "userspace"}) as bed:
         items = [placed_pod(f"server-{i}", bed.image, NAMES[i], {"app": "server"}, ["/bin/serve"]) for i in (1, 2)]
         items.append(placed_pod("client", bed.image, NAMES[1], {"app": "client"}, ["sleep", "3600"]))
+        items.append(placed_pod("client-3", bed.image, NAMES[3], {"app": "userspace-client"}, ["sleep", "3600"]))
         items.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},
                       "spec": {"type": "NodePort", "ipFamilyPolicy": "RequireDualStack", "selector": {"app": "server"},
                                "ports": [{"port": 80, "targetPort": 8080}]}})
         bed.create(items)
-        for name in ("server-1", "server-2", "client"):
+        for name in ("server-1", "server-2", "client", "client-3"):
             wait_for(lambda name=name: bed.pod_ready(name), f"{name} ready", timeout=120)
         yield bed
 
@@ -43,10 +46,10 @@ def pod_ips(bed, name):
     return [ip.ip for ip in bed.core.read_namespaced_pod(name, "default").status.pod_ips]
 
 
-def fetch(bed, host, port=80, path="name.txt"):
+def fetch(bed, host, port=80, path="name.txt", pod="client"):
     """GET from the client pod; the body or None."""
     target = f"[{host}]" if ":" in host else host
-    result = bed.kubectl("exec", "client", "--", "timeout", "5", "wget", "-qO-", f"http://{target}:{port}/{path}", check=False)
+    result = bed.kubectl("exec", pod, "--", "timeout", "5", "wget", "-qO-", f"http://{target}:{port}/{path}", check=False)
     return result.stdout.strip() if result.returncode == 0 else None
 
 
@@ -89,6 +92,31 @@ def test_both_cluster_ips_reach_every_backend(bed):
             if seen >= {"server-1", "server-2"}:
                 break
         assert seen == {"server-1", "server-2"}, (ip, seen)
+
+
+def test_the_userspace_proxy_serves_both_families(bed):
+    """Node 3's proxy runs in userspace: an `ip` and an `ip6` table send
+    both cluster IPs to its listeners on the node's two addresses, which
+    reach every backend; its NodePort listens on both families."""
+    spec = bed.core.read_namespaced_service("web", "default").spec
+    for ip in spec.cluster_ips:
+        seen = {wait_for(lambda ip=ip: fetch(bed, ip, pod="client-3"), f"{ip} answering on node 3", timeout=30)}
+        for _ in range(TRIES):
+            seen.add(fetch(bed, ip, pod="client-3"))
+            if seen >= {"server-1", "server-2"}:
+                break
+        assert seen == {"server-1", "server-2"}, (ip, seen)
+    # The listener connects from the node: the backend (on node 1 or 2)
+    # sees node 3's IPv6 address.
+    peer = fetch(bed, spec.cluster_ips[1], path="cgi-bin/peer", pod="client-3")
+    assert peer == f"[{bed.lan.address6(3)}]", peer
+    node_port = spec.ports[0].node_port
+    get = lambda: bed.lan.run("lan", "curl", "-s", "--max-time", "5",
+                              f"http://[{bed.lan.address6(3)}]:{node_port}/name.txt", check=False)
+    result = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(get()), "node 3's IPv6 node port", timeout=30)
+    assert result.stdout.strip() in ("server-1", "server-2"), result
+    table = bed.lan.run(3, "nft", "list", "table", "ip6", "portal", check=False).stdout
+    assert f"dnat to [{bed.lan.address6(3)}]:" in table or f"dnat ip6 to [{bed.lan.address6(3)}]:" in table, table
 
 
 def test_a_single_stack_ipv6_service_works(bed):

@@ -39,6 +39,9 @@ pub struct Config {
     /// This node's address: userspace listeners bind it, and the kernel
     /// redirects Service traffic to them there.
     pub node_ip: Option<Ipv4Addr>,
+    /// Its IPv6 address on a dual-stack node: the userspace listeners of
+    /// IPv6 Service ports bind it.
+    pub node_ip6: Option<std::net::Ipv6Addr>,
     /// This node's name: its endpoints are the local ones of traffic
     /// policies (`Local`); none treats no endpoint as local.
     pub node_name: Option<String>,
@@ -50,6 +53,8 @@ pub struct Config {
 pub enum Error {
     #[error("nftables mode: {0}")]
     Nftables(#[from] nftables::Error),
+    #[error("starting the proxy: {0}")]
+    Start(String),
 }
 
 /// A running proxy.
@@ -72,6 +77,7 @@ fn nftables_usable() -> bool {
 /// Starts the watches and the sync loop; they run until the process ends.
 /// Must be called inside a tokio runtime.
 pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error> {
+    // (`nft` runs as a process: off the runtime's threads.)
     let nft = tokio::task::spawn_blocking(nftables_usable)
         .await
         .unwrap_or(false);
@@ -86,19 +92,24 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
                 // Surface nft's own message (missing binary, no permission).
                 nftables::Nft::chains(&mut nftables::NftCommand::default())?;
             }
-            Box::new(nftables::Tables::kernel())
+            Box::new(
+                tokio::task::spawn_blocking(nftables::Tables::kernel)
+                    .await
+                    .map_err(|e| Error::Start(e.to_string()))?,
+            )
         }
         _ => {
             let redirect = match config.node_ip {
-                Some(ip) if nft => Some(ip),
+                Some(_) if nft => true,
                 Some(_) => {
                     tracing::info!("nftables unavailable: Services are reachable on the proxy's listeners only");
-                    None
+                    false
                 }
-                None => None,
+                None => false,
             };
             Box::new(userspace::Userspace::new(
                 config.node_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+                config.node_ip6,
                 redirect,
                 tokio::runtime::Handle::current(),
             ))

@@ -87,9 +87,10 @@ struct ProxyArgs {
     /// node address unless `--node-ip` is given.
     #[arg(long)]
     node_name: Option<String>,
-    /// This node's address (userspace listeners bind it).
-    #[arg(long)]
-    node_ip: Option<std::net::Ipv4Addr>,
+    /// This node's address, and its IPv6 one after a comma on a dual-stack
+    /// node (userspace listeners bind them); default: its Node's InternalIPs.
+    #[arg(long, value_name = "IPv4[,IPv6]")]
+    node_ip: Option<agent::NodeIps>,
     /// Kernel (nftables) or userspace data plane; auto: nftables when usable.
     #[arg(long, value_enum, default_value = "auto")]
     mode: ProxyMode,
@@ -121,7 +122,7 @@ enum ProxyMode {
 impl ProxyMode {
     fn config(
         self,
-        node_ip: Option<std::net::Ipv4Addr>,
+        node_ip: Option<agent::NodeIps>,
         node_name: Option<String>,
         timing: &ProxyTiming,
     ) -> portal_proxy::Config {
@@ -131,7 +132,8 @@ impl ProxyMode {
                 Self::Nftables => portal_proxy::Mode::Nftables,
                 Self::Userspace => portal_proxy::Mode::Userspace,
             },
-            node_ip,
+            node_ip: node_ip.map(|ips| ips.v4),
+            node_ip6: node_ip.and_then(|ips| ips.v6),
             node_name,
             min_sync_period: timing.min_sync_period,
             sync_period: timing.sync_period,
@@ -529,7 +531,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         let client =
             portal_client::client_from_kubeconfig(&node_kubeconfig, "portal-proxy").await?;
         let node_ip = match node_ip {
-            Some(IpAddr::V4(ip)) => Some(ip),
+            Some(IpAddr::V4(v4)) => Some(agent::NodeIps { v4, v6: node_ip6 }),
             _ => None,
         };
         // `portal reset` leaves this namespace's tables while it runs.
@@ -762,20 +764,34 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
 }
 
 /// The node's InternalIP (IPv4) from its Node object.
-async fn node_internal_ip(client: &kube::Client, name: &str) -> Result<std::net::Ipv4Addr, Error> {
+/// The Node's first InternalIP of each family (an IPv4 one is needed).
+async fn node_internal_ip(client: &kube::Client, name: &str) -> Result<agent::NodeIps, Error> {
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let error = |message: String| Error::Node {
         name: name.to_owned(),
         message,
     };
     let node = nodes.get(name).await.map_err(|e| error(e.to_string()))?;
-    node.status
+    let internal: Vec<std::net::IpAddr> = node
+        .status
         .and_then(|s| s.addresses)
         .into_iter()
         .flatten()
         .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse().ok())
-        .ok_or_else(|| error("has no IPv4 InternalIP; pass --node-ip".into()))
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
+    let v4 = internal
+        .iter()
+        .find_map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => Some(*v4),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .ok_or_else(|| error("has no IPv4 InternalIP; pass --node-ip".into()))?;
+    let v6 = internal.iter().find_map(|ip| match ip {
+        std::net::IpAddr::V6(v6) => Some(*v6),
+        std::net::IpAddr::V4(_) => None,
+    });
+    Ok(agent::NodeIps { v4, v6 })
 }
 
 /// Answers every HTTP request on `listener` with the metrics `encode` gives.

@@ -62,8 +62,14 @@ pub(crate) async fn node(args: NodeArgs) -> Result<(), Error> {
     portal_agent::reset::hold_network_lock();
     let proxy = portal_proxy::start(
         client.clone(),
-        args.proxy_mode
-            .config(Some(node_ip), Some(name.clone()), &args.proxy),
+        args.proxy_mode.config(
+            Some(crate::agent::NodeIps {
+                v4: node_ip,
+                v6: args.node_ip.and_then(|ips| ips.v6),
+            }),
+            Some(name.clone()),
+            &args.proxy,
+        ),
     )
     .await?;
     let config = args.agent.config(

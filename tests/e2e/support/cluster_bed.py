@@ -30,9 +30,12 @@ def placed_pod(name, image, node, labels, command):
 
 
 class Bed:
-    def __init__(self, tmp, routed=False, extra=(), count=3, server_extra=(), ipv6=False, api_bind="0.0.0.0:0"):
+    def __init__(self, tmp, routed=False, extra=(), count=3, server_extra=(), ipv6=False, api_bind="0.0.0.0:0",
+                 proxy_modes=None):
         self.tmp = tmp
         self.api_bind = api_bind
+        # Worker index → its proxy mode (default nftables).
+        self.proxy_modes = proxy_modes or {}
         self.count = count
         self.lan = Lan(count, routed=routed, ipv6=ipv6)
         self.extra = list(extra)
@@ -75,7 +78,7 @@ class Bed:
         return [
             BINARY, "node", "--server", self.server, "--token-file", str(token_file or self.token_file),
             "--node-name", name or NAMES[i], "--node-ip", self.node_ip(i),
-            "--data-dir", str(data_dir or self.tmp / f"n{i}"), "--proxy-mode", "nftables",
+            "--data-dir", str(data_dir or self.tmp / f"n{i}"), "--proxy-mode", self.proxy_modes.get(i, "nftables"),
             "--registry-mirror", f"docker.io=http://{mirror}", "--insecure-registry", mirror,
             "--node-lease-duration-seconds", LEASE_SECONDS, *self.extra,
         ]

@@ -151,8 +151,8 @@ impl Nftables<NftCommand> {
 
     /// Rules for the userspace proxy: every Service port's "endpoint" is
     /// the proxy's listener; no masquerading (the proxy terminates).
-    pub fn redirecting() -> Self {
-        Self::new(NftCommand::default(), Family::V4, External::Keep, None)
+    pub fn redirecting(family: Family) -> Self {
+        Self::new(NftCommand { family }, family, External::Keep, None)
     }
 }
 

@@ -1,9 +1,12 @@
 //! Userspace mode (SPEC P3): a listening socket per Service port (on the
-//! node address, and on its node port), each connection or UDP client sent
-//! to an endpoint by round robin or ClientIP affinity, with a retry on
-//! another endpoint when a connect fails. The proxying needs no privilege;
-//! where nftables is usable, cluster IPs, external and load-balancer
-//! addresses are redirected to the listeners by the kernel.
+//! node address of the port's family, and on its node port), each
+//! connection or UDP client sent to an endpoint by round robin or ClientIP
+//! affinity, with a retry on another endpoint when a connect fails. The
+//! proxying needs no privilege; where nftables is usable, cluster IPs,
+//! external and load-balancer addresses are redirected to the listeners
+//! by the kernel (an `ip` and, on a node with an IPv6 address, an `ip6`
+//! table). IPv6 Service ports are served once the node has an IPv6
+//! address (`--node-ip IPv4,IPv6`).
 
 mod balancer;
 mod splice;
@@ -11,13 +14,13 @@ mod tcp;
 mod udp;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
 
-use crate::model::{Protocol, ServiceKey, ServicePort};
+use crate::model::{Family, Protocol, ServiceKey, ServicePort};
 use crate::nftables::{NftCommand, Nftables};
 use crate::tracker::Changes;
 use balancer::Balancer;
@@ -27,7 +30,7 @@ use balancer::Balancer;
 struct Listener {
     balancer: Arc<Balancer>,
     /// Where the proxy listens for this port (on the node address).
-    addr: SocketAddrV4,
+    addr: SocketAddr,
     node_port: Option<u16>,
     tasks: Vec<AbortHandle>,
 }
@@ -38,6 +41,19 @@ impl Drop for Listener {
             task.abort();
         }
     }
+}
+
+/// A non-blocking socket for a listener at `addr`: address reuse, and
+/// IPv6 sockets IPv6 only (a Service's IPv6 node port must not take the
+/// IPv4 one's port).
+fn socket(addr: SocketAddr, kind: socket2::Type) -> std::io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), kind, None)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
 }
 
 /// Binds, waiting briefly while the address is still held by a listener
@@ -55,28 +71,56 @@ fn retry_in_use<T>(mut bind: impl FnMut() -> std::io::Result<T>) -> std::io::Res
     }
 }
 
+/// A listener's slot: a Service port of one family.
+type Slot = (ServiceKey, String, Protocol, Family);
+
+fn slot(key: &ServiceKey, port: &ServicePort) -> Slot {
+    (
+        key.clone(),
+        port.port_name.clone(),
+        port.protocol,
+        port.family(),
+    )
+}
+
 #[derive(Debug)]
 pub struct Userspace {
     bind: Ipv4Addr,
-    /// The kernel rules sending Service addresses to the listeners.
+    /// The node's IPv6 address: IPv6 Service ports listen there.
+    bind6: Option<Ipv6Addr>,
+    /// The kernel rules sending Service addresses to the listeners, per
+    /// family.
     redirect: Option<Nftables<NftCommand>>,
+    redirect6: Option<Nftables<NftCommand>>,
     handle: Handle,
-    listeners: HashMap<(ServiceKey, String, Protocol), Listener>,
+    listeners: HashMap<Slot, Listener>,
     /// Services with a port that could not listen (node port taken):
     /// tried again at each sync without failing the others.
     unbound: BTreeMap<ServiceKey, Vec<ServicePort>>,
 }
 
 impl Userspace {
-    /// Listeners bind `bind`; with `redirect` (the node address), nftables
-    /// sends Service traffic to them.
-    pub fn new(bind: Ipv4Addr, redirect: Option<Ipv4Addr>, handle: Handle) -> Self {
+    /// Listeners bind `bind` (and `bind6` for IPv6 Service ports); with
+    /// `redirect`, nftables sends Service traffic to them.
+    pub fn new(bind: Ipv4Addr, bind6: Option<Ipv6Addr>, redirect: bool, handle: Handle) -> Self {
         Self {
             bind,
-            redirect: redirect.map(|_| Nftables::redirecting()),
+            bind6,
+            redirect: redirect.then(|| Nftables::redirecting(Family::V4)),
+            redirect6: (redirect && bind6.is_some()).then(|| Nftables::redirecting(Family::V6)),
             handle,
             listeners: HashMap::new(),
             unbound: BTreeMap::new(),
+        }
+    }
+
+    /// The address this port's listener binds (port 0: any free one), and
+    /// the wildcard of its family for its node port; `None`: the node has
+    /// no address of the port's family.
+    fn addresses(&self, port: &ServicePort) -> Option<(IpAddr, IpAddr)> {
+        match port.family() {
+            Family::V4 => Some((self.bind.into(), Ipv4Addr::UNSPECIFIED.into())),
+            Family::V6 => Some((self.bind6?.into(), Ipv6Addr::UNSPECIFIED.into())),
         }
     }
 
@@ -86,15 +130,17 @@ impl Userspace {
         &self,
         port: &ServicePort,
         balancer: &Arc<Balancer>,
-    ) -> std::io::Result<(SocketAddrV4, Vec<AbortHandle>)> {
-        let (addr, main) = self.serve(port.protocol, SocketAddrV4::new(self.bind, 0), balancer)?;
+    ) -> std::io::Result<(SocketAddr, Vec<AbortHandle>)> {
+        let Some((node, any)) = self.addresses(port) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrNotAvailable,
+                "the node has no IPv6 address (--node-ip IPv4,IPv6)",
+            ));
+        };
+        let (addr, main) = self.serve(port.protocol, SocketAddr::new(node, 0), balancer)?;
         let mut tasks = vec![main];
         if let Some(node_port) = port.node_port {
-            match self.serve(
-                port.protocol,
-                SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, node_port),
-                balancer,
-            ) {
+            match self.serve(port.protocol, SocketAddr::new(any, node_port), balancer) {
                 Ok((_, task)) => tasks.push(task),
                 Err(error) => {
                     tasks.iter().for_each(AbortHandle::abort);
@@ -108,9 +154,9 @@ impl Userspace {
     fn serve(
         &self,
         protocol: Protocol,
-        addr: SocketAddrV4,
+        addr: SocketAddr,
         balancer: &Arc<Balancer>,
-    ) -> std::io::Result<(SocketAddrV4, AbortHandle)> {
+    ) -> std::io::Result<(SocketAddr, AbortHandle)> {
         // Registering sockets with the reactor needs the runtime's context.
         let _guard = self.handle.enter();
         let balancer = balancer.clone();
@@ -118,7 +164,7 @@ impl Userspace {
             Protocol::Tcp => {
                 let listener = tcp::listen(addr)?;
                 (
-                    tcp::local_v4(listener.local_addr()?),
+                    listener.local_addr()?,
                     self.handle
                         .spawn(tcp::serve(listener, balancer))
                         .abort_handle(),
@@ -127,7 +173,7 @@ impl Userspace {
             Protocol::Udp => {
                 let socket = udp::bind(addr)?;
                 (
-                    tcp::local_v4(socket.local_addr()?),
+                    socket.local_addr()?,
                     self.handle
                         .spawn(udp::serve(socket, balancer))
                         .abort_handle(),
@@ -142,18 +188,18 @@ impl Userspace {
         if full {
             // Keep listeners of Services still present (no reconnects).
             self.listeners
-                .retain(|(key, _, _), _| services.contains_key(key));
+                .retain(|(key, ..), _| services.contains_key(key));
         }
         for (key, ports) in services {
-            let wanted: Vec<(String, Protocol)> = ports
+            let wanted: Vec<(String, Protocol, Family)> = ports
                 .iter()
-                .map(|p| (p.port_name.clone(), p.protocol))
+                .map(|p| (p.port_name.clone(), p.protocol, p.family()))
                 .collect();
-            self.listeners.retain(|(k, name, protocol), _| {
-                k != key || wanted.contains(&(name.clone(), *protocol))
+            self.listeners.retain(|(k, name, protocol, family), _| {
+                k != key || wanted.contains(&(name.clone(), *protocol, *family))
             });
             for port in ports {
-                let slot = (key.clone(), port.port_name.clone(), port.protocol);
+                let slot = slot(key, port);
                 if let Some(listener) = self.listeners.get(&slot) {
                     if listener.node_port == port.node_port {
                         listener.balancer.update(port);
@@ -194,15 +240,13 @@ impl Userspace {
                 let ports = ports
                     .iter()
                     .filter_map(|p| {
-                        let listener =
-                            self.listeners
-                                .get(&(key.clone(), p.port_name.clone(), p.protocol))?;
+                        let listener = self.listeners.get(&slot(key, p))?;
                         Some(ServicePort {
                             // None yet: rejected in the kernel, as in kernel mode.
                             endpoints: if p.endpoints.is_empty() {
                                 Vec::new()
                             } else {
-                                vec![std::net::SocketAddr::V4(listener.addr)]
+                                vec![listener.addr]
                             },
                             affinity: None,
                             // The listener on the node port serves it directly.
@@ -235,13 +279,11 @@ impl crate::runner::Backend for Userspace {
             std::mem::take(&mut self.unbound)
         };
         self.unbound.clear();
-        // IPv4 only: the listeners are the node's IPv4 sockets (IPv6
-        // Services need the kernel mode).
+        // The ports of a family the node has an address of (IPv6 ones
+        // wait for `--node-ip IPv4,IPv6`).
         services.extend(changes.services.iter().map(|(k, ports)| {
-            let v4 = ports
-                .iter()
-                .filter(|p| p.family() == crate::model::Family::V4);
-            (k.clone(), v4.cloned().collect())
+            let served = ports.iter().filter(|p| self.addresses(p).is_some());
+            (k.clone(), served.cloned().collect())
         }));
         self.sync_listeners(&services, full);
         if self.redirect.is_some() {
@@ -249,7 +291,11 @@ impl crate::runner::Backend for Userspace {
                 services,
                 triggers: Vec::new(),
             });
-            if let Some(nft) = &mut self.redirect {
+            // (Each table takes its family's ports.)
+            for nft in [&mut self.redirect, &mut self.redirect6]
+                .into_iter()
+                .flatten()
+            {
                 nft.sync(&redirected, full).map_err(|e| e.to_string())?;
             }
         }
@@ -257,6 +303,7 @@ impl crate::runner::Backend for Userspace {
     }
 
     fn tampered(&mut self) -> bool {
-        self.redirect.as_mut().is_some_and(Nftables::tampered)
+        let v4 = self.redirect.as_mut().is_some_and(Nftables::tampered);
+        v4 | self.redirect6.as_mut().is_some_and(Nftables::tampered)
     }
 }

@@ -1,7 +1,7 @@
 //! TCP: accept, connect to an endpoint (another one when a connect fails),
 //! then copy both ways until both sides are done.
 
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,23 +19,11 @@ const ATTEMPTS: [Duration; 4] = [
     Duration::from_secs(2),
 ];
 
-pub(crate) fn listen(addr: SocketAddrV4) -> std::io::Result<TcpListener> {
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.set_reuseaddr(true)?;
-    super::retry_in_use(|| socket.bind(addr.into()))?;
-    socket.listen(1024)
-}
-
-pub(crate) fn local_v4(addr: SocketAddr) -> SocketAddrV4 {
-    match addr {
-        SocketAddr::V4(v4) => v4,
-        SocketAddr::V6(v6) => SocketAddrV4::new(
-            v6.ip()
-                .to_ipv4_mapped()
-                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
-            v6.port(),
-        ),
-    }
+pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = super::socket(addr, socket2::Type::STREAM)?;
+    super::retry_in_use(|| socket.bind(&addr.into()))?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
 }
 
 /// Concurrent connections per listener (bounded memory and descriptors);

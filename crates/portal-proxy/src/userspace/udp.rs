@@ -3,7 +3,7 @@
 //! sessions end.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,10 +20,10 @@ const IDLE: Duration = Duration::from_secs(30);
 const MAX_SESSIONS: usize = 4096;
 const MAX_DATAGRAM: usize = 65_536;
 
-pub(crate) fn bind(addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
-    let socket = super::retry_in_use(|| std::net::UdpSocket::bind(addr))?;
-    socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket)
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let socket = super::socket(addr, socket2::Type::DGRAM)?;
+    super::retry_in_use(|| socket.bind(&addr.into()))?;
+    UdpSocket::from_std(socket.into())
 }
 
 /// A client's session: its socket to the endpoint, and when the client
@@ -80,7 +80,11 @@ pub(crate) async fn serve(socket: UdpSocket, balancer: Arc<Balancer>) {
 /// a "failed connect" is only a local error (no route): then the next.
 async fn open(client: SocketAddr, balancer: &Balancer) -> Option<Arc<UdpSocket>> {
     for endpoint in balancer.candidates(client.ip(), 4) {
-        let Ok(socket) = UdpSocket::bind("0.0.0.0:0").await else {
+        let any: SocketAddr = match endpoint {
+            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        let Ok(socket) = UdpSocket::bind(any).await else {
             return None;
         };
         if socket.connect(endpoint).await.is_ok() {

@@ -2,14 +2,16 @@
 """Dual-stack data path (issue 31), one run, on two nodes of a LAN with
 IPv4 and IPv6 the bench makes (the bed of tests/e2e/support/cluster_bed.py,
 dual-stack pod and service ranges): new connections per second (connect,
-one byte each way, close; one client) from a pod on node-2 to a pod on
+one byte each way, close; one client) and the p99 of one such exchange,
+from a pod on node-2 to a pod on
 node-1, over IPv4 and IPv6, directly and through a RequireDualStack
-Service's two cluster IPs. The IPv4 paths are the anchors: the same run,
-the same pods, only the family differs.
+Service's two cluster IPs, with host-gw routes and over the VXLAN overlay
+(IPv6 inside the IPv4 underlay). The IPv4 paths are the anchors: the same
+run, the same pods, only the family differs.
 
 The tools run in the pods' own network namespaces (`ip netns exec
 portal-<tag>-<uid>`). Writes a Markdown table to $BENCH_OUT (or stdout).
-Usage: bench/dual_stack.py [--connections 3000] [--rounds 3]
+Usage: bench/dual_stack.py [--connections 3000] [--rounds 3] [--pod-network host-gw,vxlan]
 """
 
 import argparse
@@ -25,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PORTAL_BIN", str(ROOT / "target" / "release" / "portal"))
 
-from common import pod_netns  # noqa: E402
+from common import percentile, pod_netns  # noqa: E402
 from support.cluster_bed import NAMES, Bed  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
@@ -46,30 +48,32 @@ while True:
     c.close()
 """
 
+# Each exchange timed: connect, a byte each way (the answer), close.
 CONNECT = """
 import json, socket, sys, time
 host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+times = []
 start = time.perf_counter()
 for _ in range(count):
+    t = time.perf_counter()
     c = socket.create_connection((host, port), timeout=5)
     c.sendall(b"x"); c.recv(1); c.close()
-print(json.dumps(count / (time.perf_counter() - start)))
+    times.append(time.perf_counter() - t)
+print(json.dumps({"rate": count / (time.perf_counter() - start), "times": times}))
 """
 
 
-def rate(client_ns, host, port, connections):
+def exchanges(client_ns, host, port, connections):
+    """{"rate": per second, "times": [seconds per exchange]}."""
     out = subprocess.run(["ip", "netns", "exec", client_ns, "python3", "-c", CONNECT, host, str(port), str(connections)],
                          capture_output=True, text=True, check=True, timeout=300).stdout
     return json.loads(out)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--connections", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+def measure(network, args):
+    """{(path, family): [rates]} on a fresh two-node bed with `network`."""
     with tempfile.TemporaryDirectory(prefix="portal-bench-dual-") as d, \
-            Bed(pathlib.Path(d), count=2, ipv6=True, server_extra=DUAL) as bed:
+            Bed(pathlib.Path(d), count=2, ipv6=True, server_extra=DUAL, extra=["--pod-network", network]) as bed:
         core = bed.core
         for name, node, labels in (("server", 1, {"app": "server"}), ("client", 2, {"app": "client"})):
             core.create_namespaced_pod("default", {"metadata": {"name": name, "labels": labels}, "spec": {
@@ -93,22 +97,36 @@ def main():
                     wait_for(lambda host=host, port=port: subprocess.run(
                         ["ip", "netns", "exec", client_ns, "python3", "-c", CONNECT, host, str(port), "1"],
                         capture_output=True, timeout=30).returncode == 0, f"{host} answering", timeout=60)
-                    rate(client_ns, host, port, 200)
+                    exchanges(client_ns, host, port, 200)
             # Families alternate within each round: drift hits both alike.
             results = {}
             for _ in range(args.rounds):
                 for label, v4, v6, port in paths:
                     for family, host in (("IPv4", v4), ("IPv6", v6)):
-                        results.setdefault((label, family), []).append(rate(client_ns, host, port, args.connections))
+                        results.setdefault((label, family), []).append(exchanges(client_ns, host, port, args.connections))
+            return results
         finally:
             listener.kill()
             listener.wait()
-    best = {key: max(values) for key, values in results.items()}
-    lines = ["| new connections/s, across nodes (best of rounds) | IPv4 (anchor) | IPv6 | IPv6 / IPv4 |",
-             "| --- | ---: | ---: | ---: |"]
-    for label, *_ in paths:
-        v4, v6 = best[(label, "IPv4")], best[(label, "IPv6")]
-        lines.append(f"| {label} | {v4:.0f} | {v6:.0f} | {v6 / v4:.2f}× |")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--connections", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pod-network", default="host-gw,vxlan")
+    args = parser.parse_args()
+    lines = ["| across nodes | connections/s IPv4 (anchor) | IPv6 | IPv6 / IPv4 "
+             "| exchange p99 IPv4 (anchor) | IPv6 | IPv6 / IPv4 |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for network in args.pod_network.split(","):
+        results = measure(network, args)
+        for label in ("pod → pod", "pod → cluster IP"):
+            # Rate: best of rounds; p99: over every exchange of all rounds.
+            rate = {f: max(r["rate"] for r in results[(label, f)]) for f in ("IPv4", "IPv6")}
+            p99 = {f: 1000 * percentile([t for r in results[(label, f)] for t in r["times"]], 99) for f in ("IPv4", "IPv6")}
+            lines.append(f"| {label}, {network} | {rate['IPv4']:.0f} | {rate['IPv6']:.0f} | {rate['IPv6'] / rate['IPv4']:.2f}× "
+                         f"| {p99['IPv4']:.2f} ms | {p99['IPv6']:.2f} ms | {p99['IPv6'] / p99['IPv4']:.2f}× |")
     table = "\n".join(lines) + "\n"
     out = os.environ.get("BENCH_OUT")
     if out:

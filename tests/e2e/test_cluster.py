@@ -616,13 +616,28 @@ def test_joined_nodes_read_only_what_their_pods_name(bed):
 def test_vxlan_overlay_across_subnets(tmp_path):
     """Nodes on three subnets (no shared link, host-gw cannot route): with
     `--pod-network vxlan` the same client-to-Service test passes, through
-    the overlay device."""
-    with Bed(tmp_path, routed=True, extra=["--pod-network", "vxlan"]) as bed:
+    the overlay device. The pod network is dual-stack: the overlay carries
+    IPv6 between pods too, over the IPv4 underlay (the nodes have no IPv6
+    address at all)."""
+    dual = ["--cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"]
+    with Bed(tmp_path, routed=True, extra=["--pod-network", "vxlan"], server_extra=dual) as bed:
         try:
             for i in (1, 2, 3):
-                wait_for(lambda i=i: bed.lan.run(i, "ip", "-4", "route", "show", "proto", "117").stdout.count("dev portal.vxlan") == 2,
-                         f"{NAMES[i]}'s overlay routes")
+                for family in ("-4", "-6"):
+                    wait_for(lambda i=i, family=family: bed.lan.run(i, "ip", family, "route", "show", "proto", "117").stdout.count("dev portal.vxlan") == 2,
+                             f"{NAMES[i]}'s overlay routes ({family})")
             reach_across_nodes(bed)
+            # IPv6 from node-3 to a pod on node-1, through the overlay; the
+            # server sees the client's own IPv6 address (nothing NATed).
+            far_v6 = next(ip.ip for ip in bed.core.read_namespaced_pod("far-1", NS).status.pod_ips if ":" in ip.ip)
+            bed.core.create_namespaced_pod(NS, {"metadata": {"name": "client6"}, "spec": {
+                "nodeName": NAMES[3], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "client", "image": bed.image, "command": [
+                    "sh", "-c", f"echo \"name $(timeout 5 wget -qO- http://[{far_v6}]:8080/name.txt)\"; "
+                                f"echo \"peer $(timeout 5 wget -qO- http://[{far_v6}]:8080/cgi-bin/peer)\""]}]}})
+            out = bed.pod_output("client6")
+            client_v6 = next(ip.ip for ip in bed.core.read_namespaced_pod("client6", NS).status.pod_ips if ":" in ip.ip)
+            assert "name far-1" in out and f"peer [{client_v6}]" in out, out
             # Pods get the overlay's MTU (underlay 1500 less 50).
             core = bed.core
             core.create_namespaced_pod(NS, {"metadata": {"name": "mtu"}, "spec": {

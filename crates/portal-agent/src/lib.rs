@@ -221,16 +221,15 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         routes::PodNetwork::Vxlan => Some(vxlan::pod_mtu(ip).await),
         routes::PodNetwork::HostGw => None,
     };
-    // Pods get IPv6 addresses only where other nodes route to them: a node
-    // with an IPv6 address of its own, on host-gw (VXLAN carries IPv4).
+    // Pods get IPv6 addresses only where other nodes route to them: over
+    // the VXLAN overlay (which carries IPv6 over the IPv4 underlay), or
+    // on host-gw via the node's own IPv6 address.
     let pod_ranges = match (range.v6, config.node_ip6, config.pod_network) {
-        (Some(_), Some(_), routes::PodNetwork::HostGw) | (None, _, _) => range,
-        (Some(v6), None, _) => {
+        (Some(_), Some(_), routes::PodNetwork::HostGw)
+        | (Some(_), _, routes::PodNetwork::Vxlan)
+        | (None, _, _) => range,
+        (Some(v6), None, routes::PodNetwork::HostGw) => {
             tracing::warn!(pod_cidr = %v6, "the node has an IPv6 pod range but no IPv6 address (--node-ip IPv4,IPv6): its pods get IPv4 addresses only");
-            range.ipv4_only()
-        }
-        (Some(v6), Some(_), routes::PodNetwork::Vxlan) => {
-            tracing::warn!(pod_cidr = %v6, "the VXLAN overlay carries IPv4 only: pods get IPv4 addresses only");
             range.ipv4_only()
         }
     };

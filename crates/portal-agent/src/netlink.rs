@@ -502,11 +502,11 @@ impl Netlink {
 
     /// A permanent neighbour entry (`ip neigh replace IP lladdr MAC dev
     /// NAME nud permanent`).
-    pub async fn replace_neighbour(&self, name: &str, ip: Ipv4Addr, mac: &[u8]) -> Result<()> {
+    pub async fn replace_neighbour(&self, name: &str, ip: IpAddr, mac: &[u8]) -> Result<()> {
         let index = self.index_of(name).await?;
         self.handle
             .neighbours()
-            .add(index, IpAddr::V4(ip))
+            .add(index, ip)
             .link_layer_address(mac)
             .state(NeighbourState::Permanent)
             .replace()
@@ -538,30 +538,24 @@ impl Netlink {
         Ok(found)
     }
 
-    /// The IPv4 neighbours on the link.
-    pub async fn neighbours(&self, name: &str) -> Result<Vec<Ipv4Addr>> {
-        Ok(self
-            .neighbour_entries(name, AddressFamily::Inet)
-            .await?
-            .iter()
-            .filter_map(|entry| {
-                entry
-                    .attributes
-                    .iter()
-                    .find_map(|attribute| match attribute {
-                        NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(*ip),
-                        _ => None,
-                    })
-            })
-            .collect())
+    /// The neighbours on the link, of both families.
+    pub async fn neighbours(&self, name: &str) -> Result<Vec<IpAddr>> {
+        let mut found = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let entries = self.neighbour_entries(name, family).await?;
+            found.extend(entries.iter().filter_map(neighbour_address));
+        }
+        Ok(found)
     }
 
     /// Deletes the neighbour entry for `ip` on the link.
-    pub async fn delete_neighbour(&self, name: &str, ip: Ipv4Addr) -> Result<()> {
-        for entry in self.neighbour_entries(name, AddressFamily::Inet).await? {
-            let matches = entry.attributes.iter().any(|attribute| {
-                matches!(attribute, NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) if *a == ip)
-            });
+    pub async fn delete_neighbour(&self, name: &str, ip: IpAddr) -> Result<()> {
+        let family = match ip {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        for entry in self.neighbour_entries(name, family).await? {
+            let matches = neighbour_address(&entry) == Some(ip);
             if matches {
                 self.handle
                     .neighbours()
@@ -639,6 +633,18 @@ impl Netlink {
         }
         Ok(())
     }
+}
+
+/// The address a neighbour entry is for.
+fn neighbour_address(entry: &NeighbourMessage) -> Option<IpAddr> {
+    entry
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
+            _ => None,
+        })
 }
 
 /// A MAC address as `ip` prints it (`02:42:ac:11:00:02`).

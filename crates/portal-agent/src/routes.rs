@@ -6,7 +6,8 @@
 //! from pods to anywhere outside the pod ranges is masqueraded behind the
 //! node's address (nftables tables `ip portal_egress`, `ip6
 //! portal_egress`), as flannel's `--ip-masq` does, so the rest of the
-//! network needs no routes to pods. The VXLAN overlay carries IPv4 only.
+//! network needs no routes to pods. The VXLAN overlay carries both
+//! families over an IPv4 underlay.
 //!
 //! The routes carry a protocol number of their own ([`PROTO`]), so the
 //! agent finds the ones it made (also after a restart) and never touches
@@ -23,7 +24,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
-use portal_api::cidr::{IpCidr, Ipv4Cidr};
+use portal_api::cidr::{IpCidr, Ipv4Cidr, Ipv6Cidr};
 
 use crate::netlink::Netlink;
 use crate::vxlan;
@@ -110,32 +111,75 @@ pub fn wanted(nodes: &[Arc<Node>], me: &str) -> BTreeMap<IpCidr, IpAddr> {
 const MIN_PREFIX: u8 = 8;
 const MIN_PREFIX_V6: u8 = 32;
 
-/// The overlay's peers: the nodes of `routes` that published a MAC. Two
-/// nodes claiming one MAC are both left out (frames for it would go to
-/// whichever was written last).
+/// A node's IPv4 and IPv6 pod ranges (the first of each family).
+fn family_ranges(node: &Node) -> (Option<Ipv4Cidr>, Option<Ipv6Cidr>) {
+    let ranges = ranges_of(node);
+    let v4 = ranges.iter().find_map(|r| match r {
+        IpCidr::V4(v4) => Some(*v4),
+        IpCidr::V6(_) => None,
+    });
+    let v6 = ranges.iter().find_map(|r| match r {
+        IpCidr::V6(v6) => Some(*v6),
+        IpCidr::V4(_) => None,
+    });
+    (v4, v6)
+}
+
+/// One node reached through the overlay: its entries, and its IPv6 range
+/// (routed through the overlay too) on a dual-stack cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverlayPeer {
+    pub peer: vxlan::Peer,
+    pub range6: Option<Ipv6Cidr>,
+}
+
+/// The overlay's peers by IPv4 pod range: the nodes of `routes` that
+/// published a MAC. Two nodes claiming one MAC are both left out (frames
+/// for it would go to whichever was written last). A peer's IPv6 range
+/// rides along, unless it overlaps one of `mine` or is wider than a
+/// node's share.
 pub fn peers(
     nodes: &[Arc<Node>],
     routes: &BTreeMap<IpCidr, IpAddr>,
-) -> BTreeMap<Ipv4Cidr, vxlan::Peer> {
-    let candidates: Vec<(Ipv4Cidr, vxlan::Peer)> = nodes
+    mine: &[IpCidr],
+) -> BTreeMap<Ipv4Cidr, OverlayPeer> {
+    let candidates: Vec<(Ipv4Cidr, OverlayPeer)> = nodes
         .iter()
         .filter_map(|n| {
-            let range: Ipv4Cidr = n.spec.as_ref()?.pod_cidr.as_deref()?.parse().ok()?;
+            let (Some(range), range6) = family_ranges(n) else {
+                return None;
+            };
             let IpAddr::V4(vtep) = *routes.get(&IpCidr::V4(range))? else {
                 return None;
             };
             let mac = n.annotations().get(vxlan::MAC_ANNOTATION)?;
             let mac = vxlan::parse_mac(mac)?;
             let gateway = range.nth(0)?;
-            Some((range, vxlan::Peer { gateway, mac, vtep }))
+            let range6 = range6.filter(|r6| {
+                let r6 = IpCidr::V6(*r6);
+                r6.prefix() >= MIN_PREFIX_V6 && !mine.iter().any(|m| m.overlaps(&r6))
+            });
+            let gateway6 = range6.and_then(|r6| r6.nth(0));
+            let peer = vxlan::Peer {
+                gateway,
+                gateway6,
+                mac,
+                vtep,
+            };
+            Some((range, OverlayPeer { peer, range6 }))
         })
         .collect();
     candidates
         .iter()
-        .filter(|(_, peer)| {
-            let unique = candidates.iter().filter(|(_, p)| p.mac == peer.mac).count() == 1;
+        .filter(|(_, candidate)| {
+            let mac = &candidate.peer.mac;
+            let unique = candidates
+                .iter()
+                .filter(|(_, c)| c.peer.mac == *mac)
+                .count()
+                == 1;
             if !unique {
-                tracing::warn!(mac = %peer.mac, "two nodes publish one VXLAN MAC: neither is reached");
+                tracing::warn!(%mac, "two nodes publish one VXLAN MAC: neither is reached");
             }
             unique
         })
@@ -183,12 +227,12 @@ pub(crate) async fn run(
     let mut last: Option<Plan> = None;
     loop {
         let all = nodes.state();
-        let plan = Plan::of(&all, &me, network);
+        let plan = Plan::of(&all, &me, network, ipv6);
         if last.as_ref() != Some(&plan) {
             let mut problems = Vec::new();
             if network == PodNetwork::Vxlan {
-                let peers: Vec<vxlan::Peer> = plan.peers.values().cloned().collect();
-                if let Err(error) = overlay(&node_api, &all, &me, node_ip, &peers).await {
+                let peers: Vec<vxlan::Peer> = plan.peers.values().map(|p| p.peer.clone()).collect();
+                if let Err(error) = overlay(&node_api, &all, &me, (node_ip, ipv6), &peers).await {
                     problems.push(error);
                 }
             }
@@ -218,13 +262,14 @@ pub(crate) async fn run(
 #[derive(Debug, PartialEq, Eq)]
 struct Plan {
     routes: BTreeMap<IpCidr, Route>,
-    peers: BTreeMap<Ipv4Cidr, vxlan::Peer>,
-    /// This node's range and published MAC (the overlay's own part).
-    mine: Option<(Option<String>, Option<String>)>,
+    peers: BTreeMap<Ipv4Cidr, OverlayPeer>,
+    /// This node's ranges and published MAC (the overlay's own part).
+    mine: Option<(Vec<IpCidr>, Option<String>)>,
 }
 
 impl Plan {
-    fn of(nodes: &[Arc<Node>], me: &str, network: PodNetwork) -> Plan {
+    /// `ipv6`: this node's pods have IPv6 (the overlay carries it then).
+    fn of(nodes: &[Arc<Node>], me: &str, network: PodNetwork, ipv6: bool) -> Plan {
         let hosts = wanted(nodes, me);
         if network == PodNetwork::HostGw {
             let routes = hosts
@@ -245,21 +290,27 @@ impl Plan {
                 mine: None,
             };
         }
-        let peers = peers(nodes, &hosts);
-        // Only nodes the overlay reaches are routed, through it.
+        let me = nodes.iter().find(|n| n.name_any() == me);
+        let my_ranges = me.map(|n| ranges_of(n)).unwrap_or_default();
+        let peers = peers(nodes, &hosts, &my_ranges);
+        // Only nodes the overlay reaches are routed, through it: each range
+        // via its first address (the peer's device).
+        let overlay = |via: IpAddr| Route { via, overlay: true };
         let routes = peers
             .iter()
-            .map(|(range, peer)| {
-                let route = Route {
-                    via: IpAddr::V4(peer.gateway),
-                    overlay: true,
-                };
-                (IpCidr::V4(*range), route)
+            .flat_map(|(range, p)| {
+                let v4 = (IpCidr::V4(*range), overlay(IpAddr::V4(p.peer.gateway)));
+                let v6 = p
+                    .range6
+                    .zip(p.peer.gateway6)
+                    .filter(|_| ipv6)
+                    .map(|(r6, gateway6)| (IpCidr::V6(r6), overlay(IpAddr::V6(gateway6))));
+                std::iter::once(v4).chain(v6)
             })
             .collect();
-        let mine = nodes.iter().find(|n| n.name_any() == me).map(|n| {
+        let mine = me.map(|n| {
             (
-                n.spec.as_ref().and_then(|s| s.pod_cidr.clone()),
+                my_ranges.clone(),
                 n.annotations().get(vxlan::MAC_ANNOTATION).cloned(),
             )
         });
@@ -277,22 +328,19 @@ async fn overlay(
     api: &Api<Node>,
     nodes: &[Arc<Node>],
     me: &str,
-    node_ip: Ipv4Addr,
+    (node_ip, ipv6): (Ipv4Addr, bool),
     peers: &[vxlan::Peer],
 ) -> Result<(), String> {
     let Some(node) = nodes.iter().find(|n| n.name_any() == me) else {
         return Err("this node is not registered yet".into());
     };
-    let Some(first) = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.pod_cidr.as_deref())
-        .and_then(|r| r.parse::<Ipv4Cidr>().ok())
-        .and_then(|r| r.nth(0))
-    else {
+    let (range, range6) = family_ranges(node);
+    let Some(first) = range.and_then(|r| r.nth(0)) else {
         return Err("this node has no pod range yet".into());
     };
-    let mac = vxlan::ensure(node_ip, first).await?;
+    // The IPv6 range's first address only where this node's pods have IPv6.
+    let first6 = range6.filter(|_| ipv6).and_then(|r| r.nth(0));
+    let mac = vxlan::ensure(node_ip, first, first6).await?;
     if node.annotations().get(vxlan::MAC_ANNOTATION) != Some(&mac) {
         let patch = serde_json::json!({"metadata": {"annotations": {vxlan::MAC_ANNOTATION: mac}}});
         api.patch(
@@ -520,6 +568,59 @@ mod tests {
         assert!(rules.contains("ip6 saddr @pods ip6 daddr != @pods masquerade"));
         let v4_only = egress_rules(&pod_ranges(&nodes), false);
         assert!(!v4_only.contains("ip6"), "{v4_only}");
+    }
+
+    #[test]
+    fn the_overlay_carries_ipv6_ranges_via_their_first_address() {
+        // IPv6 first (an IPv6-first cluster), no IPv6 InternalIP needed.
+        let overlay_node = |name: &str, v4: &str, v6: &str, ip: &str, mac: &str| -> Arc<Node> {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "annotations": {vxlan::MAC_ANNOTATION: mac}},
+                "spec": {"podCIDR": v6, "podCIDRs": [v6, v4]},
+                "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+            }))
+            .map(Arc::new)
+            .unwrap()
+        };
+        let nodes = [
+            overlay_node(
+                "me",
+                "10.244.0.0/24",
+                "fd00:10:244::/64",
+                "192.168.101.1",
+                "02:00:00:00:00:01",
+            ),
+            overlay_node(
+                "b",
+                "10.244.1.0/24",
+                "fd00:10:244:1::/64",
+                "192.168.102.1",
+                "02:00:00:00:00:02",
+            ),
+        ];
+        let plan = Plan::of(&nodes, "me", PodNetwork::Vxlan, true);
+        let routes: Vec<(String, String, bool)> = plan
+            .routes
+            .iter()
+            .map(|(range, r)| (range.to_string(), r.via.to_string(), r.overlay))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                ("10.244.1.0/24".to_owned(), "10.244.1.0".to_owned(), true),
+                (
+                    "fd00:10:244:1::/64".to_owned(),
+                    "fd00:10:244:1::".to_owned(),
+                    true
+                ),
+            ]
+        );
+        let peer = &plan.peers.values().next().unwrap().peer;
+        assert_eq!(peer.gateway6, Some("fd00:10:244:1::".parse().unwrap()));
+        assert_eq!(peer.vtep, "192.168.102.1".parse::<Ipv4Addr>().unwrap());
+        // Pods without IPv6 here: IPv4 routes only.
+        let v4_only = Plan::of(&nodes, "me", PodNetwork::Vxlan, false);
+        assert_eq!(v4_only.routes.len(), 1);
     }
 
     #[test]

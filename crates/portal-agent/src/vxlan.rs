@@ -11,8 +11,14 @@
 //!
 //! So a pod's packet to another node's pod is wrapped in UDP to that
 //! node's address, which only needs to be reachable, not on the same link.
+//!
+//! On a dual-stack cluster the overlay carries IPv6 too, over the same
+//! IPv4 underlay and device: the device also holds the first address of
+//! the node's IPv6 range, and each peer's IPv6 range is routed via the
+//! first address of that range (`R6 via R6::0 dev portal.vxlan onlink`),
+//! a permanent neighbour of the same MAC.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::netlink::{self, Netlink};
 
@@ -28,8 +34,13 @@ pub const MAC_ANNOTATION: &str = "portal.dev/vxlan-mac";
 const OVERHEAD: u32 = 50;
 
 /// Makes the device (once) with `local` as its source address and `first`
-/// (this node's pod range's first address) on it; its MAC.
-pub(crate) async fn ensure(local: Ipv4Addr, first: Ipv4Addr) -> Result<String, String> {
+/// (this node's pod range's first address; `first6`, its IPv6 range's) on
+/// it; its MAC.
+pub(crate) async fn ensure(
+    local: Ipv4Addr,
+    first: Ipv4Addr,
+    first6: Option<Ipv6Addr>,
+) -> Result<String, String> {
     let node = Netlink::connect().map_err(|e| e.to_string())?;
     let failed = |e: netlink::Error| e.to_string();
     if node.link_index(DEVICE).await.map_err(failed)?.is_none() {
@@ -42,6 +53,11 @@ pub(crate) async fn ensure(local: Ipv4Addr, first: Ipv4Addr) -> Result<String, S
     node.replace_address(DEVICE, first.into(), 32)
         .await
         .map_err(failed)?;
+    if let Some(first6) = first6 {
+        node.replace_address(DEVICE, first6.into(), 128)
+            .await
+            .map_err(failed)?;
+    }
     node.set_up(DEVICE).await.map_err(failed)?;
     node.link_mac(DEVICE)
         .await
@@ -64,6 +80,8 @@ pub fn parse_mac(text: &str) -> Option<String> {
 pub struct Peer {
     /// The first address of its pod range (its device's address).
     pub gateway: Ipv4Addr,
+    /// The first address of its IPv6 pod range, on a dual-stack cluster.
+    pub gateway6: Option<Ipv6Addr>,
     pub mac: String,
     /// Its InternalIP: where its frames are sent.
     pub vtep: Ipv4Addr,
@@ -78,8 +96,12 @@ pub(crate) async fn sync(peers: &[Peer]) -> Result<(), String> {
             failed.push(format!("{}: invalid MAC {:?}", peer.vtep, peer.mac));
             continue;
         };
-        if let Err(error) = node.replace_neighbour(DEVICE, peer.gateway, &mac).await {
-            failed.push(error.to_string());
+        let gateways =
+            std::iter::once(IpAddr::V4(peer.gateway)).chain(peer.gateway6.map(IpAddr::V6));
+        for gateway in gateways {
+            if let Err(error) = node.replace_neighbour(DEVICE, gateway, &mac).await {
+                failed.push(error.to_string());
+            }
         }
         if let Err(error) = node.replace_fdb(DEVICE, &mac, peer.vtep).await {
             failed.push(error.to_string());
@@ -88,7 +110,10 @@ pub(crate) async fn sync(peers: &[Peer]) -> Result<(), String> {
     // Entries of nodes that are gone.
     let neighbours = node.neighbours(DEVICE).await.map_err(|e| e.to_string())?;
     for address in neighbours {
-        if !peers.iter().any(|p| p.gateway == address) {
+        let known = peers.iter().any(|p| {
+            IpAddr::V4(p.gateway) == address || p.gateway6.map(IpAddr::V6) == Some(address)
+        });
+        if !known {
             if let Err(error) = node.delete_neighbour(DEVICE, address).await {
                 failed.push(error.to_string());
             }

@@ -7,6 +7,8 @@ use std::net::IpAddr;
 
 use portal_api::cidr::IpFamily;
 
+use super::topology::{self, Disabled, ZoneShares};
+
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, ObjectReference, Pod, Service,
 };
@@ -292,27 +294,52 @@ pub type SliceContent = (IpFamily, Vec<SlicePort>, Vec<Endpoint>);
 /// order so updates touch few slices. A family without endpoints (none
 /// of the pods has an address of it) has one empty slice, as upstream's
 /// placeholder per address type.
-pub fn slice_contents(service: &Service, endpoints: &[PodEndpoint]) -> Vec<SliceContent> {
-    let mut slices: Vec<SliceContent> = Vec::new();
+///
+/// Hints: a Service in `topology-mode: Auto` gets [`topology`]'s, from the
+/// zones' `shares` of CPU (the annotation wins, as upstream); otherwise
+/// its `trafficDistribution` says.
+pub fn slice_contents(service: &Service, endpoints: &[PodEndpoint], shares: &ZoneShares) -> Wanted {
+    let auto = topology::auto(service);
+    let mut wanted = Wanted::default();
     for family in families(service) {
-        let found = family_slices(service, endpoints, family);
+        let (found, outcome) = family_slices(service, endpoints, family, auto.then_some(shares));
+        if let Some(outcome) = outcome {
+            wanted.auto.push((family, outcome));
+        }
         if found.is_empty() {
-            slices.push((family, placeholder_ports(service), Vec::new()));
+            wanted
+                .slices
+                .push((family, placeholder_ports(service), Vec::new()));
         }
         for (ports, entries) in found {
-            slices.push((family, ports, entries));
+            wanted.slices.push((family, ports, entries));
         }
     }
-    slices
+    wanted
 }
+
+/// A Service's slices, and for `topology-mode: Auto` how hinting went for
+/// each address type.
+#[derive(Debug, Default)]
+pub struct Wanted {
+    pub slices: Vec<SliceContent>,
+    pub auto: Vec<(IpFamily, Result<(), Disabled>)>,
+}
+
+type FamilySlices = Vec<(Vec<SlicePort>, Vec<Endpoint>)>;
 
 fn family_slices(
     service: &Service,
     endpoints: &[PodEndpoint],
     family: IpFamily,
-) -> Vec<(Vec<SlicePort>, Vec<Endpoint>)> {
+    auto: Option<&ZoneShares>,
+) -> (FamilySlices, Option<Result<(), Disabled>>) {
     let all_ready = publish_not_ready(service);
-    let wanted = hints_wanted(service);
+    // `Auto` hints are given below, over all of the family's endpoints.
+    let wanted = match auto {
+        Some(_) => (false, false),
+        None => hints_wanted(service),
+    };
     let mut groups: Vec<(Vec<EndpointPort>, Vec<Endpoint>)> = Vec::new();
     for endpoint in endpoints {
         let Some(ip) = address_of(endpoint, family) else {
@@ -341,6 +368,13 @@ fn family_slices(
             None => groups.push((endpoint.ports.clone(), vec![entry])),
         }
     }
+    let outcome = auto.map(|shares| {
+        let mut all: Vec<&mut Endpoint> = groups
+            .iter_mut()
+            .flat_map(|(_, list)| list.iter_mut())
+            .collect();
+        topology::assign(&mut all, shares)
+    });
     let mut slices = Vec::new();
     for (ports, entries) in groups {
         let slice_ports: Vec<SlicePort> = ports
@@ -358,7 +392,7 @@ fn family_slices(
             slices.push((slice_ports.clone(), chunk.to_vec()));
         }
     }
-    slices
+    (slices, outcome)
 }
 
 /// The ports of the empty slice of a Service without endpoints.
@@ -392,6 +426,8 @@ mod tests {
         Container, ContainerPort, PodCondition, PodSpec, PodStatus, ServicePort, ServiceSpec,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    const NO_SHARES: ZoneShares = Err(Disabled::InsufficientNodeInfo);
 
     fn service(target: IntOrString) -> Service {
         Service {
@@ -466,7 +502,7 @@ mod tests {
             "10.0.0.3"
         );
         assert_eq!(subsets[1].ports.as_ref().unwrap()[0].port, 9090);
-        let slices = slice_contents(&svc, &endpoints);
+        let slices = slice_contents(&svc, &endpoints, &NO_SHARES).slices;
         assert_eq!(slices.len(), 2);
         assert_eq!(slices[0].2.len(), 2);
         assert_eq!(
@@ -495,7 +531,7 @@ mod tests {
             })
             .collect();
         let endpoints = endpoints_of(&svc, &many);
-        let slices = slice_contents(&svc, &endpoints);
+        let slices = slice_contents(&svc, &endpoints, &NO_SHARES).slices;
         assert_eq!(
             slices.iter().map(|s| s.2.len()).collect::<Vec<_>>(),
             [100, 100, 50]
@@ -524,7 +560,7 @@ mod tests {
         ];
         svc.spec.as_mut().unwrap().ip_families = Some(vec!["IPv6".into(), "IPv4".into()]);
         let endpoints = endpoints_of(&svc, &pods);
-        let slices = slice_contents(&svc, &endpoints);
+        let slices = slice_contents(&svc, &endpoints, &NO_SHARES).slices;
         let summary: Vec<(IpFamily, Vec<String>)> = slices
             .iter()
             .map(|(family, _, entries)| {
@@ -554,7 +590,7 @@ mod tests {
             .collect();
         assert_eq!(ips, ["fd00::1"]);
         // No endpoints: an empty slice of each family.
-        let slices = slice_contents(&svc, &[]);
+        let slices = slice_contents(&svc, &[], &NO_SHARES).slices;
         let empty: Vec<(IpFamily, usize)> = slices.iter().map(|s| (s.0, s.2.len())).collect();
         assert_eq!(empty, [(IpFamily::Ipv6, 0), (IpFamily::Ipv4, 0)]);
     }
@@ -578,7 +614,7 @@ mod tests {
             with_node("c", "10.0.0.3", false, "n3", Some("west")),
         ];
         let hints = |svc: &Service| -> Vec<Seen> {
-            slice_contents(svc, &endpoints)[0]
+            slice_contents(svc, &endpoints, &NO_SHARES).slices[0]
                 .2
                 .iter()
                 .map(|e| {

@@ -6,6 +6,7 @@
 
 pub mod desired;
 mod index;
+pub mod topology;
 mod written;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -35,6 +36,60 @@ pub use crate::ReconcileError as Error;
 /// `(namespace, name)` of a Service.
 type ServiceKey = (String, String);
 
+/// The events' source, as kube-controller-manager's.
+const COMPONENT: &str = "endpoint-slice-controller";
+
+/// The Nodes as the endpoints need them.
+struct Nodes {
+    facts: HashMap<String, topology::NodeFacts>,
+    shares: topology::ZoneShares,
+}
+
+impl Default for Nodes {
+    fn default() -> Self {
+        Nodes {
+            facts: HashMap::new(),
+            shares: Err(topology::Disabled::InsufficientNodeInfo),
+        }
+    }
+}
+
+/// What a Node change means for the Services.
+#[derive(Debug, PartialEq, Eq)]
+enum NodeChange {
+    None,
+    /// The zones' shares changed: Services in `Auto` mode.
+    Shares,
+    /// A node's zone changed: every Service (endpoints' `zone`).
+    Zone,
+}
+
+impl Nodes {
+    fn update(&mut self, name: &str, facts: Option<topology::NodeFacts>) -> NodeChange {
+        let before = match facts {
+            Some(facts) => self.facts.insert(name.to_owned(), facts),
+            None => self.facts.remove(name),
+        };
+        let after = self.facts.get(name);
+        if before.as_ref() == after {
+            return NodeChange::None;
+        }
+        let zone_changed = before.and_then(|f| f.zone) != after.and_then(|f| f.zone.clone());
+        let shares = topology::zone_shares(self.facts.values());
+        let shares_changed = shares != self.shares;
+        self.shares = shares;
+        match (zone_changed, shares_changed) {
+            (true, _) => NodeChange::Zone,
+            (false, true) => NodeChange::Shares,
+            (false, false) => NodeChange::None,
+        }
+    }
+
+    fn zone(&self, node: &str) -> Option<String> {
+        self.facts.get(node).and_then(|f| f.zone.clone())
+    }
+}
+
 /// Everything a reconcile reads: reflectors only, never the API server.
 struct Context {
     client: Client,
@@ -46,14 +101,21 @@ struct Context {
     /// The names of the managed slices of each Service.
     slice_names: Mutex<HashMap<ServiceKey, BTreeSet<String>>>,
     index: Mutex<index::Index>,
-    /// Each node's zone (`topology.kubernetes.io/zone`), for endpoints'
-    /// `zone` and `trafficDistribution` hints.
-    zones: Mutex<HashMap<String, String>>,
+    /// What each node says of its zone (`topology.kubernetes.io/zone`,
+    /// endpoints' `zone`), readiness and CPU, and the zones' shares of CPU
+    /// from them (`topology-mode: Auto`).
+    nodes: Mutex<Nodes>,
+    /// How `Auto` hinting last went per Service and address type (an event
+    /// when it changes).
+    auto: Mutex<HashMap<(ServiceKey, IpFamily), Result<(), topology::Disabled>>>,
+    events: crate::events::Recorder,
     written: Mutex<Written>,
     /// The pod index holds the first list (set at the first re-list).
     pods_indexed: crate::Listed,
     endpoints_listed: Arc<crate::Listed>,
     slices_listed: Arc<crate::Listed>,
+    /// The Nodes are known (zones, `Auto` shares).
+    nodes_listed: Arc<crate::Listed>,
 }
 
 impl Context {
@@ -125,11 +187,14 @@ pub async fn run(
         slices,
         slice_names: Mutex::default(),
         index: Mutex::default(),
-        zones: Mutex::default(),
+        nodes: Mutex::new(Nodes::default()),
+        auto: Mutex::default(),
+        events: crate::events::Recorder::new(client.clone(), COMPONENT),
         written: Mutex::default(),
         pods_indexed: crate::Listed::default(),
         endpoints_listed: Arc::default(),
         slices_listed: Arc::default(),
+        nodes_listed: Arc::default(),
     });
 
     let ctx = context.clone();
@@ -230,31 +295,34 @@ pub async fn run(
     };
 
     // A node changing zone changes its endpoints' zone (and hints): every
-    // Service is looked at again (zones change rarely).
+    // Service is looked at again (zones change rarely). A change of the
+    // zones' CPU shares (a node ready or not, its CPU) concerns the
+    // Services in `topology-mode: Auto`.
     let ctx = context.clone();
     let all_services = services.clone();
+    let nodes_listed = context.nodes_listed.clone();
     let zone_triggers = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
+        .inspect_ok(move |event| nodes_listed.on_init_done(event))
         .touched_objects()
         .filter_map(|node| async move { node.ok() })
         .flat_map(move |node: Node| {
-            let zone = node
-                .labels()
-                .get(portal_client::labels::TOPOLOGY_ZONE)
-                .cloned();
-            let mut zones = ctx.zones.lock();
-            let changed = match zone {
-                Some(zone) => zones.insert(node.name_any(), zone.clone()) != Some(zone),
-                None => zones.remove(&node.name_any()).is_some(),
-            };
-            let refs: Vec<ObjectRef<Service>> = if changed {
-                all_services
+            // A node being deleted counts no more.
+            let facts = node
+                .metadata
+                .deletion_timestamp
+                .is_none()
+                .then(|| topology::NodeFacts::of(&node));
+            let change = ctx.nodes.lock().update(&node.name_any(), facts);
+            // (Heartbeats change nothing: no look at the Services.)
+            let refs: Vec<ObjectRef<Service>> = match change {
+                NodeChange::None => Vec::new(),
+                _ => all_services
                     .state()
                     .iter()
+                    .filter(|s| change == NodeChange::Zone || topology::auto(s))
                     .map(|s| ObjectRef::from_obj(&**s))
-                    .collect()
-            } else {
-                Vec::new()
+                    .collect(),
             };
             futures_util::stream::iter(refs)
         });
@@ -365,7 +433,8 @@ async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, E
     // Acting before the reflectors (and the pod index) hold the cluster
     // would rewrite every Service's endpoints as empty. The first pod
     // re-list triggers every Service again; the requeue is a backstop.
-    if !(ctx.pods_indexed.is_set() && ctx.endpoints_listed.is_set() && ctx.slices_listed.is_set()) {
+    let listed = [&ctx.endpoints_listed, &ctx.slices_listed, &ctx.nodes_listed];
+    if !(ctx.pods_indexed.is_set() && listed.iter().all(|l| l.is_set())) {
         return Ok(Action::requeue(crate::NOT_LISTED_YET));
     }
     let namespace = service.namespace().unwrap_or_default();
@@ -390,18 +459,21 @@ async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, E
         .filter(|p| desired::selects(&service, p))
         .collect();
     let mut endpoints = desired::endpoints_of(&service, pods.iter().map(|p| &**p));
-    {
-        let zones = ctx.zones.lock();
+    let shares = {
+        let nodes = ctx.nodes.lock();
         for endpoint in &mut endpoints {
             endpoint.zone = endpoint
                 .node_name
                 .as_ref()
-                .and_then(|node| zones.get(node).cloned());
+                .and_then(|node| nodes.zone(node));
         }
-    }
+        nodes.shares.clone()
+    };
     let trigger = trigger_time(&service, &pods);
     write_endpoints(&ctx, &service, &key, &endpoints, &trigger).await?;
-    write_slices(&ctx, &service, &key, &endpoints, &trigger).await?;
+    let desired::Wanted { slices, auto } = desired::slice_contents(&service, &endpoints, &shares);
+    write_slices(&ctx, &service, &key, slices, &trigger).await?;
+    tell_auto_outcome(&ctx, &service, &key, auto).await;
     Ok(Action::await_change())
 }
 
@@ -446,17 +518,64 @@ async fn write_endpoints(
     Ok(())
 }
 
+/// Events when `Auto` hinting of a Service's address type turns on, off,
+/// or fails for another reason (upstream's words and reasons).
+async fn tell_auto_outcome(
+    ctx: &Context,
+    service: &Service,
+    key: &ServiceKey,
+    outcomes: Vec<(IpFamily, Result<(), topology::Disabled>)>,
+) {
+    let mut told = Vec::new();
+    {
+        let mut last = ctx.auto.lock();
+        for family in [IpFamily::Ipv4, IpFamily::Ipv6] {
+            let now = outcomes
+                .iter()
+                .find(|(f, _)| *f == family)
+                .map(|(_, o)| o.clone());
+            let slot = (key.clone(), family);
+            let before = match &now {
+                Some(outcome) => last.insert(slot, outcome.clone()),
+                None => last.remove(&slot),
+            };
+            if before == now {
+                continue;
+            }
+            let address_type = family.name();
+            let (kind, reason, what) = match (now, before) {
+                (Some(Ok(())), _) => (
+                    "Normal",
+                    "TopologyAwareHintsEnabled",
+                    "Topology Aware Hints has been enabled".to_owned(),
+                ),
+                (Some(Err(why)), _) => ("Warning", "TopologyAwareHintsDisabled", why.message()),
+                (None, Some(Ok(()))) => (
+                    "Normal",
+                    "TopologyAwareHintsDisabled",
+                    "Topology Aware Hints has been disabled".to_owned(),
+                ),
+                (None, _) => continue,
+            };
+            told.push((kind, reason, format!("{what}, addressType: {address_type}")));
+        }
+    }
+    let reference = kube::Resource::object_ref(service, &());
+    for (kind, reason, message) in told {
+        ctx.events.record(&reference, kind, reason, &message).await;
+    }
+}
+
 async fn write_slices(
     ctx: &Context,
     service: &Service,
     key: &ServiceKey,
-    endpoints: &[desired::PodEndpoint],
+    wanted: Vec<desired::SliceContent>,
     trigger: &str,
 ) -> Result<(), Error> {
     let (namespace, name) = key;
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), namespace);
     let existing = ctx.slices_of(namespace, name);
-    let wanted = desired::slice_contents(service, endpoints);
     let mut labels = service.metadata.labels.clone().unwrap_or_default();
     labels.insert(SERVICE_NAME_LABEL.into(), name.to_owned());
     labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());

@@ -46,7 +46,7 @@ def test_without_nodes_pods_stay_pending(portal):
     make_node(core, "late")
     wait_for(lambda: all(p.spec.node_name == "late" for p in owned_pods(core, "waiting")), "binding once a node is ready", timeout=WAIT)
     # (The binding writes the node, then the condition.)
-    wait_for(lambda: all(c.status == "True" for c in scheduled_conditions() or [None]),
+    wait_for(lambda: (conditions := scheduled_conditions()) and all(c.status == "True" for c in conditions),
              "PodScheduled True", timeout=WAIT)
 
 

@@ -123,7 +123,7 @@ def test_topology_mode_auto_shares_endpoints_by_zone_cpu(bed):
                  "one of east's endpoints hinted to west", timeout=60)
         # Without the annotation: no hints.
         bed.kubectl("annotate", "service", "auto", "service.kubernetes.io/topology-mode-")
-        wait_for(lambda: all(h == "" for _, h in auto_hints(bed)) or None, "hints removed", timeout=30)
+        wait_for(lambda: (found := auto_hints(bed)) and all(h == "" for _, h in found) or None, "hints removed", timeout=30)
     finally:
         bed.kubectl("delete", "service", "auto", check=False)
         bed.kubectl("delete", "pod", "-l", "app=auto", "--wait=false", check=False)

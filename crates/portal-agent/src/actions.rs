@@ -207,14 +207,14 @@ async fn http_get(
     https: bool,
 ) -> Outcome {
     let scheme = if https { "https" } else { "http" };
-    let url = format!("{scheme}://{host}:{port}{path}");
+    let authority = join_host_port(host, port);
+    let url = format!("{scheme}://{authority}{path}");
     let tcp = tokio::net::TcpStream::connect((host, port))
         .await
-        .map_err(|e| format!("Get \"{url}\": dial tcp {host}:{port}: {e}"))?;
+        .map_err(|e| format!("Get \"{url}\": dial tcp {authority}: {e}"))?;
     let request = Request {
         url: &url,
-        host,
-        port,
+        authority: &authority,
         path,
         headers,
     };
@@ -231,10 +231,17 @@ async fn http_get(
     request.send(tls).await
 }
 
+/// `host:port`, an IPv6 address in brackets (Go's `net.JoinHostPort`).
+fn join_host_port(host: &str, port: u16) -> String {
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(_)) => format!("[{host}]:{port}"),
+        _ => format!("{host}:{port}"),
+    }
+}
+
 struct Request<'a> {
     url: &'a str,
-    host: &'a str,
-    port: u16,
+    authority: &'a str,
     path: &'a str,
     headers: &'a [(String, String)],
 }
@@ -246,12 +253,11 @@ impl Request<'_> {
     {
         let Request {
             url,
-            host,
-            port,
+            authority,
             path,
             headers,
         } = self;
-        let mut request = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n");
+        let mut request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n");
         for (name, value) in headers.iter() {
             request.push_str(&format!("{name}: {value}\r\n"));
         }
@@ -357,6 +363,13 @@ mod insecure {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn ipv6_hosts_are_bracketed() {
+        assert_eq!(join_host_port("fd00::5", 8080), "[fd00::5]:8080");
+        assert_eq!(join_host_port("10.0.0.5", 8080), "10.0.0.5:8080");
+        assert_eq!(join_host_port("example.com", 80), "example.com:80");
+    }
 
     #[test]
     fn actions_from_specs() {

@@ -221,18 +221,29 @@ pub async fn start(client: Option<Client>, config: Config) -> Result<Agent, Erro
         routes::PodNetwork::Vxlan => Some(vxlan::pod_mtu(ip).await),
         routes::PodNetwork::HostGw => None,
     };
-    // Pods get IPv6 addresses only where other nodes route to them: over
-    // the VXLAN overlay (which carries IPv6 over the IPv4 underlay), or
-    // on host-gw via the node's own IPv6 address.
+    // Pods get IPv6 addresses only where the kernel has IPv6 and other
+    // nodes route to them: over the VXLAN overlay (which carries IPv6
+    // over the IPv4 underlay), or on host-gw via the node's own IPv6
+    // address.
     let pod_ranges = match (range.v6, config.node_ip6, config.pod_network) {
+        (None, _, _) => range,
+        (Some(v6), _, _) if !network::ipv6_enabled() => {
+            tracing::warn!(pod_cidr = %v6, "IPv6 is disabled on this node: its pods get IPv4 addresses only");
+            range.ipv4_only()
+        }
         (Some(_), Some(_), routes::PodNetwork::HostGw)
-        | (Some(_), _, routes::PodNetwork::Vxlan)
-        | (None, _, _) => range,
+        | (Some(_), _, routes::PodNetwork::Vxlan) => range,
         (Some(v6), None, routes::PodNetwork::HostGw) => {
             tracing::warn!(pod_cidr = %v6, "the node has an IPv6 pod range but no IPv6 address (--node-ip IPv4,IPv6): its pods get IPv4 addresses only");
             range.ipv4_only()
         }
     };
+    // On an IPv6-first cluster the kubernetes and kube-dns Services are
+    // IPv6 only: IPv4-only pods, or a node that cannot reach the server's
+    // IPv6 address, cannot use them.
+    if range.ipv6_primary && (pod_ranges.v6.is_none() || config.node_ip6.is_none()) {
+        tracing::error!("the cluster is IPv6-first, but this node has no IPv6 address (--node-ip IPv4,IPv6) or IPv6 is off: its pods cannot reach the kubernetes and kube-dns Services");
+    }
     let network = network::Network::new(&tag, pod_ranges, data.join("leases")).with_mtu(pod_mtu);
     network.prepare_node().await?;
     let runtime = runtime::runc::Runc::new(data.join("runtime"), &tag)?;

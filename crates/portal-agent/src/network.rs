@@ -109,6 +109,15 @@ impl Sandbox {
     }
 }
 
+/// Whether this network namespace's kernel has IPv6 on (not booted with
+/// `ipv6.disable=1`, not turned off with `net.ipv6.conf.all.disable_ipv6`).
+pub fn ipv6_enabled() -> bool {
+    let disabled = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+        .map(|v| v.trim() == "1")
+        .unwrap_or(true);
+    std::path::Path::new("/proc/net/if_inet6").exists() && !disabled
+}
+
 /// What the pod workers need of the node's pod network: a pod's network
 /// namespace with an address, made, found again and removed. [`Network`]
 /// is the real one; the workers' unit tests use a fake.
@@ -331,9 +340,12 @@ impl Network {
     }
 
     /// The pod's sandbox if its namespace, links and addresses are in
-    /// place, as this node's ranges call for (the marker records the IPv6
-    /// address it was given: a sandbox made under other ranges is made
-    /// again).
+    /// place, as this node's ranges call for. The marker records the IPv6
+    /// address it was given: a sandbox whose IPv6 address the ranges no
+    /// longer give is made again, while one made without IPv6 (before the
+    /// node had an IPv6 range it could route) is kept as it is, IPv4 only,
+    /// as a pod's addresses never change under it: upgrading a node
+    /// restarts none of its pods.
     pub fn existing(&self, pod_uid: &str) -> Option<Sandbox> {
         let netns = self.netns_name(pod_uid);
         if !netlink::netns_path(&netns).exists() {
@@ -346,10 +358,11 @@ impl Network {
             .ok()?
             .into_iter()
             .find(|(_, uid)| uid == pod_uid)?;
-        let ip6 = self.ip6_for(ip);
-        if ip6 != given {
-            return None;
-        }
+        let ip6 = match (given, self.ip6_for(ip)) {
+            (None, _) => None,
+            (Some(given), Some(wanted)) if given == wanted => Some(given),
+            (Some(_), _) => return None,
+        };
         Some(Sandbox {
             netns,
             ip,

@@ -85,7 +85,8 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
-            pod_cidr: me.pod_cidr.map(|r| r.v4.to_string()),
+            // As upstream: `podCIDR` is `podCIDRs[0]`, the primary family's.
+            pod_cidr: me.pod_cidr.and_then(|r| r.to_strings().into_iter().next()),
             pod_cidrs: me.pod_cidr.map(|r| r.to_strings()),
             ..NodeSpec::default()
         }),
@@ -102,7 +103,8 @@ pub(crate) async fn register(client: &Client, me: &Identity) -> Result<Node, Err
                 "annotations": annotations(me)}});
             match (me.pod_cidr, assigned) {
                 (Some(mine), None) => {
-                    patch["spec"] = serde_json::json!({"podCIDR": mine.v4.to_string(), "podCIDRs": mine.to_strings()});
+                    let ranges = mine.to_strings();
+                    patch["spec"] = serde_json::json!({"podCIDR": ranges[0], "podCIDRs": ranges});
                 }
                 (Some(mine), Some(assigned)) if mine != assigned => tracing::error!(
                     node = %me.name, pods_use = %mine, api_says = %assigned,
@@ -346,7 +348,8 @@ async fn renew(leases: &Api<Lease>, me: &Identity, node_uid: &str) -> Result<(),
 }
 
 /// The ranges a Node's spec lists (`podCIDRs`, else `podCIDR`); `None`
-/// when it has none (or none Portal can use: the first must be IPv4).
+/// when it has none (or none Portal can use: an IPv4 range, and at most
+/// one IPv6 range beside it, in either order).
 pub(crate) fn assigned_ranges(
     spec: &k8s_openapi::api::core::v1::NodeSpec,
 ) -> Option<portal_api::cidr::PodCidrs> {

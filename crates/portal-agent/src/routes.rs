@@ -135,13 +135,13 @@ pub struct OverlayPeer {
 
 /// The overlay's peers by IPv4 pod range: the nodes of `routes` that
 /// published a MAC. Two nodes claiming one MAC are both left out (frames
-/// for it would go to whichever was written last). A peer's IPv6 range
-/// rides along, unless it overlaps one of `mine` or is wider than a
-/// node's share.
+/// for it would go to whichever was written last). Where this node's
+/// pods have IPv6 (`ipv6`), a peer's IPv6 range rides along, unless it
+/// overlaps one of `mine` or is wider than a node's share.
 pub fn peers(
     nodes: &[Arc<Node>],
     routes: &BTreeMap<IpCidr, IpAddr>,
-    mine: &[IpCidr],
+    (mine, ipv6): (&[IpCidr], bool),
 ) -> BTreeMap<Ipv4Cidr, OverlayPeer> {
     let candidates: Vec<(Ipv4Cidr, OverlayPeer)> = nodes
         .iter()
@@ -155,7 +155,7 @@ pub fn peers(
             let mac = n.annotations().get(vxlan::MAC_ANNOTATION)?;
             let mac = vxlan::parse_mac(mac)?;
             let gateway = range.nth(0)?;
-            let range6 = range6.filter(|r6| {
+            let range6 = range6.filter(|_| ipv6).filter(|r6| {
                 let r6 = IpCidr::V6(*r6);
                 r6.prefix() >= MIN_PREFIX_V6 && !mine.iter().any(|m| m.overlaps(&r6))
             });
@@ -292,7 +292,7 @@ impl Plan {
         }
         let me = nodes.iter().find(|n| n.name_any() == me);
         let my_ranges = me.map(|n| ranges_of(n)).unwrap_or_default();
-        let peers = peers(nodes, &hosts, &my_ranges);
+        let peers = peers(nodes, &hosts, (&my_ranges, ipv6));
         // Only nodes the overlay reaches are routed, through it: each range
         // via its first address (the peer's device).
         let overlay = |via: IpAddr| Route { via, overlay: true };
@@ -303,7 +303,6 @@ impl Plan {
                 let v6 = p
                     .range6
                     .zip(p.peer.gateway6)
-                    .filter(|_| ipv6)
                     .map(|(r6, gateway6)| (IpCidr::V6(r6), overlay(IpAddr::V6(gateway6))));
                 std::iter::once(v4).chain(v6)
             })

@@ -453,8 +453,8 @@ impl PodCidrs {
         joined.join(",").parse()
     }
 
-    /// The ranges a Node's spec gives it, if Portal can use them (IPv4
-    /// first, then optionally IPv6).
+    /// The ranges a Node's spec gives it, if Portal can use them (an IPv4
+    /// range, optionally an IPv6 one, in either order).
     pub fn of_node(spec: &NodeSpec) -> Option<Self> {
         let listed = listed_pod_cidrs(spec);
         if listed.is_empty() {

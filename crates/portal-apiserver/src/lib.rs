@@ -384,6 +384,15 @@ impl ApiServer {
             source,
         })?;
         let advertise = config.advertise_address.or(Some(address.ip()));
+        // The kubernetes Service is of the primary family: an endpoint of
+        // the other (the listening address, when none is advertised)
+        // leaves it unreachable. (An advertised address was checked.)
+        if let Some(ip) = advertise.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) {
+            let primary = config.service_cidrs.primary().family();
+            if IpFamily::of(ip) != primary {
+                tracing::warn!(%ip, family = primary.name(), "the kubernetes Service's endpoint is not of the service range's primary family: pods cannot reach the API server through it (advertise an address of that family)");
+            }
+        }
         let tasks = portal_client::Supervisor::new();
         let service_ips = allocators
             .first_addresses()

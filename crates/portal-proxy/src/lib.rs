@@ -107,10 +107,15 @@ pub async fn start(client: kube::Client, config: Config) -> Result<Proxy, Error>
                 }
                 None => false,
             };
+            let redirect6 = redirect
+                && config.node_ip6.is_some()
+                && tokio::task::spawn_blocking(nftables::ip6_usable)
+                    .await
+                    .unwrap_or(false);
             Box::new(userspace::Userspace::new(
                 config.node_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
                 config.node_ip6,
-                redirect,
+                (redirect, redirect6),
                 tokio::runtime::Handle::current(),
             ))
         }

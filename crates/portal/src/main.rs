@@ -426,7 +426,13 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
     let disabled = args.disable.clone();
     let agent_wanted = !disabled.contains(&Component::Agent) && running_as_root();
     // A node needs its address: given, or found for the agent.
-    let node_ip6 = args.node_ip.and_then(|(_, v6)| v6);
+    // The node's IPv6 address: the second of two, or a lone IPv6 one.
+    let node_ip6 = args.node_ip.and_then(|(ip, v6)| {
+        v6.or(match ip {
+            IpAddr::V6(v6) => Some(v6),
+            IpAddr::V4(_) => None,
+        })
+    });
     let node_ip = match args.node_ip.map(|(ip, _)| ip) {
         Some(ip) => Some(ip),
         None if agent_wanted => Some(IpAddr::V4(portal_agent::node_address().await)),
@@ -735,7 +741,7 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     let client = portal_client::client_from_kubeconfig(kubeconfig, "portal-proxy").await?;
     let node_ip = match (args.node_ip, &args.node_name) {
         (Some(ip), _) => Some(ip),
-        (None, Some(name)) => Some(node_internal_ip(&client, name).await?),
+        (None, Some(name)) => Some(node_internal_ips(&client, name).await?),
         (None, None) => None,
     };
     let addr = args.metrics_bind;
@@ -763,9 +769,8 @@ async fn proxy(args: ProxyArgs) -> Result<(), Error> {
     until_signal_or_failure(&proxy.tasks, "rules stay in place").await
 }
 
-/// The node's InternalIP (IPv4) from its Node object.
 /// The Node's first InternalIP of each family (an IPv4 one is needed).
-async fn node_internal_ip(client: &kube::Client, name: &str) -> Result<agent::NodeIps, Error> {
+async fn node_internal_ips(client: &kube::Client, name: &str) -> Result<agent::NodeIps, Error> {
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let error = |message: String| Error::Node {
         name: name.to_owned(),

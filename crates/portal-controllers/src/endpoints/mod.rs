@@ -65,16 +65,20 @@ enum NodeChange {
 }
 
 impl Nodes {
-    fn update(&mut self, name: &str, facts: Option<topology::NodeFacts>) -> NodeChange {
-        let before = match facts {
-            Some(facts) => self.facts.insert(name.to_owned(), facts),
-            None => self.facts.remove(name),
-        };
-        let after = self.facts.get(name);
-        if before.as_ref() == after {
+    /// Takes the Nodes as they are now (all of them: a Node deleted, also
+    /// while the watch was down, is gone from them).
+    fn replace(&mut self, facts: HashMap<String, topology::NodeFacts>) -> NodeChange {
+        if facts == self.facts {
             return NodeChange::None;
         }
-        let zone_changed = before.and_then(|f| f.zone) != after.and_then(|f| f.zone.clone());
+        let zone = |facts: &HashMap<String, topology::NodeFacts>, name: &str| {
+            facts.get(name).and_then(|f| f.zone.clone())
+        };
+        let zone_changed = facts
+            .keys()
+            .chain(self.facts.keys())
+            .any(|name| zone(&facts, name) != zone(&self.facts, name));
+        self.facts = facts;
         let shares = topology::zone_shares(self.facts.values());
         let shares_changed = shares != self.shares;
         self.shares = shares;
@@ -215,6 +219,7 @@ pub async fn run(
             let key = (svc.namespace().unwrap_or_default(), svc.name_any());
             ctx.index.lock().set_service(&key.0, &key.1, None);
             ctx.written.lock().forget(&key);
+            ctx.auto.lock().retain(|(service, _), _| *service != key);
             let _ = deleted_tx.send(svc.clone());
         }
         watcher::Event::Init | watcher::Event::InitDone => {}
@@ -301,19 +306,27 @@ pub async fn run(
     let ctx = context.clone();
     let all_services = services.clone();
     let nodes_listed = context.nodes_listed.clone();
+    let (node_store, node_writer) = reflector::store::<Node>();
     let zone_triggers = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
+        .reflect(node_writer)
         .inspect_ok(move |event| nodes_listed.on_init_done(event))
-        .touched_objects()
-        .filter_map(|node| async move { node.ok() })
-        .flat_map(move |node: Node| {
-            // A node being deleted counts no more.
-            let facts = node
-                .metadata
-                .deletion_timestamp
-                .is_none()
-                .then(|| topology::NodeFacts::of(&node));
-            let change = ctx.nodes.lock().update(&node.name_any(), facts);
+        // The store holds the change (or a whole re-list) by these events.
+        .filter_map(|event| async move {
+            match event {
+                Ok(
+                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
+                ) => Some(()),
+                _ => None,
+            }
+        })
+        .flat_map(move |()| {
+            let facts = node_store
+                .state()
+                .iter()
+                .map(|node| (node.name_any(), topology::NodeFacts::of(node)))
+                .collect();
+            let change = ctx.nodes.lock().replace(facts);
             // (Heartbeats change nothing: no look at the Services.)
             let refs: Vec<ObjectRef<Service>> = match change {
                 NodeChange::None => Vec::new(),
@@ -550,8 +563,9 @@ async fn tell_auto_outcome(
                     "Topology Aware Hints has been enabled".to_owned(),
                 ),
                 (Some(Err(why)), _) => ("Warning", "TopologyAwareHintsDisabled", why.message()),
+                // (A warning, as upstream's.)
                 (None, Some(Ok(()))) => (
-                    "Normal",
+                    "Warning",
                     "TopologyAwareHintsDisabled",
                     "Topology Aware Hints has been disabled".to_owned(),
                 ),

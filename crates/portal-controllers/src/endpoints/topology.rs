@@ -72,7 +72,6 @@ impl NodeFacts {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Disabled {
     InsufficientNodeInfo,
-    OneZoneOnly,
     TooFewEndpoints { endpoints: usize, zones: usize },
     MinimumOverThreshold { endpoints: usize, zones: usize },
     NoZone,
@@ -84,7 +83,6 @@ impl Disabled {
     pub fn message(&self) -> String {
         match self {
             Disabled::InsufficientNodeInfo => "Insufficient Node information: allocatable CPU or zone not specified on one or more nodes".into(),
-            Disabled::OneZoneOnly => "Nodes only ready in one zone".into(),
             Disabled::TooFewEndpoints { endpoints, zones } => {
                 format!("Insufficient number of endpoints ({endpoints} endpoints, {zones} zones)")
             }
@@ -99,7 +97,8 @@ impl Disabled {
 
 /// Each zone's share of the cluster's allocatable CPU (ready nodes,
 /// control-plane nodes left out). Any counted node without a zone or CPU
-/// leaves no shares at all, as upstream; so does a single zone.
+/// leaves no shares at all, as upstream; so does a single zone (upstream
+/// then reports insufficient node information too).
 pub type ZoneShares = Result<BTreeMap<String, f64>, Disabled>;
 
 pub fn zone_shares<'a>(nodes: impl IntoIterator<Item = &'a NodeFacts>) -> ZoneShares {
@@ -110,17 +109,15 @@ pub fn zone_shares<'a>(nodes: impl IntoIterator<Item = &'a NodeFacts>) -> ZoneSh
         }
         match &node.zone {
             Some(zone) if node.cpu_millis > 0 => {
-                *cpu.entry(zone.clone()).or_default() += node.cpu_millis
+                let sum = cpu.entry(zone.clone()).or_default();
+                *sum = sum.saturating_add(node.cpu_millis);
             }
             _ => return Err(Disabled::InsufficientNodeInfo),
         }
     }
-    let total: i64 = cpu.values().sum();
-    if total == 0 {
+    let total = cpu.values().fold(0i64, |sum, c| sum.saturating_add(*c));
+    if total == 0 || cpu.len() < 2 {
         return Err(Disabled::InsufficientNodeInfo);
-    }
-    if cpu.len() < 2 {
-        return Err(Disabled::OneZoneOnly);
     }
     Ok(cpu
         .into_iter()
@@ -343,7 +340,7 @@ mod tests {
         );
         assert_eq!(
             zone_shares(&[node(Some("a"), 1000), node(Some("a"), 1000)]),
-            Err(Disabled::OneZoneOnly)
+            Err(Disabled::InsufficientNodeInfo)
         );
     }
 
@@ -417,8 +414,8 @@ mod tests {
         // Node information missing: no hints, its reason.
         let mut any = vec![endpoint(Some("a"), true), endpoint(Some("b"), true)];
         assert_eq!(
-            run(&mut any, &Err(Disabled::OneZoneOnly)),
-            Err(Disabled::OneZoneOnly)
+            run(&mut any, &Err(Disabled::InsufficientNodeInfo)),
+            Err(Disabled::InsufficientNodeInfo)
         );
         assert_eq!(
             Disabled::TooFewEndpoints {

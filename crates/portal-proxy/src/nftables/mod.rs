@@ -98,15 +98,19 @@ pub struct Tables {
     v6_failed: bool,
 }
 
+/// Whether IPv6 rules can be had here: IPv6 may be disabled in this
+/// namespace (or the kernel), or nftables may lack its ip6 family. Runs
+/// `nft`: call it off the async threads.
+pub fn ip6_usable() -> bool {
+    std::path::Path::new("/proc/net/if_inet6").exists()
+        && NftCommand { family: Family::V6 }.chains().is_ok()
+}
+
 impl Tables {
     pub fn kernel() -> Self {
-        // IPv6 may be disabled in this namespace (or the kernel), or
-        // nftables may lack its ip6 family.
-        let ipv6 = std::path::Path::new("/proc/net/if_inet6").exists()
-            && NftCommand { family: Family::V6 }.chains().is_ok();
         Tables {
             v4: Nftables::kernel(Family::V4),
-            v6: ipv6.then(|| Nftables::kernel(Family::V6)),
+            v6: ip6_usable().then(|| Nftables::kernel(Family::V6)),
             v6_failed: false,
         }
     }

@@ -43,15 +43,18 @@ impl Drop for Listener {
     }
 }
 
-/// A non-blocking socket for a listener at `addr`: address reuse, and
-/// IPv6 sockets IPv6 only (a Service's IPv6 node port must not take the
-/// IPv4 one's port).
+/// A non-blocking socket for a listener at `addr`: IPv6 sockets IPv6 only
+/// (a Service's IPv6 node port must not take the IPv4 one's port); TCP
+/// ones reuse the address (a port in TIME_WAIT), UDP ones do not (on
+/// Linux that would share a port someone else holds).
 fn socket(addr: SocketAddr, kind: socket2::Type) -> std::io::Result<socket2::Socket> {
     let socket = socket2::Socket::new(socket2::Domain::for_address(addr), kind, None)?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
     }
-    socket.set_reuse_address(true)?;
+    if kind == socket2::Type::STREAM {
+        socket.set_reuse_address(true)?;
+    }
     socket.set_nonblocking(true)?;
     Ok(socket)
 }
@@ -92,6 +95,9 @@ pub struct Userspace {
     /// family.
     redirect: Option<Nftables<NftCommand>>,
     redirect6: Option<Nftables<NftCommand>>,
+    /// The IPv6 table's last sync failed: the next is a full one (the
+    /// IPv4 side carries on, as in kernel mode).
+    v6_failed: bool,
     handle: Handle,
     listeners: HashMap<Slot, Listener>,
     /// Services with a port that could not listen (node port taken):
@@ -101,13 +107,21 @@ pub struct Userspace {
 
 impl Userspace {
     /// Listeners bind `bind` (and `bind6` for IPv6 Service ports); with
-    /// `redirect`, nftables sends Service traffic to them.
-    pub fn new(bind: Ipv4Addr, bind6: Option<Ipv6Addr>, redirect: bool, handle: Handle) -> Self {
+    /// `redirect`, nftables sends Service traffic to them (IPv6's where
+    /// `redirect6`: nftables has its ip6 family here).
+    pub fn new(
+        bind: Ipv4Addr,
+        bind6: Option<Ipv6Addr>,
+        (redirect, redirect6): (bool, bool),
+        handle: Handle,
+    ) -> Self {
         Self {
             bind,
             bind6,
             redirect: redirect.then(|| Nftables::redirecting(Family::V4)),
-            redirect6: (redirect && bind6.is_some()).then(|| Nftables::redirecting(Family::V6)),
+            redirect6: (redirect && redirect6 && bind6.is_some())
+                .then(|| Nftables::redirecting(Family::V6)),
+            v6_failed: false,
             handle,
             listeners: HashMap::new(),
             unbound: BTreeMap::new(),
@@ -292,14 +306,24 @@ impl crate::runner::Backend for Userspace {
                 triggers: Vec::new(),
             });
             // (Each table takes its family's ports.)
-            for nft in [&mut self.redirect, &mut self.redirect6]
-                .into_iter()
-                .flatten()
-            {
+            if let Some(nft) = &mut self.redirect6 {
+                match nft.sync(&redirected, full) {
+                    Ok(()) => self.v6_failed = false,
+                    Err(error) => {
+                        tracing::warn!(%error, "IPv6 redirect rules failed; the next sync rebuilds them");
+                        self.v6_failed = true;
+                    }
+                }
+            }
+            if let Some(nft) = &mut self.redirect {
                 nft.sync(&redirected, full).map_err(|e| e.to_string())?;
             }
         }
         Ok(())
+    }
+
+    fn wants_full(&self) -> bool {
+        self.v6_failed
     }
 
     fn tampered(&mut self) -> bool {

@@ -242,8 +242,13 @@ impl<R: Runtime> Worker<R> {
             (Some(sandbox), ips)
         };
         let pod_ip = pod_ips.first().cloned();
-        let mappings = match (&sandbox, pod_ip.as_deref().map(str::parse)) {
-            (Some(_), Some(Ok(ip))) => crate::host_ports::of(pod, ip),
+        // Host ports forward to the pod's IPv4 address (on an IPv6-first
+        // node its second).
+        let ipv4 = pod_ips
+            .iter()
+            .find_map(|ip| ip.parse::<std::net::Ipv4Addr>().ok());
+        let mappings = match (&sandbox, ipv4) {
+            (Some(_), Some(ip)) => crate::host_ports::of(pod, ip),
             _ => Vec::new(),
         };
         self.ctx.host_ports.set(&self.uid, mappings).await;

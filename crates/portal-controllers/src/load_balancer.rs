@@ -152,8 +152,12 @@ impl Provider {
             (a.creation_timestamp(), key(a)).cmp(&(b.creation_timestamp(), key(b)))
         });
         let now = Instant::now();
-        self.assumed
-            .retain(|_, (_, when)| now.duration_since(*when) < ASSUMED_FOR);
+        // An address stays assumed for a while, but never for a Service
+        // that is gone: deleting one frees its address at once.
+        let present: std::collections::HashSet<String> = services.iter().map(|s| key(s)).collect();
+        self.assumed.retain(|_, (who, when)| {
+            now.duration_since(*when) < ASSUMED_FOR && present.contains(who)
+        });
         let mut held: HashMap<Ipv4Addr, String> = HashMap::new();
         let mut waiting = Vec::new();
         for svc in services.iter().filter(|svc| ours(svc)) {

@@ -1,7 +1,9 @@
 //! Feeds the change tracker from watches of Services and EndpointSlices
 //! (so the proxy also runs against a real Kubernetes API server), and of
 //! its own Node for its zone (topology hints), and wakes the runner. A
-//! re-list drops what disappeared meanwhile.
+//! re-list drops what disappeared meanwhile. Objects are kept without
+//! their `managedFields` (as kube-proxy's informers strip them): at
+//! 10,000 Services and slices they were about 50 MiB the proxy never reads.
 
 use std::sync::Arc;
 
@@ -93,7 +95,8 @@ pub(crate) async fn run(
             &feed,
             &services_listed.0,
             |tracker, event| match event {
-                Change::Put(s) | Change::Listed(s) => {
+                Change::Put(mut s) | Change::Listed(mut s) => {
+                    s.metadata.managed_fields = None;
                     let key = key_of(&s);
                     tracker.set_service(key, Some(s));
                 }
@@ -106,7 +109,8 @@ pub(crate) async fn run(
             &feed,
             &slices_listed.0,
             |tracker, event| match event {
-                Change::Put(s) | Change::Listed(s) => {
+                Change::Put(mut s) | Change::Listed(mut s) => {
+                    s.metadata.managed_fields = None;
                     let (namespace, name) = (s.namespace().unwrap_or_default(), s.name_any());
                     tracker.set_slice(&namespace, &name, Some(s));
                 }

@@ -20,6 +20,11 @@ BINARY = os.environ.get("PORTAL_BIN", str(ROOT / "target" / "debug" / "portal"))
 START_TIMEOUT = 30
 
 
+# Every Portal started and not yet stopped: what a test started itself and
+# left running (an assertion failed before its `stop`) is stopped after it.
+RUNNING = set()
+
+
 class Portal:
     """One `portal server` process on a data directory that outlives it."""
 
@@ -59,6 +64,7 @@ class Portal:
             stdout=log,
             stderr=log,
         )
+        RUNNING.add(self)
         deadline = time.monotonic() + START_TIMEOUT
         while not kubeconfig.exists():
             if self.process.poll() is not None:
@@ -77,6 +83,7 @@ class Portal:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        RUNNING.discard(self)
 
     def kill(self):
         """kill -9: no chance to flush or close anything."""
@@ -102,6 +109,23 @@ class Portal:
 
     def core(self):
         return kubernetes.client.CoreV1Api(self.api_client())
+
+
+@pytest.fixture(autouse=True)
+def stop_what_the_test_started():
+    """Stops the servers a test started and left running. (Those of wider
+    fixtures were started before this one and are theirs to stop.)"""
+    before = set(RUNNING)
+    yield
+    for server in RUNNING - before:
+        server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stop_every_server():
+    yield
+    for server in list(RUNNING):
+        server.stop()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
-use portal_api::cidr::{IpCidr, Ipv4Cidr, Ipv6Cidr};
+use portal_api::cidr::{IpCidr, Ipv4Cidr, Ipv6Cidr, PodCidrs};
 
 use crate::netlink::Netlink;
 use crate::vxlan;
@@ -60,7 +60,7 @@ fn ranges_of(node: &Node) -> Vec<IpCidr> {
 }
 
 /// A Node's first InternalIP of each family.
-fn internal_ips(node: &Node) -> Vec<IpAddr> {
+pub fn internal_ips(node: &Node) -> Vec<IpAddr> {
     let mut found: Vec<IpAddr> = Vec::new();
     let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
     for address in addresses.into_iter().flatten() {
@@ -111,18 +111,10 @@ pub fn wanted(nodes: &[Arc<Node>], me: &str) -> BTreeMap<IpCidr, IpAddr> {
 const MIN_PREFIX: u8 = 8;
 const MIN_PREFIX_V6: u8 = 32;
 
-/// A node's IPv4 and IPv6 pod ranges (the first of each family).
-fn family_ranges(node: &Node) -> (Option<Ipv4Cidr>, Option<Ipv6Cidr>) {
-    let ranges = ranges_of(node);
-    let v4 = ranges.iter().find_map(|r| match r {
-        IpCidr::V4(v4) => Some(*v4),
-        IpCidr::V6(_) => None,
-    });
-    let v6 = ranges.iter().find_map(|r| match r {
-        IpCidr::V6(v6) => Some(*v6),
-        IpCidr::V4(_) => None,
-    });
-    (v4, v6)
+/// A node's pod ranges as the overlay uses them (an IPv4 one, perhaps an
+/// IPv6 one).
+fn overlay_ranges(node: &Node) -> Option<PodCidrs> {
+    node.spec.as_ref().and_then(PodCidrs::of_node)
 }
 
 /// One node reached through the overlay: its entries, and its IPv6 range
@@ -146,9 +138,11 @@ pub fn peers(
     let candidates: Vec<(Ipv4Cidr, OverlayPeer)> = nodes
         .iter()
         .filter_map(|n| {
-            let (Some(range), range6) = family_ranges(n) else {
-                return None;
-            };
+            let PodCidrs {
+                v4: range,
+                v6: range6,
+                ..
+            } = overlay_ranges(n)?;
             let IpAddr::V4(vtep) = *routes.get(&IpCidr::V4(range))? else {
                 return None;
             };
@@ -333,12 +327,14 @@ async fn overlay(
     let Some(node) = nodes.iter().find(|n| n.name_any() == me) else {
         return Err("this node is not registered yet".into());
     };
-    let (range, range6) = family_ranges(node);
-    let Some(first) = range.and_then(|r| r.nth(0)) else {
+    let Some(ranges) = overlay_ranges(node) else {
         return Err("this node has no pod range yet".into());
     };
+    let Some(first) = ranges.v4.nth(0) else {
+        return Err("this node's pod range has no address".into());
+    };
     // The IPv6 range's first address only where this node's pods have IPv6.
-    let first6 = range6.filter(|_| ipv6).and_then(|r| r.nth(0));
+    let first6 = ranges.v6.filter(|_| ipv6).and_then(|r| r.nth(0));
     let mac = vxlan::ensure(node_ip, first, first6).await?;
     if node.annotations().get(vxlan::MAC_ANNOTATION) != Some(&mac) {
         let patch = serde_json::json!({"metadata": {"annotations": {vxlan::MAC_ANNOTATION: mac}}});

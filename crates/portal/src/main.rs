@@ -777,14 +777,7 @@ async fn node_internal_ips(client: &kube::Client, name: &str) -> Result<agent::N
         message,
     };
     let node = nodes.get(name).await.map_err(|e| error(e.to_string()))?;
-    let internal: Vec<std::net::IpAddr> = node
-        .status
-        .and_then(|s| s.addresses)
-        .into_iter()
-        .flatten()
-        .filter(|a| a.type_ == "InternalIP")
-        .filter_map(|a| a.address.parse().ok())
-        .collect();
+    let internal = portal_agent::routes::internal_ips(&node);
     let v4 = internal
         .iter()
         .find_map(|ip| match ip {

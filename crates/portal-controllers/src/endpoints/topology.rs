@@ -301,6 +301,11 @@ mod tests {
         }
     }
 
+    /// Ready endpoints, one per zone given.
+    fn ready_in(zones: &[&str]) -> Vec<Endpoint> {
+        zones.iter().map(|z| endpoint(Some(z), true)).collect()
+    }
+
     fn hinted(endpoints: &[Endpoint]) -> Vec<Option<String>> {
         endpoints
             .iter()
@@ -348,23 +353,15 @@ mod tests {
     fn endpoints_go_to_their_zone_and_surplus_to_zones_short_of_their_share() {
         let shares = zone_shares(&[node(Some("a"), 1000), node(Some("b"), 1000)]);
         // Balanced: each to its own zone; an unready one gets none.
-        let mut balanced = vec![
-            endpoint(Some("a"), true),
-            endpoint(Some("b"), true),
-            endpoint(Some("b"), false),
-        ];
+        let mut balanced = ready_in(&["a", "b"]);
+        balanced.push(endpoint(Some("b"), false));
         run(&mut balanced, &shares).unwrap();
         assert_eq!(
             hinted(&balanced),
             [Some("a".into()), Some("b".into()), None]
         );
         // Three in a, one in b, equal CPU: one of a's serves b.
-        let mut skewed = vec![
-            endpoint(Some("a"), true),
-            endpoint(Some("a"), true),
-            endpoint(Some("a"), true),
-            endpoint(Some("b"), true),
-        ];
+        let mut skewed = ready_in(&["a", "a", "a", "b"]);
         run(&mut skewed, &shares).unwrap();
         assert_eq!(
             hinted(&skewed),
@@ -384,7 +381,7 @@ mod tests {
             node(Some("b"), 1000),
             node(Some("c"), 1000),
         ]);
-        let mut few = vec![endpoint(Some("a"), true), endpoint(Some("b"), true)];
+        let mut few = ready_in(&["a", "b"]);
         assert_eq!(
             run(&mut few, &shares),
             Err(Disabled::TooFewEndpoints {
@@ -393,17 +390,14 @@ mod tests {
             })
         );
         assert_eq!(hinted(&few), [None, None]);
-        let mut unzoned = vec![
-            endpoint(Some("a"), true),
-            endpoint(Some("b"), true),
-            endpoint(None, true),
-        ];
+        let mut unzoned = ready_in(&["a", "b"]);
+        unzoned.push(endpoint(None, true));
         assert_eq!(run(&mut unzoned, &shares), Err(Disabled::NoZone));
         assert_eq!(hinted(&unzoned), [None, None, None]);
         // 90/10 CPU with 2 endpoints: b's minimum (1) leaves a one, less
         // than its own minimum (ceil(1.8 / 1.2) = 2).
         let lopsided = zone_shares(&[node(Some("a"), 9000), node(Some("b"), 1000)]);
-        let mut two = vec![endpoint(Some("a"), true), endpoint(Some("b"), true)];
+        let mut two = ready_in(&["a", "b"]);
         assert_eq!(
             run(&mut two, &lopsided),
             Err(Disabled::MinimumOverThreshold {
@@ -412,7 +406,7 @@ mod tests {
             })
         );
         // Node information missing: no hints, its reason.
-        let mut any = vec![endpoint(Some("a"), true), endpoint(Some("b"), true)];
+        let mut any = ready_in(&["a", "b"]);
         assert_eq!(
             run(&mut any, &Err(Disabled::InsufficientNodeInfo)),
             Err(Disabled::InsufficientNodeInfo)

@@ -31,6 +31,8 @@ class Portal:
     def __init__(self, data_dir, extra_args=(), proxy=False, agent=False, api_bind="127.0.0.1:0", command="server", launcher=(),
                  data_dir_flag=True):
         self.data_dir = pathlib.Path(data_dir)
+        # True: a test bed started it and stops it on its exit.
+        self.owned_by_a_bed = False
         # False: `--data-dir` is not passed (a configuration file gives it).
         self.data_dir_flag = data_dir_flag
         # A command the binary runs under, as a user would start it (e.g.
@@ -113,12 +115,15 @@ class Portal:
 
 @pytest.fixture(autouse=True)
 def stop_what_the_test_started():
-    """Stops the servers a test started and left running. (Those of wider
-    fixtures were started before this one and are theirs to stop.)"""
+    """Stops the servers a test started and left running. Those of wider
+    fixtures were started before this one, and a test bed (`AgentNode`,
+    `Bed`) owns the servers it starts, also one restarted during a test:
+    theirs to stop."""
     before = set(RUNNING)
     yield
     for server in RUNNING - before:
-        server.stop()
+        if not server.owned_by_a_bed:
+            server.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

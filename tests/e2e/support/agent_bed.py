@@ -91,8 +91,10 @@ class AgentNode:
 
     def server(self):
         launcher = ["ip", "netns", "exec", self.cluster.node] if self.ip_netns_exec else []
-        return Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0", launcher=launcher,
-                      data_dir_flag=self.data_dir_flag)
+        server = Portal(self.data_dir, self.server_args(), proxy=True, agent=True, api_bind="0.0.0.0:0", launcher=launcher,
+                        data_dir_flag=self.data_dir_flag)
+        server.owned_by_a_bed = True
+        return server
 
     def node_ready(self):
         try:

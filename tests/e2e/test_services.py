@@ -48,7 +48,9 @@ INVALID = [
     (svc("a", {"ports": [{"port": 80, "nodePort": 30001}]}), "spec.ports[0].nodePort: Forbidden: may not be used when `type` is 'ClusterIP'"),
     (svc("a", {"type": "NodePort", "ports": [{"port": 80, "nodePort": 80}]}), "spec.ports[0].nodePort: Invalid value: 80: provided port is not in the valid range. The range of valid ports is 30000-32767"),
     (svc("a", {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}),
-     'spec.clusterIPs: Invalid value: []string{"10.0.0.1"}: failed to allocate IP 10.0.0.1: the provided IP (10.0.0.1) is not in the valid range. The range of valid IPs is 10.96.0.0/12'),
+     'spec.clusterIPs: Invalid value: []string{"10.0.0.1"}: failed to allocate IP 10.0.0.1: the provided network does not match the current range'),
+    (svc("a", {"clusterIP": "10.111.255.255", "ports": [{"port": 80}]}),
+     'spec.clusterIPs: Invalid value: []string{"10.111.255.255"}: failed to allocate IP 10.111.255.255: the provided IP (10.111.255.255) is not in the valid range. The range of valid IPs is 10.96.0.0/12'),
     (svc("a", {"type": "NodePort", "clusterIP": "None", "ports": [{"port": 80}]}), "spec.clusterIPs[0]: Invalid value: \"None\": may not be set to 'None' for NodePort services"),
     (svc("a", {"type": "ExternalName"}), "spec.externalName: Required value"),
 ]

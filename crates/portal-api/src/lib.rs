@@ -21,6 +21,7 @@ pub mod custom;
 pub mod decode;
 pub mod defaults;
 pub mod expressions;
+pub mod ip_text;
 pub mod join;
 pub mod kinds;
 pub mod managed;

@@ -48,6 +48,7 @@ fn validate_name(rule: NameRule, value: &str) -> Vec<String> {
         NameRule::Label1123 => name::dns1123_label(value),
         NameRule::Label1035 => name::dns1035_label(value),
         NameRule::PathSegment => name::path_segment(value),
+        NameRule::IpAddress => crate::ip_text::ip_problem(value).into_iter().collect(),
     }
 }
 

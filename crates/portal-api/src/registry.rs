@@ -31,6 +31,8 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::cron_job::RESOURCE,
     &kinds::pod_disruption_budget::RESOURCE,
     &kinds::network_policy::RESOURCE,
+    &kinds::service_cidr::RESOURCE,
+    &kinds::ip_address::RESOURCE,
     &kinds::horizontal_pod_autoscaler::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::config_map::RESOURCE,

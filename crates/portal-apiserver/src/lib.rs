@@ -198,6 +198,7 @@ impl ClusterDuties {
             duties::certificate_signer::run(self.state.clone()),
             duties::legacy_tokens::run(self.state.clone()),
             duties::definitions::run(self.state.clone()),
+            duties::service_cidrs::run(self.state.clone()),
             handlers::aggregation::local::run(self.state.clone()),
         );
     }
@@ -508,6 +509,14 @@ impl ApiServer {
             // Not fatal: the address may be taken by a user's Service.
             tracing::warn!(error = %error.message, "cannot create the kube-dns Service");
         }
+        if let Err(error) = duties::service_cidrs::ensure_default(&state).await {
+            tracing::warn!(error = %error.message, "cannot create the default ServiceCIDR");
+        }
+        // Every server allocates from every ServiceCIDR: each follows them.
+        let ranges = state.clone();
+        tasks.restarting("service cidrs", move || {
+            allocator::ranges::follow(ranges.clone())
+        });
         // Every server proxies to extension API servers: each checks them.
         let checked = state.clone();
         tasks.restarting("api aggregation", move || {

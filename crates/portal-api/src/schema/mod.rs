@@ -44,6 +44,9 @@ pub enum NameRule {
     /// Anything that can be one path segment (RBAC roles and bindings:
     /// `system:node`).
     PathSegment,
+    /// An IP address in canonical form (IPAddress: `10.96.0.1`,
+    /// `2001:db8::1`).
+    IpAddress,
 }
 
 /// How a list field merges in a strategic merge patch (`patchStrategy` and

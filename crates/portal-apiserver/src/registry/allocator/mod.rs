@@ -1,15 +1,22 @@
 //! Cluster IPs and node ports of Services (SPEC S4, S9): chosen here,
 //! recorded as one store key each in the same transaction as the Service
 //! (ADR 0003), released in the same transaction as its deletion or type
-//! change. A dual-stack cluster has a pool per family (`families`: which
-//! families a Service gets).
+//! change. A cluster IP's record is an IPAddress object (`networking.k8s.io/v1`,
+//! ADR 0037); a node port's a small record of its own. A dual-stack cluster
+//! has a pool per family (`families`: which families a Service gets), and
+//! ServiceCIDRs beyond the flags' add pools at run time (`ranges`).
 
 mod families;
 mod pool;
+pub(crate) mod ranges;
 pub(crate) mod repair;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use parking_lot::RwLock;
 use portal_api::cidr::{IpFamily, PortRange, ServiceCidrs};
+use portal_api::kinds::ip_address;
 use portal_api::service::families::{cluster_ips, ip_families};
 use portal_api::service::{wants_cluster_ip, wants_node_ports, HEADLESS};
 use portal_api::{kinds, meta, Cause, Resource};
@@ -17,31 +24,40 @@ use portal_store::Op;
 use serde_json::{json, Value};
 
 pub(crate) use pool::{Pool, Range, Refusal};
+use ranges::Extra;
 
-/// IPv4 cluster IPs' records.
-pub(crate) const SERVICE_IPS: &str = "/registry/ranges/serviceips/";
-/// IPv6 cluster IPs' records: each family's apart, whichever is primary.
-pub(crate) const SERVICE_IPS_IPV6: &str = "/registry/ranges/serviceips-ipv6/";
+/// Where IPAddress objects, the cluster IPs' records, are kept (the
+/// kind's own prefix, so they are served as they are written).
+pub(crate) const IP_ADDRESSES: &str = "/registry/networking.k8s.io/ipaddresses/";
+/// Where cluster IPs were recorded before they were IPAddresses (repair
+/// moves what it finds there).
+pub(crate) const LEGACY_SERVICE_IPS: [&str; 2] = [
+    "/registry/ranges/serviceips/",
+    "/registry/ranges/serviceips-ipv6/",
+];
 pub(crate) const NODE_PORTS: &str = "/registry/ranges/servicenodeports/";
 
 /// The allocation ranges of one cluster.
 #[derive(Debug)]
 pub(crate) struct Allocators {
-    /// A pool per service CIDR, the primary family's first.
-    pub(crate) ips: Vec<(IpFamily, Pool)>,
-    pub(crate) node_ports: Pool,
+    /// A pool per CIDR of `--service-cluster-ip-range` (the `kubernetes`
+    /// ServiceCIDR), the primary family's first.
+    pub(crate) ips: Vec<(IpFamily, Arc<Pool>)>,
+    /// Pools of the other ServiceCIDRs, as `ranges::follow` finds them.
+    extra: RwLock<Vec<Extra>>,
+    pub(crate) node_ports: Arc<Pool>,
 }
 
 /// In-memory reservations made for one write, and the store ops that make
 /// them real. Committed or aborted once the transaction's fate is known.
 #[derive(Debug, Default)]
-pub(crate) struct Reservation<'a> {
+pub(crate) struct Reservation {
     pub(crate) ops: Vec<Op>,
-    taken: Vec<(&'a Pool, u64)>,
-    freed: Vec<(&'a Pool, String)>,
+    taken: Vec<(Arc<Pool>, u64)>,
+    freed: Vec<(Arc<Pool>, String)>,
 }
 
-impl Reservation<'_> {
+impl Reservation {
     /// The write committed: what it released is free now.
     pub(crate) fn commit(self) {
         for (pool, value) in self.freed {
@@ -63,9 +79,18 @@ impl Reservation<'_> {
     }
 }
 
-/// The record of who holds an allocation.
+/// The record of who holds a node port.
 fn record(owner: &str) -> Bytes {
     Bytes::from(json!({"service": owner}).to_string())
+}
+
+/// The IPAddress object recording that Service `owner` (`namespace/name`)
+/// holds `ip`.
+pub(crate) fn ip_record(ip: &str, family: IpFamily, owner: &str) -> Bytes {
+    let (namespace, name) = owner.split_once('/').unwrap_or(("", owner));
+    let mut object = ip_address::for_service(ip, family.name(), namespace, name);
+    crate::registry::strategy::prepare_create(&ip_address::RESOURCE, &mut object, None);
+    Bytes::from(serde_json::to_vec(&object).unwrap_or_default())
 }
 
 /// `namespace/name` of a Service.
@@ -150,41 +175,49 @@ pub(crate) fn cluster_ips_of(svc: &Value) -> Vec<(IpFamily, String)> {
         .collect()
 }
 
-/// Where a family's cluster IP records are kept.
-fn records_prefix(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::Ipv4 => SERVICE_IPS,
-        IpFamily::Ipv6 => SERVICE_IPS_IPV6,
-    }
-}
-
 impl Allocators {
     pub(crate) fn new(service_cidrs: &ServiceCidrs, node_ports: PortRange) -> Self {
         let ips = service_cidrs
             .all()
             .iter()
-            .map(|cidr| {
-                let prefix = records_prefix(cidr.family());
-                // Offset 1 is the `kubernetes` Service's; dynamic picks start at 2.
-                let range = Range::Ip {
-                    cidr: *cidr,
-                    first_dynamic: 2,
-                };
-                (cidr.family(), Pool::new(range, prefix))
-            })
+            // Offset 1 is the `kubernetes` Service's; dynamic picks start at 2.
+            .map(|cidr| (cidr.family(), Arc::new(ranges::pool(*cidr, 2))))
             .collect();
         Allocators {
             ips,
-            node_ports: Pool::new(Range::Ports(node_ports), NODE_PORTS),
+            extra: RwLock::default(),
+            node_ports: Arc::new(Pool::new(Range::Ports(node_ports), NODE_PORTS)),
         }
     }
 
-    /// The pool of `family`, if the cluster has that family.
-    pub(crate) fn pool(&self, family: IpFamily) -> Option<&Pool> {
+    /// The flags' pool of `family`, if the cluster has that family.
+    pub(crate) fn pool(&self, family: IpFamily) -> Option<&Arc<Pool>> {
         self.ips
             .iter()
             .find(|(f, _)| *f == family)
             .map(|(_, pool)| pool)
+    }
+
+    /// Where new addresses of `family` come from: the flags' range, then
+    /// the other ServiceCIDRs' (not those being deleted), oldest first.
+    fn pools_of(&self, family: IpFamily) -> Vec<Arc<Pool>> {
+        let mut pools: Vec<Arc<Pool>> = self.pool(family).cloned().into_iter().collect();
+        pools.extend(
+            self.extra
+                .read()
+                .iter()
+                .filter(|e| e.allocatable && e.family() == family)
+                .map(|e| e.pool.clone()),
+        );
+        pools
+    }
+
+    /// Every pool, the flags' and the other ServiceCIDRs' (repair syncs
+    /// each from the records).
+    pub(crate) fn all_ip_pools(&self) -> Vec<Arc<Pool>> {
+        let mut pools: Vec<Arc<Pool>> = self.ips.iter().map(|(_, p)| p.clone()).collect();
+        pools.extend(self.extra.read().iter().map(|e| e.pool.clone()));
+        pools
     }
 
     fn primary(&self) -> &Pool {
@@ -214,9 +247,9 @@ impl Allocators {
 
     /// A cluster IP for each of `svc`'s families it does not hold yet
     /// (`held`): the one asked for at that index, else any free one.
-    fn take_ips<'a>(
-        &'a self,
-        r: &mut Reservation<'a>,
+    fn take_ips(
+        &self,
+        r: &mut Reservation,
         svc: &mut Value,
         owner: &str,
         held: &[(IpFamily, String)],
@@ -232,45 +265,34 @@ impl Allocators {
                 continue;
             }
             let rendered = portal_api::service::families::go_strings(&ips);
-            let Some(pool) = self.pool(*family) else {
+            if self.pool(*family).is_none() {
                 return Err(Cause::invalid(
                     &format!("spec.ipFamilies[{i}]"),
                     family.name(),
                     "not configured on this cluster",
                 ));
-            };
-            let range = pool.range.describe();
-            let ip = if ips[i].is_empty() {
-                let Ok((offset, ip)) = pool.reserve_any() else {
-                    return Err(Cause::invalid_rendered(
-                        "spec.clusterIPs",
-                        &rendered,
-                        &format!("failed to allocate a serviceIP: range is full ({range})"),
-                    ));
-                };
-                r.taken.push((pool, offset));
-                ip
+            }
+            let pools = self.pools_of(*family);
+            let refused =
+                |detail: String| Cause::invalid_rendered("spec.clusterIPs", &rendered, &detail);
+            let (pool, offset, ip) = if ips[i].is_empty() {
+                let picked = pools
+                    .iter()
+                    .find_map(|pool| pool.reserve_any().ok().map(|(o, ip)| (pool.clone(), o, ip)));
+                picked.ok_or_else(|| {
+                    let ranges: Vec<String> = pools.iter().map(|p| p.range.describe()).collect();
+                    refused(format!(
+                        "failed to allocate a serviceIP: range is full ({})",
+                        ranges.join(", ")
+                    ))
+                })?
             } else {
-                let ip = ips[i].clone();
-                match pool.reserve(&ip) {
-                    Ok(offset) => r.taken.push((pool, offset)),
-                    Err(refusal) => {
-                        let detail = match refusal {
-                            Refusal::OutOfRange => format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {range}"),
-                            Refusal::Taken | Refusal::Full => format!("failed to allocate IP {ip}: provided IP is already allocated"),
-                        };
-                        return Err(Cause::invalid_rendered(
-                            "spec.clusterIPs",
-                            &rendered,
-                            &detail,
-                        ));
-                    }
-                }
-                ip
+                reserve_asked(&pools, &ips[i]).map_err(refused)?
             };
+            r.taken.push((pool, offset));
             r.ops.push(Op::Create {
-                key: pool.key(&ip),
-                value: record(owner),
+                key: format!("{IP_ADDRESSES}{ip}"),
+                value: ip_record(&ip, *family, owner),
             });
             ips[i] = ip;
         }
@@ -283,23 +305,24 @@ impl Allocators {
 
     /// Releases `ips` when the write commits (the records of a family
     /// the cluster no longer has too).
-    fn release_ips<'a>(&'a self, r: &mut Reservation<'a>, ips: &[(IpFamily, String)]) {
-        for (family, ip) in ips {
+    fn release_ips(&self, r: &mut Reservation, ips: &[(IpFamily, String)]) {
+        let pools = self.all_ip_pools();
+        for (_, ip) in ips {
             r.ops.push(Op::Delete {
-                key: format!("{}{ip}", records_prefix(*family)),
+                key: format!("{IP_ADDRESSES}{ip}"),
                 expected_revision: None,
             });
-            if let Some(pool) = self.pool(*family) {
-                r.freed.push((pool, ip.clone()));
+            for pool in pools.iter().filter(|p| p.range.offset(ip).is_some()) {
+                r.freed.push((pool.clone(), ip.clone()));
             }
         }
     }
 
     /// Node ports for every port of `svc` that has none, and reservations
     /// for requested ones not already held (`held`).
-    fn take_node_ports<'a>(
-        &'a self,
-        r: &mut Reservation<'a>,
+    fn take_node_ports(
+        &self,
+        r: &mut Reservation,
         svc: &mut Value,
         owner: &str,
         held: &[i64],
@@ -321,9 +344,9 @@ impl Allocators {
 
     /// One node port for `field`: `requested` if free and in range, else
     /// (0) any free one; its record joins the reservation.
-    fn take_node_port<'a>(
-        &'a self,
-        r: &mut Reservation<'a>,
+    fn take_node_port(
+        &self,
+        r: &mut Reservation,
         field: &str,
         requested: i64,
         owner: &str,
@@ -332,7 +355,7 @@ impl Allocators {
         let value = if requested != 0 {
             match self.node_ports.reserve(&requested.to_string()) {
                 Ok(offset) => {
-                    r.taken.push((&self.node_ports, offset));
+                    r.taken.push((self.node_ports.clone(), offset));
                     requested
                 }
                 Err(Refusal::OutOfRange) => {
@@ -350,7 +373,7 @@ impl Allocators {
         } else {
             match self.node_ports.reserve_any() {
                 Ok((offset, value)) => {
-                    r.taken.push((&self.node_ports, offset));
+                    r.taken.push((self.node_ports.clone(), offset));
                     value.parse().unwrap_or(0)
                 }
                 Err(_) => {
@@ -368,9 +391,9 @@ impl Allocators {
 
     /// The health check node port of a Service that needs one (requested
     /// or allocated), unless already `held`; dropped from one that does not.
-    fn take_health_check<'a>(
-        &'a self,
-        r: &mut Reservation<'a>,
+    fn take_health_check(
+        &self,
+        r: &mut Reservation,
         svc: &mut Value,
         owner: &str,
         held: &[i64],
@@ -392,11 +415,11 @@ impl Allocators {
     }
 
     /// Allocations of a new object (only Services have any).
-    pub(crate) fn for_create<'a>(
-        &'a self,
+    pub(crate) fn for_create(
+        &self,
         resource: &Resource,
         svc: &mut Value,
-    ) -> Result<Reservation<'a>, Cause> {
+    ) -> Result<Reservation, Cause> {
         let mut r = Reservation::default();
         if resource.kind() != kinds::service::KIND {
             return Ok(r);
@@ -534,12 +557,12 @@ impl Allocators {
 
     /// Allocations that change with an update: a type change allocates or
     /// releases node ports, ExternalName ↔ ClusterIP the cluster IP.
-    pub(crate) fn for_update<'a>(
-        &'a self,
+    pub(crate) fn for_update(
+        &self,
         resource: &Resource,
         new: &mut Value,
         old: &Value,
-    ) -> Result<Reservation<'a>, Cause> {
+    ) -> Result<Reservation, Cause> {
         let mut r = Reservation::default();
         if resource.kind() != kinds::service::KIND {
             return Ok(r);
@@ -580,7 +603,7 @@ impl Allocators {
                     key: self.node_ports.key(&port.to_string()),
                     expected_revision: None,
                 });
-                r.freed.push((&self.node_ports, port.to_string()));
+                r.freed.push((self.node_ports.clone(), port.to_string()));
             }
             Ok(())
         })();
@@ -594,7 +617,7 @@ impl Allocators {
     }
 
     /// Releases of a deleted object.
-    pub(crate) fn for_delete(&self, resource: &Resource, old: &Value) -> Reservation<'_> {
+    pub(crate) fn for_delete(&self, resource: &Resource, old: &Value) -> Reservation {
         let mut r = Reservation::default();
         if resource.kind() != kinds::service::KIND {
             return r;
@@ -605,15 +628,41 @@ impl Allocators {
                 key: self.node_ports.key(&port.to_string()),
                 expected_revision: None,
             });
-            r.freed.push((&self.node_ports, port.to_string()));
+            r.freed.push((self.node_ports.clone(), port.to_string()));
         }
         r
     }
 
     /// Whether a store key is an allocation record.
     pub(crate) fn is_record(key: &str) -> bool {
-        key.starts_with("/registry/ranges/")
+        key.starts_with("/registry/ranges/") || key.starts_with(IP_ADDRESSES)
     }
+}
+
+/// Reserves the address a Service asked for in the first pool that has it
+/// free, or says why none can give it (as Kubernetes words it).
+fn reserve_asked(pools: &[Arc<Pool>], ip: &str) -> Result<(Arc<Pool>, u64, String), String> {
+    let holding: Vec<&Arc<Pool>> = pools
+        .iter()
+        .filter(|p| p.range.offset(ip).is_some())
+        .collect();
+    let Some(first) = holding.first() else {
+        return Err(format!(
+            "failed to allocate IP {ip}: the provided network does not match the current range"
+        ));
+    };
+    let mut refusal = Refusal::OutOfRange;
+    for pool in &holding {
+        match pool.reserve(ip) {
+            Ok(offset) => return Ok(((*pool).clone(), offset, ip.to_owned())),
+            Err(Refusal::OutOfRange) => {}
+            Err(other) => refusal = other,
+        }
+    }
+    Err(match refusal {
+        Refusal::OutOfRange => format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {}", first.range.describe()),
+        Refusal::Taken | Refusal::Full => format!("failed to allocate IP {ip}: provided IP is already allocated"),
+    })
 }
 
 /// Deletes a stored object and releases what it held, in one transaction
@@ -655,18 +704,14 @@ mod tests {
     }
 
     /// As the write path does it: the families first, then the addresses.
-    fn create<'a>(a: &'a Allocators, svc: &mut Value) -> Result<Reservation<'a>, Cause> {
+    fn create(a: &Allocators, svc: &mut Value) -> Result<Reservation, Cause> {
         let resource = &kinds::service::RESOURCE;
         a.prepare_families(resource, svc, None)
             .map_err(|mut causes| causes.remove(0))?;
         a.for_create(resource, svc)
     }
 
-    fn update<'a>(
-        a: &'a Allocators,
-        new: &mut Value,
-        old: &Value,
-    ) -> Result<Reservation<'a>, Cause> {
+    fn update(a: &Allocators, new: &mut Value, old: &Value) -> Result<Reservation, Cause> {
         let resource = &kinds::service::RESOURCE;
         Allocators::keep_allocated(resource, new, old);
         a.prepare_families(resource, new, Some(old))
@@ -697,7 +742,12 @@ mod tests {
         assert!(create(&a, &mut outside)
             .unwrap_err()
             .message
-            .contains("not in the valid range"));
+            .ends_with("the provided network does not match the current range"));
+        let mut broadcast = svc(json!({"clusterIP": "10.96.0.255", "ports": [{"port": 80}]}));
+        assert!(create(&a, &mut broadcast)
+            .unwrap_err()
+            .message
+            .contains("is not in the valid range. The range of valid IPs is 10.96.0.0/24"));
         let mut bad_port =
             svc(json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 80}]}));
         let cause = create(&a, &mut bad_port).unwrap_err();
@@ -862,7 +912,7 @@ mod tests {
         upgraded["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
         let r = update(&a, &mut upgraded, &single).unwrap();
         assert!(
-            matches!(&r.ops[..], [Op::Create { key, .. }] if key.starts_with(SERVICE_IPS_IPV6))
+            matches!(&r.ops[..], [Op::Create { key, .. }] if key.starts_with(&format!("{IP_ADDRESSES}fd00:96::")))
         );
         r.commit();
         let ips = cluster_ips(&upgraded);
@@ -874,7 +924,7 @@ mod tests {
         downgraded["spec"]["ipFamilyPolicy"] = json!("SingleStack");
         let r = update(&a, &mut downgraded, &upgraded).unwrap();
         assert!(
-            matches!(&r.ops[..], [Op::Delete { key, .. }] if key.starts_with(SERVICE_IPS_IPV6))
+            matches!(&r.ops[..], [Op::Delete { key, .. }] if key.starts_with(&format!("{IP_ADDRESSES}fd00:96::")))
         );
         assert_eq!(cluster_ips(&downgraded), [first.as_str()]);
         assert_eq!(downgraded["spec"]["ipFamilies"], json!(["IPv4"]));
@@ -917,7 +967,7 @@ mod tests {
         let mut loud = svc(json!({"clusterIP": "FD00:96:0::0063", "ports": [{"port": 80}]}));
         let r = create(&a, &mut loud).unwrap();
         assert!(
-            matches!(&r.ops[..], [Op::Create { key, .. }] if key == &format!("{SERVICE_IPS_IPV6}fd00:96::63"))
+            matches!(&r.ops[..], [Op::Create { key, .. }] if key == &format!("{IP_ADDRESSES}fd00:96::63"))
         );
         assert_eq!(loud["spec"]["clusterIPs"], json!(["fd00:96::63"]));
         r.commit();
@@ -949,7 +999,9 @@ mod tests {
             })
             .collect();
         assert_eq!(keys.len(), 2);
-        assert!(keys.iter().any(|k| k.starts_with(SERVICE_IPS_IPV6)));
+        assert!(keys
+            .iter()
+            .any(|k| k.starts_with(&format!("{IP_ADDRESSES}fd00:96::"))));
     }
 
     #[test]

@@ -20,10 +20,15 @@ pub(crate) enum Range {
     Ports(PortRange),
 }
 
+/// A pool hands out at most the first this many addresses of its CIDR (a
+/// bitmap of 128 KiB): the flags allow no larger range, and a larger
+/// ServiceCIDR (an IPv6 /64) is used up to this size.
+pub(crate) const MAX_ADDRESSES: u64 = 1 << 20;
+
 impl Range {
     fn size(&self) -> u64 {
         match self {
-            Range::Ip { cidr, .. } => cidr.size(),
+            Range::Ip { cidr, .. } => cidr.size().min(MAX_ADDRESSES),
             Range::Ports(ports) => ports.size(),
         }
     }
@@ -41,7 +46,9 @@ impl Range {
     /// The offset of a value, `None` if it is outside the range.
     pub(crate) fn offset(&self, value: &str) -> Option<u64> {
         match self {
-            Range::Ip { cidr, .. } => cidr.offset(value.parse::<IpAddr>().ok()?),
+            Range::Ip { cidr, .. } => cidr
+                .offset(value.parse::<IpAddr>().ok()?)
+                .filter(|offset| *offset < MAX_ADDRESSES),
             Range::Ports(ports) => {
                 let port = value.parse::<i64>().ok()?;
                 ports
@@ -57,8 +64,8 @@ impl Range {
             // IPv4's network and broadcast addresses; IPv6's subnet-router
             // anycast (offset 0), its last address is usable.
             Range::Ip { cidr, .. } => {
-                let last = cidr.family() == IpFamily::Ipv4 && offset == cidr.size() - 1;
-                cidr.size() <= 2 || (offset != 0 && !last)
+                let broadcast = cidr.family() == IpFamily::Ipv4 && offset == cidr.size() - 1;
+                offset < MAX_ADDRESSES && (cidr.size() <= 2 || (offset != 0 && !broadcast))
             }
             Range::Ports(_) => offset < self.size(),
         }

@@ -1,8 +1,12 @@
 //! The repair pass (SPEC S5): reconciles allocation records with the
 //! Services that exist. Frees records no Service holds (leaks from manual
 //! store edits or crashes of older versions), restores records a Service
-//! holds but that are missing, and records an Event for duplicates and
-//! out-of-range values. Then rebuilds the in-memory bitmaps.
+//! holds but that are missing (an IPAddress a user deleted), and records an
+//! Event for duplicates and out-of-range values. Then rebuilds the
+//! in-memory bitmaps. IPAddresses a user made (not labelled as the
+//! allocator's) are left alone and keep their addresses taken. Cluster IP
+//! records of older versions (`/registry/ranges/serviceips*/`) become
+//! IPAddresses here.
 //!
 //! On a shared store every API server rebuilds its bitmaps from the records
 //! (to learn what the others allocated), but only the elected one mends:
@@ -12,11 +16,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
+use portal_api::cidr::IpFamily;
+use portal_api::kinds::ip_address::{ALLOCATOR, MANAGED_BY_LABEL};
 use portal_api::{kinds, meta};
-use portal_store::{Error as StoreError, Op, Store};
+use portal_store::{Error as StoreError, KeyValue, Op, Store};
 use serde_json::{json, Value};
 
-use super::{cluster_ips_of, node_ports_of, owner, Allocators, Pool};
+use super::{
+    cluster_ips_of, ip_record, node_ports_of, owner, Allocators, Pool, IP_ADDRESSES,
+    LEGACY_SERVICE_IPS,
+};
 use crate::registry::strategy;
 
 /// What one pass did, for logs and tests.
@@ -25,6 +34,8 @@ pub(crate) struct Report {
     pub(crate) freed: usize,
     pub(crate) restored: usize,
     pub(crate) events: usize,
+    /// Records of an older version moved.
+    pub(crate) migrated: usize,
 }
 
 /// Whether a pass changes the store, or only learns from it.
@@ -65,37 +76,17 @@ pub(crate) async fn pass(
         .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
         .collect();
     let mut report = Report::default();
-    // Each family's addresses against its own pool and records.
-    let mut ip_holders: Vec<BTreeMap<String, Vec<&Value>>> =
-        vec![BTreeMap::new(); allocators.ips.len()];
+    let mut ip_holders: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
     let mut port_holders: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
     for svc in &services {
-        for (family, ip) in cluster_ips_of(svc) {
-            // An address of a family the cluster no longer has counts in the
-            // primary pool, where it is reported as out of range.
-            let at = allocators
-                .ips
-                .iter()
-                .position(|(f, _)| *f == family)
-                .unwrap_or(0);
-            ip_holders[at].entry(ip).or_default().push(svc);
+        for (_, ip) in cluster_ips_of(svc) {
+            ip_holders.entry(ip).or_default().push(svc);
         }
         for port in node_ports_of(svc) {
             port_holders.entry(port.to_string()).or_default().push(svc);
         }
     }
-    for ((_, pool), holders) in allocators.ips.iter().zip(&ip_holders) {
-        reconcile(
-            store,
-            pool,
-            holders,
-            listed_at,
-            "ClusterIP",
-            mend,
-            &mut report,
-        )
-        .await?;
-    }
+    reconcile_ips(store, allocators, &ip_holders, listed_at, mend, &mut report).await?;
     reconcile(
         store,
         &allocators.node_ports,
@@ -107,6 +98,127 @@ pub(crate) async fn pass(
     )
     .await?;
     Ok(report)
+}
+
+/// Whether an IPAddress names one of `services` as its parent.
+fn names_a_holder(address: &Value, services: &[&Value]) -> bool {
+    let parent = &address["spec"]["parentRef"];
+    parent["resource"] == "services"
+        && parent["group"].as_str().unwrap_or("").is_empty()
+        && services.iter().any(|svc| {
+            parent["namespace"].as_str() == meta::meta_str(svc, "namespace")
+                && parent["name"].as_str() == meta::meta_str(svc, "name")
+        })
+}
+
+fn family_of(ip: &str) -> IpFamily {
+    ip.parse().map_or(IpFamily::Ipv4, IpFamily::of)
+}
+
+/// Cluster IPs against their IPAddresses, across every pool.
+async fn reconcile_ips(
+    store: &dyn Store,
+    allocators: &Allocators,
+    holders: &BTreeMap<String, Vec<&Value>>,
+    listed_at: u64,
+    mend: Mend,
+    report: &mut Report,
+) -> Result<(), StoreError> {
+    let (records, _) = store.list(IP_ADDRESSES).await?;
+    let mut present = Vec::new();
+    for kv in records {
+        let ip = kv.key[IP_ADDRESSES.len()..].to_owned();
+        let address: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
+        let ours = meta::label(&address, MANAGED_BY_LABEL) == Some(ALLOCATOR);
+        // A record newer than the Service listing may belong to a Service
+        // created (or changed) since: leave it.
+        if mend == Mend::Yes && ours && kv.mod_revision <= listed_at {
+            match holders.get(&ip) {
+                None => {
+                    if delete_record(store, &kv).await? {
+                        report.freed += 1;
+                        continue;
+                    }
+                }
+                // It names a Service that does not hold it: it is the
+                // holder's now.
+                Some(services) if !names_a_holder(&address, services) => {
+                    let op = Op::Update {
+                        key: kv.key.clone(),
+                        value: ip_record(&ip, family_of(&ip), &owner(services[0])),
+                        expected_revision: kv.mod_revision,
+                    };
+                    match store.txn(vec![op]).await {
+                        Ok(_) => report.restored += 1,
+                        Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        present.push(ip);
+    }
+    let ranges = allocators.all_cidrs();
+    for (ip, services) in holders.iter().filter(|_| mend == Mend::Yes) {
+        let family = family_of(ip);
+        let address: Option<std::net::IpAddr> = ip.parse().ok();
+        if !address.is_some_and(|a| ranges.iter().any(|r| r.contains(a))) {
+            for svc in services {
+                let message = format!("Cluster IP [{}]: {ip} is not within any configured Service CIDR; please recreate service", family.name());
+                record_event(store, svc, "ClusterIPOutOfRange", &message).await?;
+                report.events += 1;
+            }
+            continue;
+        }
+        for svc in services.iter().skip(1) {
+            let message = format!(
+                "Cluster IP [{}]: {ip} was assigned to multiple services; please recreate service",
+                family.name()
+            );
+            record_event(store, svc, "ClusterIPAlreadyAllocated", &message).await?;
+            report.events += 1;
+        }
+        if !present.contains(ip) {
+            let op = Op::Create {
+                key: format!("{IP_ADDRESSES}{ip}"),
+                value: ip_record(ip, family, &owner(services[0])),
+            };
+            match store.txn(vec![op]).await {
+                Ok(_) => report.restored += 1,
+                Err(StoreError::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            present.push(ip.clone());
+        }
+    }
+    if mend == Mend::Yes {
+        for prefix in LEGACY_SERVICE_IPS {
+            let (legacy, _) = store.list(prefix).await?;
+            for kv in legacy {
+                if delete_record(store, &kv).await? {
+                    report.migrated += 1;
+                }
+            }
+        }
+    }
+    for pool in allocators.all_ip_pools() {
+        pool.sync(present.iter().map(String::as_str));
+    }
+    Ok(())
+}
+
+/// Deletes a record unless it changed since it was read; whether it went.
+async fn delete_record(store: &dyn Store, kv: &KeyValue) -> Result<bool, StoreError> {
+    let op = Op::Delete {
+        key: kv.key.clone(),
+        expected_revision: Some(kv.mod_revision),
+    };
+    match store.txn(vec![op]).await {
+        Ok(_) => Ok(true),
+        Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 async fn reconcile(
@@ -124,18 +236,12 @@ async fn reconcile(
         let value = kv.key[pool.prefix.len()..].to_owned();
         // A record newer than the Service listing may belong to a Service
         // created since (they are written together): leave it.
-        if mend == Mend::Yes && !holders.contains_key(&value) && kv.create_revision <= listed_at {
-            let op = Op::Delete {
-                key: kv.key.clone(),
-                expected_revision: Some(kv.mod_revision),
-            };
-            match store.txn(vec![op]).await {
-                Ok(_) => report.freed += 1,
-                Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
-                    present.push(value)
-                }
-                Err(e) => return Err(e),
-            }
+        if mend == Mend::Yes
+            && !holders.contains_key(&value)
+            && kv.create_revision <= listed_at
+            && delete_record(store, &kv).await?
+        {
+            report.freed += 1;
             continue;
         }
         present.push(value);
@@ -235,7 +341,20 @@ mod tests {
         // A record whose Service was removed behind the allocator's back.
         let leaked = Op::Create {
             key: allocators.ips[0].1.key("10.96.0.50"),
-            value: Bytes::from_static(b"{}"),
+            value: ip_record("10.96.0.50", IpFamily::Ipv4, "default/gone"),
+        };
+        // An address a user keeps from being handed out.
+        let kept = Op::Create {
+            key: allocators.ips[0].1.key("10.96.0.70"),
+            value: Bytes::from(
+                json!({"metadata": {"name": "10.96.0.70"}, "spec": {"parentRef": {"resource": "gateways", "name": "g"}}})
+                    .to_string(),
+            ),
+        };
+        // A record of an older version.
+        let legacy = Op::Create {
+            key: format!("{}10.96.0.60", LEGACY_SERVICE_IPS[0]),
+            value: Bytes::from_static(br#"{"service":"default/one"}"#),
         };
         // Two Services claiming one address (a manual edit), none recorded.
         let (k1, v1) = service("one", "10.96.0.60");
@@ -243,6 +362,8 @@ mod tests {
         let (k3, v3) = service("far", "10.0.0.1");
         let ops = vec![
             leaked,
+            kept,
+            legacy,
             Op::Create { key: k1, value: v1 },
             Op::Create { key: k2, value: v2 },
             Op::Create { key: k3, value: v3 },
@@ -256,7 +377,8 @@ mod tests {
             Report {
                 freed: 1,
                 restored: 1,
-                events: 2
+                events: 2,
+                migrated: 1,
             }
         );
         assert!(store
@@ -275,6 +397,27 @@ mod tests {
             "the leaked address is free again"
         );
         assert!(allocators.ips[0].1.reserve("10.96.0.60").is_err());
+        assert!(
+            allocators.ips[0].1.reserve("10.96.0.70").is_err(),
+            "the user's stays taken"
+        );
+        let restored: Value = serde_json::from_slice(
+            &store
+                .get(&allocators.ips[0].1.key("10.96.0.60"))
+                .await
+                .unwrap()
+                .unwrap()
+                .value,
+        )
+        .unwrap();
+        assert_eq!(restored["kind"], "IPAddress");
+        assert_eq!(restored["spec"]["parentRef"]["name"], "one");
+        assert!(store
+            .list(LEGACY_SERVICE_IPS[0])
+            .await
+            .unwrap()
+            .0
+            .is_empty());
         let (events, _) = store
             .list(&kinds::event::RESOURCE.key_prefix())
             .await

@@ -134,7 +134,7 @@ def test_a_service_cidr_extends_a_full_range_and_stays_while_used(small):
 def test_invalid_ranges_and_addresses_are_refused(small):
     cases = [
         (service_cidr("two-v4", ["10.100.0.0/24", "10.101.0.0/24"]),
-         'spec.cidrs: Invalid value: ["10.100.0.0/24","10.101.0.0/24"]: may specify no more than one IP for each IP family'),
+         'spec.cidrs: Invalid value: []string{"10.100.0.0/24", "10.101.0.0/24"}: may specify no more than one IP for each IP family'),
         (service_cidr("host-bits", ["10.100.0.1/24"]),
          'spec.cidrs[0]: Invalid value: "10.100.0.1/24": must not have bits set beyond the prefix length'),
         (service_cidr("none", []), "spec.cidrs: Required value: at least one CIDR required"),

@@ -101,7 +101,13 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
         }
     }
     if let Some(old) = old {
-        if old["spec"]["parentRef"] != *parent {
+        // An empty field and a missing one are the same reference (Go
+        // clients leave empty strings out).
+        let fields = |p: &Value| {
+            ["group", "resource", "namespace", "name"]
+                .map(|f| p[f].as_str().unwrap_or("").to_owned())
+        };
+        if fields(&old["spec"]["parentRef"]) != fields(parent) {
             causes.push(Cause::invalid(
                 "spec.parentRef",
                 parent.clone(),
@@ -174,6 +180,15 @@ mod tests {
         assert_eq!(
             messages(&validate(&object, Some(&old)))[0],
             "spec.parentRef: Invalid value: {\"group\":\"\",\"name\":\"other\",\"namespace\":\"default\",\"resource\":\"services\"}: field is immutable"
+        );
+        let mut same = old.clone();
+        same["spec"]["parentRef"]
+            .as_object_mut()
+            .unwrap()
+            .remove("group");
+        assert!(
+            validate(&same, Some(&old)).is_empty(),
+            "no group is the empty group"
         );
         object["spec"]["parentRef"] = json!({"group": "", "name": "a/b"});
         assert_eq!(

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use super::{nothing, replace_lists};
 use crate::ip_text::cidr_problem;
 use crate::schema::{openapi_schema, typed, Generation, Kind, NameRule, Resource};
+use crate::service::families::go_strings;
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
 use crate::Cause;
@@ -67,11 +68,16 @@ pub fn cidrs(object: &Value) -> Vec<&str> {
 /// Upstream's `ValidateServiceCIDR` and `ValidateServiceCIDRUpdate`.
 fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     let new = cidrs(object);
+    let rendered = go_strings(&new);
     if let Some(old) = old.map(cidrs) {
         let path = |i: usize| format!("spec.cidrs[{i}]");
         if old.len() == new.len() {
-            if let Some(i) = (0..new.len()).find(|i| old[*i] != new[*i]) {
-                return vec![Cause::invalid(&path(i), new[i], "field is immutable")];
+            let changed: Vec<Cause> = (0..new.len())
+                .filter(|i| old[*i] != new[*i])
+                .map(|i| Cause::invalid(&path(i), new[i], "field is immutable"))
+                .collect();
+            if !changed.is_empty() {
+                return changed;
             }
         } else if old.len() == 1 && new.len() == 2 {
             // Single to dual stack: the first range stays.
@@ -79,32 +85,36 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
                 return vec![Cause::invalid(&path(0), new[0], "field is immutable")];
             }
         } else {
-            return vec![Cause::invalid(
+            return vec![Cause::invalid_rendered(
                 "spec.cidrs",
-                json!(new),
+                &rendered,
                 "field is immutable",
             )];
         }
     }
-    let mut causes = Vec::new();
     match new.len() {
-        0 => causes.push(Cause::required("spec.cidrs", "at least one CIDR required")),
+        0 => return vec![Cause::required("spec.cidrs", "at least one CIDR required")],
         1 | 2 => {}
-        _ => causes.push(Cause::invalid(
-            "spec.cidrs",
-            json!(new),
-            "may only hold up to 2 values",
-        )),
-    }
-    for (i, cidr) in new.iter().enumerate() {
-        if let Some(problem) = cidr_problem(cidr) {
-            causes.push(Cause::invalid(&format!("spec.cidrs[{i}]"), *cidr, &problem));
+        _ => {
+            return vec![Cause::invalid_rendered(
+                "spec.cidrs",
+                &rendered,
+                "may only hold up to 2 values",
+            )]
         }
     }
-    if causes.is_empty() && new.len() == 2 && family(new[0]) == family(new[1]) {
-        causes.push(Cause::invalid(
+    let mut causes: Vec<Cause> = new
+        .iter()
+        .enumerate()
+        .filter_map(|(i, cidr)| {
+            let problem = cidr_problem(cidr)?;
+            Some(Cause::invalid(&format!("spec.cidrs[{i}]"), *cidr, &problem))
+        })
+        .collect();
+    if new.len() == 2 && family(new[0]).is_some() && family(new[0]) == family(new[1]) {
+        causes.push(Cause::invalid_rendered(
             "spec.cidrs",
-            json!(new),
+            &rendered,
             "may specify no more than one IP for each IP family, i.e 192.168.0.0/24 and 2001:db8::/64",
         ));
     }
@@ -149,9 +159,12 @@ mod tests {
         );
         assert_eq!(
             messages(&range(&["10.100.0.0/24", "10.101.0.0/24"]), None),
-            ["spec.cidrs: Invalid value: [\"10.100.0.0/24\",\"10.101.0.0/24\"]: may specify no more than one IP for each IP family, i.e 192.168.0.0/24 and 2001:db8::/64"]
+            ["spec.cidrs: Invalid value: []string{\"10.100.0.0/24\", \"10.101.0.0/24\"}: may specify no more than one IP for each IP family, i.e 192.168.0.0/24 and 2001:db8::/64"]
         );
-        assert_eq!(messages(&range(&["a", "b", "c"]), None).len(), 4);
+        assert_eq!(
+            messages(&range(&["a", "b", "c"]), None),
+            ["spec.cidrs: Invalid value: []string{\"a\", \"b\", \"c\"}: may only hold up to 2 values"]
+        );
         assert_eq!(
             messages(&range(&["10.100.0.1/24"]), None),
             ["spec.cidrs[0]: Invalid value: \"10.100.0.1/24\": must not have bits set beyond the prefix length"]
@@ -173,7 +186,7 @@ mod tests {
         let dual = range(&["10.100.0.0/24", "fd00:100::/112"]);
         assert_eq!(
             messages(&single, Some(&dual)),
-            ["spec.cidrs: Invalid value: [\"10.100.0.0/24\"]: field is immutable"]
+            ["spec.cidrs: Invalid value: []string{\"10.100.0.0/24\"}: field is immutable"]
         );
     }
 

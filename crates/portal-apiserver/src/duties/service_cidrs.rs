@@ -8,14 +8,14 @@
 //! have had time to stop handing out its addresses.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use portal_api::cidr::IpCidr;
 use portal_api::kinds::{ip_address, service_cidr};
 use portal_api::Status;
 use serde_json::{json, Value};
 
-use crate::registry::allocator::ranges::{cidrs_of, listed};
+use crate::registry::allocator::ranges::{cidrs_of, listed, names};
 use crate::registry::strategy::set_condition;
 use crate::registry::write::internal::{Change, Writer};
 use crate::registry::write::Part;
@@ -27,11 +27,18 @@ const MANAGER: &str = "service-cidr-controller";
 /// (upstream's `deletionGracePeriod`).
 const DELETION_GRACE: Duration = Duration::from_secs(10);
 
+/// How often a deleted ServiceCIDR that still holds addresses is looked at.
+const IN_USE_POLL: Duration = Duration::from_secs(1);
+
+/// How soon a failed write is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+
 const STILL_IN_USE: &str = "There are still IPAddresses referencing the ServiceCIDR, please remove them or create a new ServiceCIDR";
 
 /// Creates `kubernetes` when it is missing; a single-stack one whose
 /// range is still the flags' first becomes dual-stack with the flags.
-pub(crate) async fn ensure_default(state: &ApiState) -> Result<(), Status> {
+/// Says whether it is left differing from the flags.
+pub(crate) async fn ensure_default(state: &ApiState) -> Result<bool, Status> {
     let flags: Vec<String> = state
         .allocators
         .flag_cidrs()
@@ -45,11 +52,11 @@ pub(crate) async fn ensure_default(state: &ApiState) -> Result<(), Status> {
         "spec": {"cidrs": flags},
     });
     match writer.create(None, object).await {
-        Ok(_) => return Ok(()),
+        Ok(_) => return Ok(false),
         Err(status) if status.code == 409 => {}
         Err(status) => return Err(status),
     }
-    let mut mismatch = None;
+    let mut mismatch = false;
     writer
         .update(None, service_cidr::DEFAULT_NAME, Part::Main, |current| {
             let held = service_cidr::cidrs(current);
@@ -61,65 +68,71 @@ pub(crate) async fn ensure_default(state: &ApiState) -> Result<(), Status> {
                 next["spec"]["cidrs"] = json!(flags);
                 return Change::Write(next);
             }
-            mismatch = Some(held.join(","));
+            mismatch = true;
             Change::Keep
         })
         .await?;
-    if let Some(held) = mismatch {
-        tracing::warn!(
-            %held, flags = %flags.join(","),
-            "the default ServiceCIDR does not match --service-cluster-ip-range; it is kept as it is"
-        );
-    }
-    Ok(())
+    Ok(mismatch)
 }
 
 /// Keeps every ServiceCIDR's finalizer and status, whenever ServiceCIDRs
-/// (or, while one is being deleted, IPAddresses) change.
+/// change; while one being deleted still holds addresses, it looks again
+/// every second (not at every Service write).
 pub(crate) async fn run(state: Arc<ApiState>) {
     let mut advanced = state.cache.subscribe();
     let mut handled = None;
-    let mut wake: Option<Duration> = None;
+    let mut again: Option<Instant> = None;
+    let mut warned = false;
     loop {
-        let ranges = listed(&state, &service_cidr::RESOURCE);
-        let deleting = ranges.iter().any(terminating);
-        let watched: &[_] = if deleting {
-            &[service_cidr::KIND, ip_address::KIND]
-        } else {
-            &[service_cidr::KIND]
-        };
-        let changed = state.cache.changed(watched);
-        if handled != Some(changed) || wake.is_some() {
+        let changed = state.cache.changed(&[service_cidr::KIND]);
+        let due = again.is_some_and(|at| Instant::now() >= at);
+        if handled != Some(changed) || due {
             handled = Some(changed);
-            wake = None;
-            if let Err(status) = ensure_default(&state).await {
-                tracing::warn!(error = %status.message, "cannot keep the default ServiceCIDR");
+            again = None;
+            let ranges = listed(&state, &service_cidr::RESOURCE);
+            let mut retry = |after: Duration| {
+                let at = Instant::now() + after;
+                again = Some(again.map_or(at, |a| a.min(at)));
+            };
+            if !default_matches(&state, &ranges) {
+                match ensure_default(&state).await {
+                    Ok(true) if !warned => {
+                        warned = true;
+                        tracing::warn!("the default ServiceCIDR does not match --service-cluster-ip-range; it is kept as it is");
+                    }
+                    Ok(_) => {}
+                    Err(status) => {
+                        tracing::warn!(error = %status.message, "cannot keep the default ServiceCIDR");
+                        retry(RETRY);
+                    }
+                }
             }
             // This server allocates from a ServiceCIDR before it reads
             // Ready (the others follow in their own time).
             crate::registry::allocator::ranges::apply(&state, &ranges);
-            let addresses = if deleting {
-                listed(&state, &ip_address::RESOURCE)
+            let addresses = if ranges.iter().any(terminating) {
+                names(&state, &ip_address::RESOURCE)
             } else {
                 Vec::new()
             };
             for range in &ranges {
                 match reconcile(&state, range, &ranges, &addresses).await {
-                    Ok(Some(after)) => wake = Some(wake.map_or(after, |w| w.min(after))),
+                    Ok(Some(after)) => retry(after),
                     Ok(None) => {}
                     Err(status) => {
                         let name = &range["metadata"]["name"];
                         tracing::warn!(%name, error = %status.message, "cannot keep a ServiceCIDR");
+                        retry(RETRY);
                     }
                 }
             }
         }
         let advanced_again = advanced.changed();
-        match wake {
-            Some(after) => {
+        match again {
+            Some(at) => {
                 tokio::select! {
                     result = advanced_again => if result.is_err() { return },
-                    () = tokio::time::sleep(after) => {}
+                    () = tokio::time::sleep_until(at.into()) => {}
                 }
             }
             None => {
@@ -129,6 +142,19 @@ pub(crate) async fn run(state: Arc<ApiState>) {
             }
         }
     }
+}
+
+/// Whether `kubernetes` exists with the flags' ranges (nothing to do).
+fn default_matches(state: &ApiState, ranges: &[Value]) -> bool {
+    let flags: Vec<String> = state
+        .allocators
+        .flag_cidrs()
+        .iter()
+        .map(IpCidr::to_string)
+        .collect();
+    ranges.iter().any(|r| {
+        r["metadata"]["name"] == service_cidr::DEFAULT_NAME && service_cidr::cidrs(r) == flags
+    })
 }
 
 fn terminating(range: &Value) -> bool {
@@ -146,11 +172,13 @@ async fn reconcile(
     state: &ApiState,
     range: &Value,
     ranges: &[Value],
-    addresses: &[Value],
+    addresses: &[String],
 ) -> Result<Option<Duration>, Status> {
     let name = range["metadata"]["name"].as_str().unwrap_or("").to_owned();
     let writer = Writer::new(state, &service_cidr::RESOURCE, MANAGER);
     if !terminating(range) {
+        // Ready once this server's allocator has taken it in with its
+        // finalizer: the write below brings this range back finalized.
         if !has_finalizer(range) {
             writer
                 .update(None, &name, Part::Main, |current| {
@@ -166,6 +194,7 @@ async fn reconcile(
                     Change::Write(next)
                 })
                 .await?;
+            return Ok(None);
         }
         let message = if name == service_cidr::DEFAULT_NAME {
             "Kubernetes default Service CIDR is ready"
@@ -180,7 +209,7 @@ async fn reconcile(
     }
     if in_use(range, ranges, addresses) {
         set_ready(&writer, &name, false, "Terminating", STILL_IN_USE).await?;
-        return Ok(None);
+        return Ok(Some(IN_USE_POLL));
     }
     let since = range["metadata"]["deletionTimestamp"]
         .as_str()
@@ -206,7 +235,7 @@ async fn reconcile(
 
 /// Whether an IPAddress lies in `range` and in no other ServiceCIDR that
 /// is not being deleted.
-fn in_use(range: &Value, ranges: &[Value], addresses: &[Value]) -> bool {
+fn in_use(range: &Value, ranges: &[Value], addresses: &[String]) -> bool {
     let mine = cidrs_of(range);
     let others: Vec<IpCidr> = ranges
         .iter()
@@ -215,12 +244,7 @@ fn in_use(range: &Value, ranges: &[Value], addresses: &[Value]) -> bool {
         .collect();
     addresses
         .iter()
-        .filter_map(|a| {
-            a["metadata"]["name"]
-                .as_str()?
-                .parse::<std::net::IpAddr>()
-                .ok()
-        })
+        .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
         .any(|ip| mine.iter().any(|c| c.contains(ip)) && !others.iter().any(|c| c.contains(ip)))
 }
 
@@ -269,8 +293,8 @@ mod tests {
         object
     }
 
-    fn address(ip: &str) -> Value {
-        json!({"metadata": {"name": ip}})
+    fn address(ip: &str) -> String {
+        ip.to_owned()
     }
 
     #[test]

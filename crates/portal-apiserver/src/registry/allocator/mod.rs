@@ -45,6 +45,8 @@ pub(crate) struct Allocators {
     pub(crate) ips: Vec<(IpFamily, Arc<Pool>)>,
     /// Pools of the other ServiceCIDRs, as `ranges::follow` finds them.
     extra: RwLock<Vec<Extra>>,
+    /// Held while the ServiceCIDRs are taken in.
+    following: parking_lot::Mutex<()>,
     pub(crate) node_ports: Arc<Pool>,
 }
 
@@ -186,6 +188,7 @@ impl Allocators {
         Allocators {
             ips,
             extra: RwLock::default(),
+            following: parking_lot::Mutex::default(),
             node_ports: Arc::new(Pool::new(Range::Ports(node_ports), NODE_PORTS)),
         }
     }
@@ -275,11 +278,8 @@ impl Allocators {
             let pools = self.pools_of(*family);
             let refused =
                 |detail: String| Cause::invalid_rendered("spec.clusterIPs", &rendered, &detail);
-            let (pool, offset, ip) = if ips[i].is_empty() {
-                let picked = pools
-                    .iter()
-                    .find_map(|pool| pool.reserve_any().ok().map(|(o, ip)| (pool.clone(), o, ip)));
-                picked.ok_or_else(|| {
+            let marked = if ips[i].is_empty() {
+                self.pick(&pools).ok_or_else(|| {
                     let ranges: Vec<String> = pools.iter().map(|p| p.range.describe()).collect();
                     refused(format!(
                         "failed to allocate a serviceIP: range is full ({})",
@@ -287,9 +287,10 @@ impl Allocators {
                     ))
                 })?
             } else {
-                reserve_asked(&pools, &ips[i]).map_err(refused)?
+                self.reserve_asked(&pools, &ips[i]).map_err(refused)?
             };
-            r.taken.push((pool, offset));
+            let ip = marked.ip;
+            r.taken.extend(marked.taken);
             r.ops.push(Op::Create {
                 key: format!("{IP_ADDRESSES}{ip}"),
                 value: ip_record(&ip, *family, owner),
@@ -639,30 +640,82 @@ impl Allocators {
     }
 }
 
-/// Reserves the address a Service asked for in the first pool that has it
-/// free, or says why none can give it (as Kubernetes words it).
-fn reserve_asked(pools: &[Arc<Pool>], ip: &str) -> Result<(Arc<Pool>, u64, String), String> {
-    let holding: Vec<&Arc<Pool>> = pools
-        .iter()
-        .filter(|p| p.range.offset(ip).is_some())
-        .collect();
-    let Some(first) = holding.first() else {
-        return Err(format!(
-            "failed to allocate IP {ip}: the provided network does not match the current range"
-        ));
-    };
-    let mut refusal = Refusal::OutOfRange;
-    for pool in &holding {
-        match pool.reserve(ip) {
-            Ok(offset) => return Ok(((*pool).clone(), offset, ip.to_owned())),
-            Err(Refusal::OutOfRange) => {}
-            Err(other) => refusal = other,
+/// An address reserved in every pool that holds it.
+struct Marked {
+    ip: String,
+    taken: Vec<(Arc<Pool>, u64)>,
+}
+
+impl Allocators {
+    /// Reserves `ip` in every pool but `picked` that holds it (ranges may
+    /// overlap, and one address is one record); `None`, with nothing kept,
+    /// if one of them has it taken.
+    fn mark_elsewhere(&self, ip: &str, picked: &Arc<Pool>) -> Option<Vec<(Arc<Pool>, u64)>> {
+        let mut taken: Vec<(Arc<Pool>, u64)> = Vec::new();
+        for pool in self.all_ip_pools() {
+            if Arc::ptr_eq(&pool, picked) {
+                continue;
+            }
+            match pool.reserve(ip) {
+                Ok(offset) => taken.push((pool, offset)),
+                Err(Refusal::Taken) => {
+                    for (pool, offset) in taken {
+                        pool.release(offset);
+                    }
+                    return None;
+                }
+                Err(_) => {}
+            }
         }
+        Some(taken)
     }
-    Err(match refusal {
-        Refusal::OutOfRange => format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {}", first.range.describe()),
-        Refusal::Taken | Refusal::Full => format!("failed to allocate IP {ip}: provided IP is already allocated"),
-    })
+
+    /// A free address from the first of `pools` that has one.
+    fn pick(&self, pools: &[Arc<Pool>]) -> Option<Marked> {
+        for pool in pools {
+            while let Ok((offset, ip)) = pool.reserve_any() {
+                if let Some(mut taken) = self.mark_elsewhere(&ip, pool) {
+                    taken.push((pool.clone(), offset));
+                    return Some(Marked { ip, taken });
+                }
+                // Taken in an overlapping range: it stays marked here too.
+            }
+        }
+        None
+    }
+
+    /// The address a Service asked for, from the first of `pools` that
+    /// holds it, or why it cannot have it (as Kubernetes words it).
+    fn reserve_asked(&self, pools: &[Arc<Pool>], ip: &str) -> Result<Marked, String> {
+        let taken = || format!("failed to allocate IP {ip}: provided IP is already allocated");
+        let holding: Vec<&Arc<Pool>> = pools
+            .iter()
+            .filter(|p| p.range.offset(ip).is_some())
+            .collect();
+        let Some(first) = holding.first() else {
+            return Err(format!(
+                "failed to allocate IP {ip}: the provided network does not match the current range"
+            ));
+        };
+        for pool in &holding {
+            match pool.reserve(ip) {
+                Ok(offset) => {
+                    let Some(mut elsewhere) = self.mark_elsewhere(ip, pool) else {
+                        pool.release(offset);
+                        return Err(taken());
+                    };
+                    elsewhere.push(((*pool).clone(), offset));
+                    return Ok(Marked {
+                        ip: ip.to_owned(),
+                        taken: elsewhere,
+                    });
+                }
+                Err(Refusal::OutOfRange) => {}
+                Err(Refusal::Taken | Refusal::Full) => return Err(taken()),
+            }
+        }
+        Err(format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {}", first.range.describe()))
+    }
 }
 
 /// Deletes a stored object and releases what it held, in one transaction

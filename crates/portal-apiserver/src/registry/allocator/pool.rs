@@ -160,13 +160,23 @@ impl Pool {
         }
         let mut used = self.used.lock();
         let start = used.cursor.saturating_sub(first) % span;
-        for step in 0..span {
+        let mut step = 0;
+        while step < span {
             let offset = first + (start + step) % span;
+            // A whole word in use (a nearly full range): skip it at once.
+            if offset % 64 == 0
+                && offset + 64 <= first + span
+                && used.words[(offset / 64) as usize] == u64::MAX
+            {
+                step += 64;
+                continue;
+            }
             if self.range.usable(offset) && Self::test_and_set(&mut used.words, offset) {
                 used.cursor = offset + 1;
                 let value = self.range.value(offset).ok_or(Refusal::Full)?;
                 return Ok((offset, value));
             }
+            step += 1;
         }
         Err(Refusal::Full)
     }
@@ -225,6 +235,22 @@ mod tests {
         assert_eq!(pool.reserve("10.0.1.1"), Err(Refusal::OutOfRange));
         pool.release(3);
         assert_eq!(pool.reserve_any().unwrap().1, "10.0.0.3");
+    }
+
+    #[test]
+    fn finds_the_last_free_address_of_a_large_range() {
+        let pool = Pool::new(
+            Range::Ip {
+                cidr: "10.96.0.0/16".parse().unwrap(),
+                first_dynamic: 2,
+            },
+            "/p/",
+        );
+        let all: Vec<String> = (0..65_536).filter_map(|o| pool.range.value(o)).collect();
+        pool.sync(all.iter().map(String::as_str));
+        pool.release(40_001);
+        assert_eq!(pool.reserve_any().unwrap().1, "10.96.156.65");
+        assert_eq!(pool.reserve_any(), Err(Refusal::Full));
     }
 
     #[test]

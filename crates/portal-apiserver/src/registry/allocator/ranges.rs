@@ -61,12 +61,19 @@ pub(crate) async fn follow(state: Arc<ApiState>) {
 
 /// Takes `ranges` (the ServiceCIDRs now) into this server's allocators.
 pub(crate) fn apply(state: &ApiState, ranges: &[Value]) {
-    let addresses = listed(state, &ip_address::RESOURCE);
-    let taken: Vec<&str> = addresses
+    state
+        .allocators
+        .follow(ranges, || names(state, &ip_address::RESOURCE));
+}
+
+/// The names of every object of a cluster-scoped kind, from the watch cache.
+pub(crate) fn names(state: &ApiState, resource: &portal_api::Resource) -> Vec<String> {
+    let prefix = resource.key_prefix();
+    let (found, _, _) = state.cache.list(resource, &prefix, None, 0, |_| true);
+    found
         .iter()
-        .filter_map(|a| a["metadata"]["name"].as_str())
-        .collect();
-    state.allocators.follow(ranges, &taken);
+        .filter_map(|o| o.value["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// Every object of a cluster-scoped kind, from the watch cache.
@@ -86,9 +93,11 @@ pub(crate) fn cidrs_of(range: &Value) -> Vec<IpCidr> {
 
 impl Allocators {
     /// Takes the ServiceCIDRs as they now are: pools for new ones (their
-    /// bitmaps filled from the addresses `taken`), none for deleted ones,
-    /// and none to allocate from for those being deleted.
-    pub(crate) fn follow(&self, ranges: &[Value], taken: &[&str]) {
+    /// bitmaps filled from the addresses `taken` says are), none for
+    /// deleted ones, and none to allocate from for those being deleted or
+    /// not yet holding their finalizer (so none can go while it holds an
+    /// address handed out here).
+    pub(crate) fn follow(&self, ranges: &[Value], taken: impl FnOnce() -> Vec<String>) {
         let mut wanted: Vec<(String, IpCidr, bool, String)> = Vec::new();
         for range in ranges {
             let name = range["metadata"]["name"].as_str().unwrap_or("");
@@ -98,33 +107,53 @@ impl Allocators {
             let created = range["metadata"]["creationTimestamp"]
                 .as_str()
                 .unwrap_or("");
-            let allocatable = range["metadata"]["deletionTimestamp"].is_null();
+            let finalized = range["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f == service_cidr::FINALIZER));
+            let allocatable = finalized && range["metadata"]["deletionTimestamp"].is_null();
             for cidr in cidrs_of(range) {
                 wanted.push((name.to_owned(), cidr, allocatable, created.to_owned()));
             }
         }
         // Oldest first, then by name: every server picks in the same order.
         wanted.sort_by(|a, b| (&a.3, &a.0).cmp(&(&b.3, &b.0)));
-        let mut extra = self.extra.write();
-        let mut next = Vec::with_capacity(wanted.len());
-        for (name, cidr, allocatable, _) in wanted {
-            let kept = extra
-                .iter()
-                .position(|e| e.name == name && e.cidr == cidr)
-                .map(|at| extra.remove(at).pool);
-            let pool = kept.unwrap_or_else(|| {
-                let fresh = pool(cidr, 1);
-                fresh.sync(taken.iter().copied());
-                Arc::new(fresh)
-            });
-            next.push(Extra {
-                name,
-                cidr,
-                pool,
-                allocatable,
-            });
-        }
-        *extra = next;
+        // One change at a time (the cache's follower and the duty both
+        // call this); Service writes wait only for the swap at the end.
+        let _one_at_a_time = self.following.lock();
+        let existing: Vec<(String, IpCidr, Arc<Pool>)> = self
+            .extra
+            .read()
+            .iter()
+            .map(|e| (e.name.clone(), e.cidr, e.pool.clone()))
+            .collect();
+        let is_new =
+            |name: &str, cidr: &IpCidr| !existing.iter().any(|(n, c, _)| n == name && c == cidr);
+        let taken = if wanted.iter().any(|(n, c, ..)| is_new(n, c)) {
+            taken()
+        } else {
+            Vec::new()
+        };
+        let next: Vec<Extra> = wanted
+            .into_iter()
+            .map(|(name, cidr, allocatable, _)| {
+                let kept = existing
+                    .iter()
+                    .find(|(n, c, _)| *n == name && *c == cidr)
+                    .map(|(_, _, pool)| pool.clone());
+                let pool = kept.unwrap_or_else(|| {
+                    let fresh = pool(cidr, 1);
+                    fresh.sync(taken.iter().map(String::as_str));
+                    Arc::new(fresh)
+                });
+                Extra {
+                    name,
+                    cidr,
+                    pool,
+                    allocatable,
+                }
+            })
+            .collect();
+        *self.extra.write() = next;
     }
 
     /// The ranges of `--service-cluster-ip-range`, the primary first.
@@ -158,7 +187,8 @@ mod tests {
     use serde_json::json;
 
     fn range(name: &str, cidrs: &[&str], deleting: bool) -> Value {
-        let mut object = json!({"metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"cidrs": cidrs}});
+        let mut object = json!({"metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z",
+            "finalizers": [service_cidr::FINALIZER]}, "spec": {"cidrs": cidrs}});
         if deleting {
             object["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
         }
@@ -204,7 +234,7 @@ mod tests {
                 range("kubernetes", &["10.96.0.0/30"], false),
                 range("more", &["10.100.0.0/29"], false),
             ],
-            &["10.100.0.1"],
+            || vec!["10.100.0.1".to_owned()],
         );
         let mut second = service(json!({"ports": [{"port": 80}]}));
         a.for_create(&kinds::service::RESOURCE, &mut second)
@@ -221,7 +251,7 @@ mod tests {
             .commit();
 
         // Being deleted: no new addresses from it, but it still holds them.
-        a.follow(&[range("more", &["10.100.0.0/29"], true)], &[]);
+        a.follow(&[range("more", &["10.100.0.0/29"], true)], Vec::new);
         let mut third = service(json!({"ports": [{"port": 80}]}));
         assert!(a.for_create(&kinds::service::RESOURCE, &mut third).is_err());
         let mut asked = service(json!({"clusterIP": "10.100.0.5", "ports": [{"port": 80}]}));
@@ -231,7 +261,43 @@ mod tests {
             .message
             .ends_with("the provided network does not match the current range"));
         assert_eq!(a.all_cidrs().len(), 2);
-        a.follow(&[], &[]);
+        a.follow(&[], Vec::new);
         assert_eq!(a.all_cidrs().len(), 1);
+    }
+
+    #[test]
+    fn overlapping_ranges_never_hand_out_one_address_twice() {
+        let a = Allocators::new(
+            &"10.96.0.0/30".parse().unwrap(),
+            "30000-30009".parse().unwrap(),
+        );
+        a.follow(&[range("wide", &["10.96.0.0/29"], false)], Vec::new);
+        let mut got = Vec::new();
+        for _ in 0..6 {
+            let mut svc = service(json!({"ports": [{"port": 80}]}));
+            a.for_create(&kinds::service::RESOURCE, &mut svc)
+                .unwrap()
+                .commit();
+            got.push(svc["spec"]["clusterIP"].as_str().unwrap().to_owned());
+        }
+        got.sort();
+        // The flags' .2 first; then the wide range's .1 to .6 but .2.
+        assert_eq!(
+            got,
+            (1..=6).map(|i| format!("10.96.0.{i}")).collect::<Vec<_>>()
+        );
+        let mut full = service(json!({"ports": [{"port": 80}]}));
+        assert!(a.for_create(&kinds::service::RESOURCE, &mut full).is_err());
+        let mut again = service(json!({"clusterIP": "10.96.0.2", "ports": [{"port": 80}]}));
+        assert!(a
+            .for_create(&kinds::service::RESOURCE, &mut again)
+            .unwrap_err()
+            .message
+            .ends_with("provided IP is already allocated"));
+        // Released in both: asked for again, it is given.
+        let old = json!({"metadata": {"name": "s", "namespace": "default"}, "spec": {"clusterIP": "10.96.0.2", "clusterIPs": ["10.96.0.2"]}});
+        a.for_delete(&kinds::service::RESOURCE, &old).commit();
+        let mut again = service(json!({"clusterIP": "10.96.0.2", "ports": [{"port": 80}]}));
+        assert!(a.for_create(&kinds::service::RESOURCE, &mut again).is_ok());
     }
 }

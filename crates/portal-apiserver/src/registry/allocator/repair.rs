@@ -12,7 +12,7 @@
 //! (to learn what the others allocated), but only the elected one mends:
 //! [`Mend::No`] only learns.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -70,7 +70,26 @@ pub(crate) async fn pass(
     allocators: &Allocators,
     mend: Mend,
 ) -> Result<Report, StoreError> {
+    // Records before Services: a Service deleted in between is missing
+    // from both (no record restored for it), one created in between has
+    // a record already (its restore finds it).
+    let (records, _) = store.list(IP_ADDRESSES).await?;
+    let (ranges, _) = store
+        .list(&kinds::service_cidr::RESOURCE.key_prefix())
+        .await?;
     let (services, listed_at) = store.list(&kinds::service::RESOURCE.key_prefix()).await?;
+    // Every ServiceCIDR's pool exists before addresses are checked against
+    // them (at start, before the ServiceCIDRs are followed from the cache).
+    let ranges: Vec<Value> = ranges
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect();
+    allocators.follow(&ranges, || {
+        records
+            .iter()
+            .map(|kv| kv.key[IP_ADDRESSES.len()..].to_owned())
+            .collect()
+    });
     let services: Vec<Value> = services
         .iter()
         .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
@@ -86,7 +105,16 @@ pub(crate) async fn pass(
             port_holders.entry(port.to_string()).or_default().push(svc);
         }
     }
-    reconcile_ips(store, allocators, &ip_holders, listed_at, mend, &mut report).await?;
+    reconcile_ips(
+        store,
+        allocators,
+        records,
+        &ip_holders,
+        listed_at,
+        mend,
+        &mut report,
+    )
+    .await?;
     reconcile(
         store,
         &allocators.node_ports,
@@ -119,13 +147,13 @@ fn family_of(ip: &str) -> IpFamily {
 async fn reconcile_ips(
     store: &dyn Store,
     allocators: &Allocators,
+    records: Vec<KeyValue>,
     holders: &BTreeMap<String, Vec<&Value>>,
     listed_at: u64,
     mend: Mend,
     report: &mut Report,
 ) -> Result<(), StoreError> {
-    let (records, _) = store.list(IP_ADDRESSES).await?;
-    let mut present = Vec::new();
+    let mut present = HashSet::new();
     for kv in records {
         let ip = kv.key[IP_ADDRESSES.len()..].to_owned();
         let address: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
@@ -157,7 +185,7 @@ async fn reconcile_ips(
                 Some(_) => {}
             }
         }
-        present.push(ip);
+        present.insert(ip);
     }
     let ranges = allocators.all_cidrs();
     for (ip, services) in holders.iter().filter(|_| mend == Mend::Yes) {
@@ -189,7 +217,6 @@ async fn reconcile_ips(
                 Err(StoreError::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e),
             }
-            present.push(ip.clone());
         }
     }
     if mend == Mend::Yes {
@@ -202,8 +229,15 @@ async fn reconcile_ips(
             }
         }
     }
+    // Taken: what is recorded, and what Services hold whether recorded or
+    // not (a record not restored yet, on a server that does not mend).
+    let taken: Vec<&str> = present
+        .iter()
+        .chain(holders.keys())
+        .map(String::as_str)
+        .collect();
     for pool in allocators.all_ip_pools() {
-        pool.sync(present.iter().map(String::as_str));
+        pool.sync(taken.iter().copied());
     }
     Ok(())
 }
@@ -231,7 +265,7 @@ async fn reconcile(
     report: &mut Report,
 ) -> Result<(), StoreError> {
     let (records, _) = store.list(pool.prefix).await?;
-    let mut present = Vec::new();
+    let mut present = HashSet::new();
     for kv in records {
         let value = kv.key[pool.prefix.len()..].to_owned();
         // A record newer than the Service listing may belong to a Service
@@ -244,7 +278,7 @@ async fn reconcile(
             report.freed += 1;
             continue;
         }
-        present.push(value);
+        present.insert(value);
     }
     for (value, services) in holders.iter().filter(|_| mend == Mend::Yes) {
         if pool.range.offset(value).is_none() {
@@ -275,10 +309,11 @@ async fn reconcile(
                 Err(StoreError::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e),
             }
-            present.push(value.clone());
+            present.insert(value.clone());
         }
     }
-    pool.sync(present.iter().map(String::as_str));
+    // Held ports count as taken on a server that does not mend, too.
+    pool.sync(present.iter().chain(holders.keys()).map(String::as_str));
     Ok(())
 }
 

@@ -138,7 +138,9 @@ pub(crate) async fn create_object(
                 return Ok((CachedObject::from_value(key, attempt, revision), warnings));
             }
             // Another server took the address we picked: pick again.
-            Err(StoreError::AlreadyExists { key: taken }) if Allocators::is_record(&taken) => {
+            Err(StoreError::AlreadyExists { key: taken })
+                if taken != key && Allocators::is_record(&taken) =>
+            {
                 reservation.abort(Some(&taken));
             }
             Err(StoreError::AlreadyExists { .. }) if generate => reservation.abort(None),

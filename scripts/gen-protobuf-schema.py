@@ -47,6 +47,8 @@ ROOTS = [
     "io.k8s.api.networking.v1.NetworkPolicy",
     "io.k8s.api.networking.v1.ServiceCIDR",
     "io.k8s.api.networking.v1.IPAddress",
+    "io.k8s.api.networking.v1.Ingress",
+    "io.k8s.api.networking.v1.IngressClass",
     "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler",
     "io.k8s.api.rbac.v1.Role",
     "io.k8s.api.rbac.v1.ClusterRole",

@@ -57,6 +57,22 @@ pub fn dns1123_subdomain(value: &str) -> Vec<String> {
     errs
 }
 
+/// Problems with `value` as a wildcard subdomain (`*.example.com`, Ingress
+/// hosts).
+pub fn wildcard_dns1123_subdomain(value: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if value.len() > DNS1123_SUBDOMAIN_MAX {
+        errs.push(too_long(DNS1123_SUBDOMAIN_MAX));
+    }
+    let valid = value
+        .strip_prefix("*.")
+        .is_some_and(|rest| rest.split('.').all(|part| is_label(part, alnum)));
+    if !valid {
+        errs.push("a wildcard DNS-1123 subdomain must start with '*.', followed by a valid DNS subdomain, which must consist of lower case alphanumeric characters, '-' or '.' and end with an alphanumeric character (e.g. '*.example.com', regex used for validation is '\\*\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into());
+    }
+    errs
+}
+
 fn is_name_part(s: &str) -> bool {
     let b = s.as_bytes();
     let ok = |c: u8| c.is_ascii_alphanumeric();

@@ -33,6 +33,8 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::network_policy::RESOURCE,
     &kinds::service_cidr::RESOURCE,
     &kinds::ip_address::RESOURCE,
+    &kinds::ingress::RESOURCE,
+    &kinds::ingress_class::RESOURCE,
     &kinds::horizontal_pod_autoscaler::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::config_map::RESOURCE,
@@ -222,10 +224,10 @@ mod tests {
     #[test]
     fn lookups_that_miss_are_errors() {
         let registry = Registry::built_in();
-        let missing = Kind::new("networking.k8s.io", "Ingress");
+        let missing = Kind::new("node.k8s.io", "RuntimeClass");
         assert_eq!(registry.of(missing), Err(RegistryError::NotServed(missing)));
         assert!(registry
-            .find("networking.k8s.io", "v1", "ingresses")
+            .find("node.k8s.io", "v1", "runtimeclasses")
             .is_none());
         assert!(registry.find("", "v1", "endpointslices").is_none());
     }

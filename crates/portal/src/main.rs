@@ -367,10 +367,25 @@ struct ServerArgs {
     controllers: ControllerOptions,
     #[command(flatten)]
     agent: agent::AgentOptions,
+    #[command(flatten)]
+    ingress: IngressOptions,
     /// Components not to run in this process (comma-separated: agent,
-    /// controllers, dns, proxy). The agent runs only as root.
+    /// controllers, dns, ingress, proxy). The agent runs only as root.
     #[arg(long, value_delimiter = ',')]
     disable: Vec<Component>,
+}
+
+/// The built-in layer-7 proxy (the `portal` IngressClass).
+#[derive(clap::Args, Debug)]
+struct IngressOptions {
+    /// Where Ingresses are served over HTTP (and h2c); default: the node
+    /// address's port 80 on a node running pods, else nowhere.
+    #[arg(long, value_name = "ADDR:PORT")]
+    ingress_bind: Option<SocketAddr>,
+    /// Where Ingresses are served over HTTPS; default: the node address's
+    /// port 443 on a node running pods, else nowhere.
+    #[arg(long, value_name = "ADDR:PORT")]
+    ingress_tls_bind: Option<SocketAddr>,
 }
 
 /// Components `portal server` runs besides the API server.
@@ -379,6 +394,7 @@ enum Component {
     Agent,
     Controllers,
     Dns,
+    Ingress,
     Proxy,
 }
 
@@ -393,6 +409,8 @@ enum Error {
     Dns(#[from] portal_dns::Error),
     #[error(transparent)]
     Proxy(#[from] portal_proxy::Error),
+    #[error("ingress proxy: {0}")]
+    Ingress(#[from] portal_ingress::Error),
     #[error("node agent: {0}")]
     Agent(#[from] portal_agent::Error),
     #[error("joining: {0}")]
@@ -408,6 +426,56 @@ enum Error {
         addr: SocketAddr,
         source: std::io::Error,
     },
+}
+
+/// Runs the layer-7 proxy where the flags say, or on the node address's
+/// ports 80 and 443 (`node`); a default port already taken only warns.
+async fn start_ingress(
+    api: &portal_apiserver::ApiServer,
+    options: &IngressOptions,
+    node: Option<IpAddr>,
+    components: &portal_client::Supervisor,
+) -> Result<(), Error> {
+    let explicit = options.ingress_bind.is_some() || options.ingress_tls_bind.is_some();
+    let http = options
+        .ingress_bind
+        .or(node.map(|ip| SocketAddr::new(ip, 80)));
+    let Some(http) = http else {
+        return Ok(());
+    };
+    let https = options.ingress_tls_bind.or(node
+        .filter(|_| options.ingress_bind.is_none())
+        .map(|ip| SocketAddr::new(ip, 443)));
+    let advertised = match node {
+        Some(ip) => vec![ip],
+        None if !http.ip().is_unspecified() => vec![http.ip()],
+        None => Vec::new(),
+    };
+    // It reads Ingresses, Services, slices and TLS Secrets and writes
+    // Ingress status: RBAC's `system:portal-ingress` grants that, no more.
+    let client = api.loopback_client_as("portal-ingress", "system:portal-ingress");
+    let config = portal_ingress::Config {
+        http,
+        https,
+        advertised,
+    };
+    match portal_ingress::start(client, config).await {
+        Ok(ingress) => {
+            let tasks = ingress.tasks.clone();
+            components.critical("ingress proxy", async move {
+                let task = tasks.failed().await;
+                tracing::error!(task, "the ingress proxy stopped");
+            });
+            let metrics = ingress.metrics.clone();
+            api.metrics.add_source(move |out| metrics.encode_into(out));
+            Ok(())
+        }
+        Err(error) if !explicit => {
+            tracing::warn!(%error, "no ingress proxy on the node address (pass --ingress-bind)");
+            Ok(())
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// The server's `--node-ip`: any one address (the API server may serve on
@@ -557,6 +625,15 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
         api.metrics.add_source(move |out| metrics.encode_into(out));
         api.metrics
             .add_health_check("proxy", move || health.healthy());
+    }
+    if !disabled.contains(&Component::Ingress) {
+        start_ingress(
+            &api,
+            &args.ingress,
+            reachable_node_ip.filter(|_| agent_wanted),
+            &components,
+        )
+        .await?;
     }
     if !disabled.contains(&Component::Agent) {
         if agent_wanted {

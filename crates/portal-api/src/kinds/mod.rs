@@ -23,6 +23,8 @@ pub mod endpoints;
 pub mod event;
 pub mod events_event;
 pub mod horizontal_pod_autoscaler;
+pub mod ingress;
+pub mod ingress_class;
 pub mod ip_address;
 pub mod job;
 pub mod lease;

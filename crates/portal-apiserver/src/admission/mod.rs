@@ -2,9 +2,11 @@
 //! (`validate`) an object about to be stored, beyond the kind's own
 //! defaults and validation, because it depends on other objects or on who
 //! asks: a pod's service account and its token volume, who asked for a
-//! certificate and who may approve it, and RBAC's no escalation rule.
+//! certificate and who may approve it, an Ingress's default class, and
+//! RBAC's no escalation rule.
 
 mod certificates;
+mod ingress_class;
 mod policies;
 mod service_account;
 mod webhooks;
@@ -31,8 +33,9 @@ impl crate::registry::write::Admission for Admitter {
         old: Option<&'a Value>,
     ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, Status>> {
         Box::pin(async move {
+            let mut warnings = Vec::new();
             if old.is_none() {
-                admit_create(state, scope, object).await?;
+                warnings = admit_create(state, scope, object).await?;
             }
             let snapshot = object.clone();
             let request = policies::Request {
@@ -41,7 +44,8 @@ impl crate::registry::write::Admission for Admitter {
                 object: &snapshot,
                 old,
             };
-            webhooks::mutate(state, &request, object).await
+            warnings.extend(webhooks::mutate(state, &request, object).await?);
+            Ok(warnings)
         })
     }
 
@@ -75,7 +79,7 @@ async fn admit_create(
     state: &ApiState,
     scope: Scope<'_>,
     object: &mut Value,
-) -> Result<(), Status> {
+) -> Result<Vec<String>, Status> {
     let kind = scope.resource.kind();
     if kind == portal_api::kinds::pod::KIND {
         service_account::admit(state, scope.namespace.unwrap_or("default"), object).await?;
@@ -83,7 +87,10 @@ async fn admit_create(
     if kind == portal_api::kinds::certificate_signing_request::KIND {
         certificates::admit(object);
     }
-    Ok(())
+    if kind == portal_api::kinds::ingress::KIND {
+        return Ok(ingress_class::admit(state, object));
+    }
+    Ok(Vec::new())
 }
 
 /// Validating admission (after validation): `old` is the stored object on

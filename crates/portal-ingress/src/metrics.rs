@@ -1,0 +1,81 @@
+//! The layer-7 proxy's metrics: requests by Ingress, backend and status
+//! code, and their latency by Ingress (from the request's arrival to the
+//! response's headers), plus the routing table's size.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RequestLabels {
+    pub(crate) ingress: String,
+    pub(crate) backend: String,
+    pub(crate) code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RouteLabels {
+    pub(crate) ingress: String,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub(crate) requests: Family<RequestLabels, Counter>,
+    pub(crate) latency: Family<RouteLabels, Histogram>,
+    pub(crate) retries: Counter,
+    pub(crate) routes: Gauge,
+    pub(crate) updates: Counter,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        // 0.5 ms … 16 s.
+        let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+        });
+        let (retries, routes, updates) = (Counter::default(), Gauge::default(), Counter::default());
+        registry.register(
+            "portal_ingress_requests",
+            "Requests the layer-7 proxy answered, by Ingress, backend and status code",
+            requests.clone(),
+        );
+        registry.register(
+            "portal_ingress_request_duration_seconds",
+            "Time from a request's arrival to its response's headers, by Ingress",
+            latency.clone(),
+        );
+        registry.register(
+            "portal_ingress_connect_retries",
+            "Requests sent to another endpoint after one refused the connection",
+            retries.clone(),
+        );
+        registry.register(
+            "portal_ingress_routes",
+            "Routes in the routing table",
+            routes.clone(),
+        );
+        registry.register(
+            "portal_ingress_table_updates",
+            "Routing tables built and swapped in",
+            updates.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            retries,
+            routes,
+            updates,
+        }
+    }
+
+    pub fn encode_into(&self, out: &mut String) {
+        let _ = prometheus_client::encoding::text::encode_registry(out, &self.registry);
+    }
+}

@@ -1,0 +1,389 @@
+//! The HTTP side: each request is matched against the current routing
+//! table and sent to one of its backend's ready endpoints, round robin,
+//! over pooled keep-alive connections (HTTP/1.1 to the pods whatever the
+//! client spoke). An endpoint that refuses the connection is skipped for
+//! the next one when the request can be replayed (no body, or a small
+//! one held in memory). Upgrades (WebSockets) are spliced through.
+//! Forwarding headers are added as common proxies do; hop-by-hop headers
+//! are not passed on. Each request is logged (target `access`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use parking_lot::RwLock;
+
+use crate::metrics::{Metrics, RequestLabels, RouteLabels};
+use crate::routes::{Found, Table};
+
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Request bodies up to this size are held so a refused connection can
+/// be retried on another endpoint; larger ones stream (no retry).
+const REPLAYABLE_BODY: u64 = 64 * 1024;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Headers that belong to one connection, not to the request.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// What every connection's requests share.
+#[derive(Debug)]
+pub(crate) struct Proxy {
+    pub(crate) table: RwLock<Arc<Table>>,
+    client: Client<HttpConnector, Body>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Proxy {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Proxy {
+            table: RwLock::new(Arc::new(Table::default())),
+            client,
+            metrics,
+        }
+    }
+
+    /// Answers one request from `peer` (`tls`: it came over HTTPS).
+    pub(crate) async fn serve(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Result<Response<Body>, hyper::Error> {
+        let started = Instant::now();
+        let host = host_of(&request);
+        let path = request.uri().path().to_owned();
+        let method = request.method().clone();
+        let table = self.table.read().clone();
+        let (ingress, backend, response) = match table.find(&host, &path) {
+            Found::Nothing => (
+                String::new(),
+                String::new(),
+                plain(StatusCode::NOT_FOUND, "default backend - 404"),
+            ),
+            Found::Route(route) => {
+                let response = self
+                    .forward(request, &route.backend, peer, tls, &host)
+                    .await;
+                (route.ingress.clone(), route.backend.name.clone(), response)
+            }
+        };
+        let code = response.status().as_u16();
+        let elapsed = started.elapsed();
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                ingress: ingress.clone(),
+                backend: backend.clone(),
+                code,
+            })
+            .inc();
+        self.metrics
+            .latency
+            .get_or_create(&RouteLabels {
+                ingress: ingress.clone(),
+            })
+            .observe(elapsed.as_secs_f64());
+        tracing::info!(
+            target: "access",
+            client = %peer, %method, %host, %path, code, %ingress, %backend,
+            ms = elapsed.as_secs_f64() * 1000.0,
+        );
+        Ok(response)
+    }
+
+    async fn forward(
+        &self,
+        mut request: Request<Incoming>,
+        backend: &crate::routes::Backend,
+        peer: SocketAddr,
+        tls: bool,
+        host: &str,
+    ) -> Response<Body> {
+        if backend.endpoints.is_empty() {
+            return plain(StatusCode::SERVICE_UNAVAILABLE, "no ready endpoints");
+        }
+        let upgrade = wants_upgrade(request.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let (parts, body) = request.into_parts();
+        let headers = forwarded_headers(&parts.headers, peer, tls, host, upgrade);
+        let (replayable, mut streamed) = match body_size(&parts.method, &parts.headers) {
+            Some(size) if size <= REPLAYABLE_BODY => {
+                match Limited::new(body, REPLAYABLE_BODY as usize).collect().await {
+                    Ok(collected) => (Some(collected.to_bytes()), None),
+                    Err(_) => return plain(StatusCode::BAD_REQUEST, "request body unreadable"),
+                }
+            }
+            _ => (None, Some(body.boxed())),
+        };
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let mut last_error = None;
+        for endpoint in backend.rotation() {
+            let body = match (&replayable, streamed.take()) {
+                (Some(bytes), _) => Full::new(bytes.clone())
+                    .map_err(|never| match never {})
+                    .boxed(),
+                (None, Some(body)) => body,
+                // A streamed body went to an endpoint already.
+                (None, None) => break,
+            };
+            let Ok(uri) = Uri::builder()
+                .scheme("http")
+                .authority(endpoint.to_string())
+                .path_and_query(path.as_str())
+                .build()
+            else {
+                return plain(StatusCode::BAD_REQUEST, "bad request path");
+            };
+            let mut outgoing = Request::new(body);
+            *outgoing.method_mut() = parts.method.clone();
+            *outgoing.uri_mut() = uri;
+            *outgoing.version_mut() = Version::HTTP_11;
+            *outgoing.headers_mut() = headers.clone();
+            match self.client.request(outgoing).await {
+                Ok(mut response) => {
+                    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        if let Some(client_side) = client_upgrade {
+                            let backend_side = hyper::upgrade::on(&mut response);
+                            tokio::spawn(splice(client_side, backend_side));
+                            let (parts, _) = response.into_parts();
+                            return Response::from_parts(parts, empty());
+                        }
+                    }
+                    let (mut parts, body) = response.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    return Response::from_parts(parts, body.boxed());
+                }
+                Err(error) if error.is_connect() => {
+                    tracing::debug!(%endpoint, %error, "endpoint refused; trying the next");
+                    self.metrics.retries.inc();
+                    last_error = Some(error);
+                }
+                Err(error) => {
+                    tracing::warn!(%endpoint, %error, "upstream request failed");
+                    return plain(StatusCode::BAD_GATEWAY, "upstream request failed");
+                }
+            }
+        }
+        if let Some(error) = last_error {
+            tracing::warn!(backend = %backend.name, %error, "no endpoint accepted the connection");
+        }
+        plain(
+            StatusCode::BAD_GATEWAY,
+            "no endpoint accepted the connection",
+        )
+    }
+}
+
+/// Copies both ways between an upgraded client and backend connection.
+async fn splice(client: hyper::upgrade::OnUpgrade, backend: hyper::upgrade::OnUpgrade) {
+    let (Ok(client), Ok(backend)) = (client.await, backend.await) else {
+        return;
+    };
+    let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+}
+
+/// The request's host without its port (`Host`, or the HTTP/2 authority).
+fn host_of(request: &Request<Incoming>) -> String {
+    let raw = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()))
+        .unwrap_or_default();
+    strip_port(&raw).to_ascii_lowercase()
+}
+
+fn strip_port(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+}
+
+/// The size of a request's body when it is known to be small enough to
+/// hold: none (a method without a body and no length) or its length.
+fn body_size(method: &Method, headers: &HeaderMap) -> Option<u64> {
+    match headers.get(header::CONTENT_LENGTH) {
+        Some(length) => length.to_str().ok()?.parse().ok(),
+        None if headers.contains_key(header::TRANSFER_ENCODING) => None,
+        None if matches!(
+            *method,
+            Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
+        ) =>
+        {
+            Some(0)
+        }
+        None => None,
+    }
+}
+
+/// The headers sent on: the client's without hop-by-hop ones (an upgrade
+/// keeps `Connection: upgrade` and `Upgrade`), with `Host` and the
+/// `X-Forwarded-*` headers.
+fn forwarded_headers(
+    incoming: &HeaderMap,
+    peer: SocketAddr,
+    tls: bool,
+    host: &str,
+    upgrade: bool,
+) -> HeaderMap {
+    let mut headers = incoming.clone();
+    strip_hop_by_hop(&mut headers);
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        if let Some(protocol) = incoming.get(header::UPGRADE) {
+            headers.insert(header::UPGRADE, protocol.clone());
+        }
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+    if !headers.contains_key(header::HOST) {
+        if let Ok(value) = HeaderValue::from_str(host) {
+            headers.insert(header::HOST, value);
+        }
+    }
+    let client = peer.ip().to_string();
+    let forwarded_for = match incoming
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(earlier) => format!("{earlier}, {client}"),
+        None => client.clone(),
+    };
+    for (name, value) in [
+        ("x-forwarded-for", forwarded_for.as_str()),
+        ("x-real-ip", client.as_str()),
+        ("x-forwarded-proto", if tls { "https" } else { "http" }),
+        ("x-forwarded-host", host),
+    ] {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+    headers
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers `Connection` names are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(&named) {
+        headers.remove(name);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed()
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(Bytes::from_static(text.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_lose_their_port() {
+        assert_eq!(strip_port("a.test:8080"), "a.test");
+        assert_eq!(strip_port("a.test"), "a.test");
+        assert_eq!(strip_port("[fd00::1]:80"), "fd00::1");
+    }
+
+    #[test]
+    fn forwarding_headers() {
+        let mut incoming = HeaderMap::new();
+        incoming.insert(header::HOST, HeaderValue::from_static("a.test"));
+        incoming.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        incoming.insert("x-secret", HeaderValue::from_static("1"));
+        incoming.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.1"));
+        let peer: SocketAddr = "10.0.0.5:4000".parse().unwrap();
+        let sent = forwarded_headers(&incoming, peer, true, "a.test", false);
+        assert!(sent.get(header::CONNECTION).is_none() && sent.get("x-secret").is_none());
+        assert_eq!(sent["x-forwarded-for"], "192.0.2.1, 10.0.0.5");
+        assert_eq!(sent["x-forwarded-proto"], "https");
+        assert_eq!(sent[header::HOST], "a.test");
+        let mut ws = HeaderMap::new();
+        ws.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        ws.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(wants_upgrade(&ws));
+        let sent = forwarded_headers(&ws, peer, false, "a.test", true);
+        assert_eq!(sent[header::UPGRADE], "websocket");
+        assert_eq!(sent[header::HOST], "a.test");
+    }
+
+    #[test]
+    fn which_bodies_are_held_for_a_retry() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(body_size(&Method::GET, &headers), Some(0));
+        assert_eq!(body_size(&Method::POST, &headers), None);
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("12"));
+        assert_eq!(body_size(&Method::POST, &headers), Some(12));
+    }
+}

@@ -1,0 +1,185 @@
+//! TLS termination: the certificate for a handshake is chosen by its SNI
+//! name among the Ingresses' TLS hosts (exact, then `*.` wildcard), from
+//! the `kubernetes.io/tls` Secrets they name, read at each handshake from
+//! the current set, so a rotated Secret serves its new certificate without
+//! a restart. A name no Ingress covers gets a self-signed default
+//! certificate (as ingress-nginx's "fake" one). ALPN offers h2 and
+//! http/1.1.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::routes::TlsHost;
+
+/// The certificates by host, as the Secrets now are.
+#[derive(Debug)]
+pub(crate) struct Certificates {
+    by_host: RwLock<HashMap<String, Arc<CertifiedKey>>>,
+    fallback: Arc<CertifiedKey>,
+}
+
+impl Certificates {
+    pub(crate) fn new() -> Result<Self, String> {
+        Ok(Certificates {
+            by_host: RwLock::default(),
+            fallback: Arc::new(self_signed()?),
+        })
+    }
+
+    /// Takes the TLS hosts of the routing table with the Secrets' data
+    /// (`tls.crt` and `tls.key` of `(namespace, name)`); a Secret that is
+    /// missing or does not parse leaves its hosts on the fallback.
+    pub(crate) fn update(
+        &self,
+        hosts: &[TlsHost],
+        secret: impl Fn(&str, &str) -> Option<(Vec<u8>, Vec<u8>)>,
+    ) {
+        let mut loaded: HashMap<(String, String), Option<Arc<CertifiedKey>>> = HashMap::new();
+        let mut by_host = HashMap::new();
+        for host in hosts {
+            let key = (host.namespace.clone(), host.secret.clone());
+            let certified = loaded
+                .entry(key)
+                .or_insert_with(|| {
+                    let (cert, private) = secret(&host.namespace, &host.secret)?;
+                    match certified_key(&cert, &private) {
+                        Ok(key) => Some(Arc::new(key)),
+                        Err(error) => {
+                            tracing::warn!(secret = %format!("{}/{}", host.namespace, host.secret), %error, "unusable TLS Secret");
+                            None
+                        }
+                    }
+                })
+                .clone();
+            if let Some(certified) = certified {
+                by_host.insert(host.host.clone(), certified);
+            }
+        }
+        *self.by_host.write() = by_host;
+    }
+
+    fn find(&self, name: &str) -> Arc<CertifiedKey> {
+        let name = name.to_ascii_lowercase();
+        let by_host = self.by_host.read();
+        let wildcard = name.split_once('.').map(|(_, rest)| format!("*.{rest}"));
+        by_host
+            .get(&name)
+            .or_else(|| wildcard.and_then(|w| by_host.get(&w)))
+            .cloned()
+            .unwrap_or_else(|| self.fallback.clone())
+    }
+}
+
+impl ResolvesServerCert for Certificates {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(match hello.server_name() {
+            Some(name) => self.find(name),
+            None => self.fallback.clone(),
+        })
+    }
+}
+
+/// The server's TLS configuration around `certificates`.
+pub(crate) fn server_config(certificates: Arc<Certificates>) -> rustls::ServerConfig {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map(|b| {
+        b.with_no_client_auth()
+            .with_cert_resolver(certificates.clone())
+    })
+    .unwrap_or_else(|_| {
+        rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_cert_resolver(certificates)
+    });
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config
+}
+
+fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("tls.crt: {e}"))?;
+    if chain.is_empty() {
+        return Err("tls.crt holds no certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("tls.key: {e}"))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| format!("tls.key: {e}"))?;
+    Ok(CertifiedKey::new(chain, signer))
+}
+
+fn self_signed() -> Result<CertifiedKey, String> {
+    let mut params = rcgen::CertificateParams::new(vec!["ingress.portal.invalid".to_owned()])
+        .map_err(|e| e.to_string())?;
+    params.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        "Portal Ingress Default Certificate",
+    );
+    let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
+    certified_key(cert.pem().as_bytes(), key.serialize_pem().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(name: &str) -> (Vec<u8>, Vec<u8>) {
+        let params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem().into_bytes(), key.serialize_pem().into_bytes())
+    }
+
+    fn host(host: &str, secret: &str) -> TlsHost {
+        TlsHost {
+            host: host.into(),
+            namespace: "default".into(),
+            secret: secret.into(),
+        }
+    }
+
+    #[test]
+    fn names_pick_their_secret_and_others_the_fallback() {
+        let certificates = Certificates::new().unwrap();
+        let (a, wild) = (pair("a.test"), pair("*.wild.test"));
+        certificates.update(
+            &[
+                host("a.test", "a"),
+                host("*.wild.test", "wild"),
+                host("b.test", "missing"),
+            ],
+            |_, name| match name {
+                "a" => Some(a.clone()),
+                "wild" => Some(wild.clone()),
+                _ => None,
+            },
+        );
+        let cert_of = |name: &str| certificates.find(name).cert[0].clone();
+        let a_cert = CertificateDer::from_pem_slice(&a.0).unwrap();
+        assert_eq!(cert_of("a.test"), a_cert);
+        assert_eq!(cert_of("A.TEST"), a_cert);
+        assert_eq!(
+            cert_of("x.wild.test"),
+            CertificateDer::from_pem_slice(&wild.0).unwrap()
+        );
+        assert_eq!(cert_of("b.test"), certificates.fallback.cert[0]);
+        assert_eq!(cert_of("x.y.wild.test"), certificates.fallback.cert[0]);
+    }
+
+    #[test]
+    fn a_bad_secret_is_refused_with_a_reason() {
+        assert!(certified_key(b"not pem", b"nor this")
+            .unwrap_err()
+            .contains("tls.crt"));
+    }
+}

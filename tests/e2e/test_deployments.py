@@ -194,8 +194,8 @@ class Load:
     """Requests to a URL, one after another on a thread, until stopped
     (bounded: at most `limit` requests)."""
 
-    def __init__(self, url, limit=20000):
-        self.url, self.limit = url, limit
+    def __init__(self, url, limit=20000, headers=None):
+        self.url, self.limit, self.headers = url, limit, headers or {}
         self.ok = 0
         self.failed = []
         self.stop = threading.Event()
@@ -206,7 +206,7 @@ class Load:
             if self.stop.is_set():
                 return
             try:
-                with urllib.request.urlopen(self.url, timeout=5) as response:
+                with urllib.request.urlopen(urllib.request.Request(self.url, headers=self.headers), timeout=5) as response:
                     response.read()
                 self.ok += 1
             except Exception as error:  # noqa: BLE001 - every failure counts
@@ -288,6 +288,61 @@ def test_rolling_update_under_load_loses_no_request(node, kubectl):
     node.core.delete_namespaced_service("roll", NS)
     kubectl.out("delete", "deployment", "roll")
     wait_for(lambda: all_gone(node, "app=roll"), "nothing left of roll", 60)
+
+
+def test_an_ingress_routes_to_deployments_and_a_rollout_through_it_loses_no_request(node, kubectl):
+    """Issue 32's acceptance on a real node: two Deployments behind
+    Services, an Ingress routing `a.example.test/` and
+    `b.example.test/api` (Prefix) to them through the built-in proxy on the
+    node address, port 80; rolling `a` while a client asks through the
+    Ingress loses no request."""
+    # `b` serves under /api/ (a site of its own).
+    script = (b"#!/bin/sh\nmkdir -p /var/www/api\nhostname > /var/www/api/name.txt\n"
+              b"exec httpd -f -p 8080 -h /var/www\n")
+    registry.push_busybox(node.registry, "apiweb", "1", cmd=["/bin/serve"], files={"bin/serve": script})
+    b_deployment = web_deployment("ing-b", f"{node.registry.host}/apiweb:1", 1)
+    probe = b_deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    probe["httpGet"]["path"] = "/api/name.txt"
+    node.apps.create_namespaced_deployment(NS, web_deployment("ing-a", node.v1, 2, strategy={
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}))
+    node.apps.create_namespaced_deployment(NS, b_deployment)
+    for name in ("ing-a", "ing-b"):
+        kubectl.out("expose", "deployment", name, "--port=80", "--target-port=8080")
+        kubectl.out("rollout", "status", f"deployment/{name}", "--timeout=90s")
+    kubectl.out("create", "ingress", "sites", "--rule=a.example.test/*=ing-a:80", "--rule=b.example.test/api*=ing-b:80")
+    networking = client.NetworkingV1Api(node.portal.api_client())
+    status = wait_for(lambda: networking.read_namespaced_ingress("sites", NS).status.load_balancer.ingress,
+                      "the Ingress to be served")
+    address = status[0].ip
+    assert address == agent_bed.nodes.NODE_IP
+
+    def fetch(host, path):
+        request = urllib.request.Request(f"http://{address}{path}", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, response.read().decode().strip()
+        except urllib.error.HTTPError as error:
+            return error.code, ""
+
+    # The endpoints may reach the proxy after the Ingress: wait for them.
+    wait_for(lambda: fetch("a.example.test", "/name.txt")[0] == 200, "a's pods behind the Ingress")
+    code, name = fetch("a.example.test", "/name.txt")
+    assert name.startswith("ing-a-"), name
+    code, name = wait_for(lambda: (r := fetch("b.example.test", "/api/name.txt"))[0] == 200 and r, "b's pod behind the Ingress")
+    assert name.startswith("ing-b-"), name
+    assert fetch("b.example.test", "/name.txt")[0] == 404, "only /api goes to b"
+
+    with Load(f"http://{address}/name.txt", headers={"Host": "a.example.test"}) as load:
+        wait_for(lambda: load.ok > 10, "the load to run")
+        kubectl.out("set", "image", "deployment/ing-a", f"web={node.v2}")
+        kubectl.out("rollout", "status", "deployment/ing-a", "--timeout=120s")
+        done = load.ok
+        wait_for(lambda: load.ok > done + 10, "more requests after the rollout")
+    assert not load.failed, f"{len(load.failed)} of {load.ok + len(load.failed)} requests failed: {load.failed[:5]}"
+    print(f"through the Ingress during the rollout: {load.ok} requests, none failed")
+    kubectl.out("delete", "ingress", "sites")
+    kubectl.out("delete", "deployment", "ing-a", "ing-b")
+    wait_for(lambda: all_gone(node, "app in (ing-a,ing-b)"), "nothing left of the sites", 60)
 
 
 def test_a_bad_image_runs_into_the_progress_deadline(node, kubectl):

@@ -4,9 +4,9 @@
 //! changes: a burst of changes makes one rebuild. The new table is
 //! swapped in whole (requests in flight keep the one they started with),
 //! the certificates follow, and each Ingress served gets the proxy's
-//! addresses in its status.
+//! addresses in its status (written by a task of its own).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use parking_lot::Mutex;
 use portal_client::Change;
 use serde_json::json;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::proxy::Proxy;
 use crate::routes::{slices_by_service, Table};
@@ -44,13 +44,20 @@ pub(crate) struct World {
 pub(crate) struct Feed {
     world: Mutex<World>,
     changed: Notify,
+    /// The kinds whose first list is in the world.
+    listed: Mutex<HashSet<&'static str>>,
 }
+
+/// How many kinds are followed: the first table waits for all of them
+/// (not a half-known world: 503s, 404s, the fallback certificate).
+const KINDS: usize = 5;
 
 impl Feed {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Feed {
             world: Mutex::default(),
             changed: Notify::new(),
+            listed: Mutex::default(),
         })
     }
 }
@@ -87,7 +94,11 @@ pub(crate) async fn follow<K>(
     let events = watcher(api, config).default_backoff();
     let mut changes = std::pin::pin!(portal_client::changes(events, what));
     while let Some(change) = changes.next().await {
+        let relisted = matches!(change, Change::Relisted(_));
         apply(map(&mut feed.world.lock()), change);
+        if relisted {
+            feed.listed.lock().insert(what);
+        }
         feed.changed.notify_one();
     }
 }
@@ -108,20 +119,24 @@ pub(crate) fn secrets(world: &mut World) -> &mut HashMap<Key, Arc<Secret>> {
     &mut world.secrets
 }
 
-/// Rebuilds the table (and certificates) after every change, and writes
-/// the status of the Ingresses served.
+/// Rebuilds the table (and certificates) after every change, once every
+/// kind is listed, and hands the Ingresses whose status lacks the proxy's
+/// addresses to [`write_status`].
 pub(crate) async fn rebuild(
     feed: Arc<Feed>,
     proxy: Arc<Proxy>,
     certificates: Arc<Certificates>,
-    client: Client,
     advertised: Vec<IpAddr>,
+    status: watch::Sender<Vec<Key>>,
 ) {
     loop {
         feed.changed.notified().await;
+        if feed.listed.lock().len() < KINDS {
+            continue;
+        }
         // A burst (a re-list, a rollout) settles into one rebuild.
         tokio::task::yield_now().await;
-        let (table, stale) = {
+        let (table, secrets, stale) = {
             let world = feed.world.lock();
             let classes: Vec<String> = world
                 .classes
@@ -134,17 +149,14 @@ pub(crate) async fn rebuild(
             let ingresses: Vec<Arc<Ingress>> = world.ingresses.values().cloned().collect();
             let slices = slices_by_service(world.slices.values().cloned());
             let table = Table::build(&ingresses, &classes, &world.services, &slices);
-            certificates.update(&table.tls, |namespace, name| {
-                let secret = world
-                    .secrets
-                    .get(&(namespace.to_owned(), name.to_owned()))?;
-                let data = secret.data.as_ref()?;
-                Some((
-                    data.get("tls.crt")?.0.clone(),
-                    data.get("tls.key")?.0.clone(),
-                ))
-            });
-            // Served Ingresses whose status does not show our addresses.
+            let secrets: HashMap<Key, Arc<Secret>> = table
+                .tls
+                .iter()
+                .filter_map(|t| {
+                    let key = (t.namespace.clone(), t.secret.clone());
+                    Some((key.clone(), world.secrets.get(&key)?.clone()))
+                })
+                .collect();
             let stale: Vec<Key> = table
                 .ingresses
                 .iter()
@@ -156,21 +168,40 @@ pub(crate) async fn rebuild(
                 })
                 .cloned()
                 .collect();
-            (table, stale)
+            (table, secrets, stale)
         };
+        // Certificates are parsed off the world's lock (the watches go on).
+        certificates.update(&table.tls, |namespace, name| {
+            secrets
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .cloned()
+        });
         proxy.metrics.routes.set(table.len() as i64);
         proxy.metrics.updates.inc();
         *proxy.table.write() = Arc::new(table);
-        for (namespace, name) in stale {
-            if advertised.is_empty() {
-                break;
-            }
+        if !advertised.is_empty() {
+            status.send_replace(stale);
+        }
+    }
+}
+
+/// Writes the proxy's addresses into the status of the Ingresses handed
+/// over, apart from the table's rebuilds (a slow API does not hold routes
+/// back).
+pub(crate) async fn write_status(
+    mut stale: watch::Receiver<Vec<Key>>,
+    client: Client,
+    advertised: Vec<IpAddr>,
+) {
+    let ingress: Vec<serde_json::Value> = advertised
+        .iter()
+        .map(|ip| json!({"ip": ip.to_string()}))
+        .collect();
+    let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
+    while stale.changed().await.is_ok() {
+        let keys = stale.borrow_and_update().clone();
+        for (namespace, name) in keys {
             let api: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
-            let ingress: Vec<serde_json::Value> = advertised
-                .iter()
-                .map(|ip| json!({"ip": ip.to_string()}))
-                .collect();
-            let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
             if let Err(error) = api
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await

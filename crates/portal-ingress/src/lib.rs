@@ -14,9 +14,10 @@ mod tls;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -26,6 +27,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 pub use metrics::Metrics;
 
@@ -33,6 +35,15 @@ pub use metrics::Metrics;
 pub const CONTROLLER: &str = "portal.dev/ingress";
 /// Portal's IngressClass, made at start (the default class).
 pub const CLASS: &str = "portal";
+
+/// At most this many client connections at once; more wait to be
+/// accepted (a flood of idle connections cannot exhaust descriptors).
+const MAX_CONNECTIONS: usize = 16_384;
+/// A client has this long to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// ... and to send a request's headers once it started one; an HTTP/2
+/// connection is pinged as often and closed if the ping goes unanswered.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -48,8 +59,8 @@ pub enum Error {
 /// Where the proxy listens and what it says its address is.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Plain HTTP (and h2c).
-    pub http: SocketAddr,
+    /// Plain HTTP (and h2c); none: no plain listener.
+    pub http: Option<SocketAddr>,
     /// HTTPS; none: no TLS listener.
     pub https: Option<SocketAddr>,
     /// The addresses written in the status of the Ingresses served (the
@@ -63,27 +74,15 @@ pub struct IngressProxy {
     pub metrics: Arc<Metrics>,
     pub tasks: portal_client::Supervisor,
     /// Where it listens (the ports chosen when the config said 0).
-    pub http: SocketAddr,
+    pub http: Option<SocketAddr>,
     pub https: Option<SocketAddr>,
 }
 
 /// Binds the listeners, makes the `portal` IngressClass if there is none,
 /// and starts following the cluster.
 pub async fn start(client: Client, config: Config) -> Result<IngressProxy, Error> {
-    let http = TcpListener::bind(config.http)
-        .await
-        .map_err(|source| Error::Bind {
-            addr: config.http,
-            source,
-        })?;
-    let https = match config.https {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| Error::Bind { addr, source })?,
-        ),
-        None => None,
-    };
+    let http = bind(config.http).await?;
+    let https = bind(config.https).await?;
     let metrics = Arc::new(Metrics::new());
     let proxy = Arc::new(proxy::Proxy::new(metrics.clone()));
     let certificates = Arc::new(tls::Certificates::new().map_err(Error::Tls)?);
@@ -116,30 +115,43 @@ pub async fn start(client: Client, config: Config) -> Result<IngressProxy, Error
     follow!(Service, "services", any, feed::services);
     follow!(EndpointSlice, "endpoint slices", any, feed::slices);
     follow!(Secret, "tls secrets", tls_only, feed::secrets);
+    let (status, statuses) = tokio::sync::watch::channel(Vec::new());
     tasks.critical(
         "ingress table",
         feed::rebuild(
             feed.clone(),
             proxy.clone(),
             certificates.clone(),
-            client,
             config.advertised.clone(),
+            status,
         ),
     );
+    tasks.critical(
+        "ingress status",
+        feed::write_status(statuses, client, config.advertised.clone()),
+    );
 
-    let http_addr = http.local_addr().map_err(|source| Error::Bind {
-        addr: config.http,
-        source,
-    })?;
-    tasks.critical("ingress http", serve(http, proxy.clone(), None));
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut http_addr = None;
+    if let Some(listener) = http {
+        http_addr = listener.local_addr().ok();
+        tasks.critical(
+            "ingress http",
+            serve(listener, proxy.clone(), None, connections.clone()),
+        );
+    }
     let mut https_addr = None;
     if let Some(listener) = https {
         https_addr = listener.local_addr().ok();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls::server_config(certificates)));
-        tasks.critical("ingress https", serve(listener, proxy, Some(acceptor)));
+        tasks.critical(
+            "ingress https",
+            serve(listener, proxy, Some(acceptor), connections),
+        );
     }
-    let https_shown = https_addr.map_or_else(|| "none".to_owned(), |a| a.to_string());
-    tracing::info!(http = %http_addr, https = %https_shown, "ingress proxy listening");
+    let shown =
+        |addr: Option<SocketAddr>| addr.map_or_else(|| "none".to_owned(), |a| a.to_string());
+    tracing::info!(http = %shown(http_addr), https = %shown(https_addr), "ingress proxy listening");
     Ok(IngressProxy {
         metrics,
         tasks,
@@ -148,40 +160,72 @@ pub async fn start(client: Client, config: Config) -> Result<IngressProxy, Error
     })
 }
 
+async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, Error> {
+    match addr {
+        Some(addr) => TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|source| Error::Bind { addr, source }),
+        None => Ok(None),
+    }
+}
+
 /// Accepts connections for ever, each served on its own task.
 async fn serve(
     listener: TcpListener,
     proxy: Arc<proxy::Proxy>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    connections: Arc<Semaphore>,
 ) {
     loop {
+        let Ok(permit) = connections.clone().acquire_owned().await else {
+            return;
+        };
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
+            // A connection that went before it was accepted: next.
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionAborted => continue,
             Err(error) => {
                 // Out of descriptors and the like: wait, do not spin.
                 tracing::warn!(%error, "accepting a connection failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
         let (proxy, tls) = (proxy.clone(), tls.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             let secure = tls.is_some();
             let service = service_fn(move |request| proxy.clone().serve(request, peer, secure));
-            let builder = auto::Builder::new(TokioExecutor::new());
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(HEADER_TIMEOUT))
+                .max_concurrent_streams(256);
             let served = match tls {
-                Some(acceptor) => match acceptor.accept(stream).await {
-                    Ok(stream) => {
-                        builder
-                            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                            .await
+                Some(acceptor) => {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            builder
+                                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                                .await
+                        }
+                        Ok(Err(error)) => {
+                            tracing::debug!(%peer, %error, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
                     }
-                    Err(error) => {
-                        tracing::debug!(%peer, %error, "TLS handshake failed");
-                        return;
-                    }
-                },
+                }
                 None => {
                     builder
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -214,7 +258,7 @@ async fn ensure_class(client: Client) {
             Err(kube::Error::Api(status)) if status.code == 409 => return,
             Err(error) => {
                 tracing::warn!(%error, attempt, "cannot make the portal IngressClass yet");
-                tokio::time::sleep(std::time::Duration::from_millis(200 << attempt.min(5))).await;
+                tokio::time::sleep(Duration::from_millis(200 << attempt.min(5))).await;
             }
         }
     }

@@ -33,6 +33,9 @@ const REPLAYABLE_BODY: u64 = 64 * 1024;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A held request body must arrive within this time.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Headers that belong to one connection, not to the request.
 const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
@@ -75,19 +78,32 @@ impl Proxy {
         tls: bool,
     ) -> Result<Response<Body>, hyper::Error> {
         let started = Instant::now();
-        let host = host_of(&request);
+        let authority = authority_of(&request);
+        let host = strip_port(&authority)
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
         let path = request.uri().path().to_owned();
         let method = request.method().clone();
         let table = self.table.read().clone();
-        let (ingress, backend, response) = match table.find(&host, &path) {
-            Found::Nothing => (
+        let found = if method == Method::CONNECT {
+            None
+        } else {
+            Some(table.find(&host, &path))
+        };
+        let (ingress, backend, response) = match found {
+            None => (
+                String::new(),
+                String::new(),
+                plain(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not proxied"),
+            ),
+            Some(Found::Nothing) => (
                 String::new(),
                 String::new(),
                 plain(StatusCode::NOT_FOUND, "default backend - 404"),
             ),
-            Found::Route(route) => {
+            Some(Found::Route(route)) => {
                 let response = self
-                    .forward(request, &route.backend, peer, tls, &host)
+                    .forward(request, &route.backend, peer, tls, &authority)
                     .await;
                 (route.ingress.clone(), route.backend.name.clone(), response)
             }
@@ -108,8 +124,9 @@ impl Proxy {
                 ingress: ingress.clone(),
             })
             .observe(elapsed.as_secs_f64());
-        tracing::info!(
-            target: "access",
+        // The access log: `RUST_LOG=portal_ingress::access=debug`.
+        tracing::debug!(
+            target: "portal_ingress::access",
             client = %peer, %method, %host, %path, code, %ingress, %backend,
             ms = elapsed.as_secs_f64() * 1000.0,
         );
@@ -133,9 +150,14 @@ impl Proxy {
         let headers = forwarded_headers(&parts.headers, peer, tls, host, upgrade);
         let (replayable, mut streamed) = match body_size(&parts.method, &parts.headers) {
             Some(size) if size <= REPLAYABLE_BODY => {
-                match Limited::new(body, REPLAYABLE_BODY as usize).collect().await {
-                    Ok(collected) => (Some(collected.to_bytes()), None),
-                    Err(_) => return plain(StatusCode::BAD_REQUEST, "request body unreadable"),
+                let collected = tokio::time::timeout(
+                    BODY_TIMEOUT,
+                    Limited::new(body, REPLAYABLE_BODY as usize).collect(),
+                );
+                match collected.await {
+                    Ok(Ok(collected)) => (Some(collected.to_bytes()), None),
+                    Ok(Err(_)) => return plain(StatusCode::BAD_REQUEST, "request body unreadable"),
+                    Err(_) => return plain(StatusCode::REQUEST_TIMEOUT, "request body too slow"),
                 }
             }
             _ => (None, Some(body.boxed())),
@@ -187,6 +209,17 @@ impl Proxy {
                     self.metrics.retries.inc();
                     last_error = Some(error);
                 }
+                // A kept connection the endpoint closed as the request went
+                // out: an idempotent request it never answered goes again.
+                Err(error)
+                    if replayable.is_some()
+                        && idempotent(&parts.method)
+                        && closed_early(&error) =>
+                {
+                    tracing::debug!(%endpoint, %error, "kept connection closed; trying the next");
+                    self.metrics.retries.inc();
+                    last_error = Some(error);
+                }
                 Err(error) => {
                     tracing::warn!(%endpoint, %error, "upstream request failed");
                     return plain(StatusCode::BAD_GATEWAY, "upstream request failed");
@@ -212,16 +245,44 @@ async fn splice(client: hyper::upgrade::OnUpgrade, backend: hyper::upgrade::OnUp
     let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
 }
 
-/// The request's host without its port (`Host`, or the HTTP/2 authority).
-fn host_of(request: &Request<Incoming>) -> String {
-    let raw = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()))
-        .unwrap_or_default();
-    strip_port(&raw).to_ascii_lowercase()
+/// The request's authority as the client sent it: an absolute-form
+/// target's, else `Host`, else the HTTP/2 `:authority`.
+fn authority_of(request: &Request<Incoming>) -> String {
+    let from_uri = || request.uri().authority().map(|a| a.as_str().to_owned());
+    let absolute = request.uri().scheme().is_some();
+    let host = || {
+        request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+    };
+    (if absolute {
+        from_uri().or_else(host)
+    } else {
+        host().or_else(from_uri)
+    })
+    .unwrap_or_default()
+}
+
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
+    )
+}
+
+/// Whether a request failed because its kept connection closed before
+/// any answer (the request may be sent again).
+fn closed_early(error: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
+            return hyper.is_incomplete_message() || hyper.is_canceled();
+        }
+        source = cause.source();
+    }
+    false
 }
 
 fn strip_port(host: &str) -> &str {
@@ -286,6 +347,18 @@ fn forwarded_headers(
     if !headers.contains_key(header::HOST) {
         if let Ok(value) = HeaderValue::from_str(host) {
             headers.insert(header::HOST, value);
+        }
+    }
+    // HTTP/2 sends each cookie as a field of its own; HTTP/1.1 wants one
+    // `Cookie` header, joined with "; " (RFC 9113 section 8.2.3).
+    if headers.get_all(header::COOKIE).iter().count() > 1 {
+        let joined: Vec<&str> = incoming
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if let Ok(value) = HeaderValue::from_str(&joined.join("; ")) {
+            headers.insert(header::COOKIE, value);
         }
     }
     let client = peer.ip().to_string();
@@ -373,6 +446,15 @@ mod tests {
         ws.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
         ws.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         assert!(wants_upgrade(&ws));
+        let mut cookies = HeaderMap::new();
+        cookies.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        cookies.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        let sent = forwarded_headers(&cookies, peer, false, "a.test:8080", false);
+        assert_eq!(
+            sent.get_all(header::COOKIE).iter().collect::<Vec<_>>(),
+            ["a=1; b=2"]
+        );
+        assert_eq!(sent[header::HOST], "a.test:8080");
         let sent = forwarded_headers(&ws, peer, false, "a.test", true);
         assert_eq!(sent[header::UPGRADE], "websocket");
         assert_eq!(sent[header::HOST], "a.test");

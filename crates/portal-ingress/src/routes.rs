@@ -12,6 +12,7 @@
 //! host and path, the older one's backend serves (as ingress-nginx).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -85,11 +86,17 @@ impl Routes {
         }
     }
 
+    /// The longest path first (a prefix's without its trailing `/`: `/foo/`
+    /// and `/foo` match the same requests), `Exact` before `Prefix`; the
+    /// sort is stable, so the older Ingress's route stays first.
     fn sort(&mut self) {
+        let length = |r: &Route| match r.kind {
+            Match::Exact => r.path.len(),
+            Match::Prefix => r.path.trim_end_matches('/').len(),
+        };
         self.0.sort_by(|a, b| {
-            b.path
-                .len()
-                .cmp(&a.path.len())
+            length(b)
+                .cmp(&length(a))
                 .then_with(|| (a.kind == Match::Prefix).cmp(&(b.kind == Match::Prefix)))
         });
     }
@@ -195,10 +202,13 @@ impl Table {
                 };
                 let key = format!("{namespace}/{}:{}", service.name, show(&port));
                 let made = backends.entry(key.clone()).or_insert_with(|| {
+                    // A random start: frequent rebuilds do not lean on the
+                    // first endpoint.
+                    let start = RandomState::new().hash_one(&key) as usize;
                     Arc::new(Backend {
                         endpoints: endpoints(&namespace, &service.name, &port, services, slices),
                         name: key,
-                        next: AtomicUsize::new(0),
+                        next: AtomicUsize::new(start),
                     })
                 });
                 Some(made.clone())

@@ -6,10 +6,11 @@
 //! certificate (as ingress-nginx's "fake" one). ALPN offers h2 and
 //! http/1.1.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use k8s_openapi::api::core::v1::Secret;
+use parking_lot::{Mutex, RwLock};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
@@ -17,10 +18,16 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::routes::TlsHost;
 
+/// A Secret's resourceVersion and its certificate (none: unusable).
+type Parsed = (String, Option<Arc<CertifiedKey>>);
+
 /// The certificates by host, as the Secrets now are.
 #[derive(Debug)]
 pub(crate) struct Certificates {
     by_host: RwLock<HashMap<String, Arc<CertifiedKey>>>,
+    /// Parsed Secrets by `(namespace, name)`, with the resourceVersion
+    /// they were parsed at (a rebuild parses only what changed).
+    parsed: Mutex<HashMap<(String, String), Parsed>>,
     fallback: Arc<CertifiedKey>,
 }
 
@@ -28,39 +35,47 @@ impl Certificates {
     pub(crate) fn new() -> Result<Self, String> {
         Ok(Certificates {
             by_host: RwLock::default(),
+            parsed: Mutex::default(),
             fallback: Arc::new(self_signed()?),
         })
     }
 
-    /// Takes the TLS hosts of the routing table with the Secrets' data
-    /// (`tls.crt` and `tls.key` of `(namespace, name)`); a Secret that is
-    /// missing or does not parse leaves its hosts on the fallback.
+    /// Takes the TLS hosts of the routing table with their Secrets
+    /// (`secret(namespace, name)`); a Secret that is missing or does not
+    /// hold a usable certificate and key leaves its hosts on the fallback.
     pub(crate) fn update(
         &self,
         hosts: &[TlsHost],
-        secret: impl Fn(&str, &str) -> Option<(Vec<u8>, Vec<u8>)>,
+        secret: impl Fn(&str, &str) -> Option<Arc<Secret>>,
     ) {
-        let mut loaded: HashMap<(String, String), Option<Arc<CertifiedKey>>> = HashMap::new();
+        let mut parsed = self.parsed.lock();
         let mut by_host = HashMap::new();
+        let mut used = HashSet::new();
         for host in hosts {
             let key = (host.namespace.clone(), host.secret.clone());
-            let certified = loaded
-                .entry(key)
-                .or_insert_with(|| {
-                    let (cert, private) = secret(&host.namespace, &host.secret)?;
-                    match certified_key(&cert, &private) {
-                        Ok(key) => Some(Arc::new(key)),
-                        Err(error) => {
-                            tracing::warn!(secret = %format!("{}/{}", host.namespace, host.secret), %error, "unusable TLS Secret");
-                            None
-                        }
+            used.insert(key.clone());
+            let Some(found) = secret(&host.namespace, &host.secret) else {
+                continue;
+            };
+            let version = found.metadata.resource_version.clone().unwrap_or_default();
+            let fresh = parsed.get(&key).is_some_and(|(v, _)| *v == version);
+            if !fresh {
+                let certified = match pem_pair(&found)
+                    .and_then(|(cert, private)| certified_key(cert, private))
+                {
+                    Ok(certified) => Some(Arc::new(certified)),
+                    Err(error) => {
+                        tracing::warn!(secret = %format!("{}/{}", key.0, key.1), %error, "unusable TLS Secret");
+                        None
                     }
-                })
-                .clone();
-            if let Some(certified) = certified {
-                by_host.insert(host.host.clone(), certified);
+                };
+                parsed.insert(key.clone(), (version, certified));
+            }
+            if let Some((_, Some(certified))) = parsed.get(&key) {
+                by_host.insert(host.host.clone(), certified.clone());
             }
         }
+        parsed.retain(|key, _| used.contains(key));
         *self.by_host.write() = by_host;
     }
 
@@ -91,17 +106,19 @@ pub(crate) fn server_config(certificates: Arc<Certificates>) -> rustls::ServerCo
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map(|b| {
-        b.with_no_client_auth()
-            .with_cert_resolver(certificates.clone())
-    })
-    .unwrap_or_else(|_| {
-        rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_cert_resolver(certificates)
-    });
+    .unwrap_or_else(|_| unreachable!("ring supports TLS 1.2 and 1.3"))
+    .with_no_client_auth()
+    .with_cert_resolver(certificates);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     config
+}
+
+/// `tls.crt` and `tls.key` of a `kubernetes.io/tls` Secret.
+fn pem_pair(secret: &Secret) -> Result<(&[u8], &[u8]), String> {
+    let data = secret.data.as_ref().ok_or("no data")?;
+    let cert = data.get("tls.crt").ok_or("no tls.crt")?;
+    let key = data.get("tls.key").ok_or("no tls.key")?;
+    Ok((&cert.0, &key.0))
 }
 
 fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, String> {
@@ -114,7 +131,11 @@ fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, String
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("tls.key: {e}"))?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| format!("tls.key: {e}"))?;
-    Ok(CertifiedKey::new(chain, signer))
+    let certified = CertifiedKey::new(chain, signer);
+    certified
+        .keys_match()
+        .map_err(|e| format!("tls.key does not belong to tls.crt: {e}"))?;
+    Ok(certified)
 }
 
 fn self_signed() -> Result<CertifiedKey, String> {
@@ -148,22 +169,40 @@ mod tests {
         }
     }
 
+    fn secret(name: &str, (cert, key): &(Vec<u8>, Vec<u8>), version: &str) -> Arc<Secret> {
+        use k8s_openapi::ByteString;
+        Arc::new(Secret {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                resource_version: Some(version.into()),
+                ..Default::default()
+            },
+            data: Some(
+                [
+                    ("tls.crt".to_owned(), ByteString(cert.clone())),
+                    ("tls.key".to_owned(), ByteString(key.clone())),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        })
+    }
+
     #[test]
     fn names_pick_their_secret_and_others_the_fallback() {
         let certificates = Certificates::new().unwrap();
         let (a, wild) = (pair("a.test"), pair("*.wild.test"));
-        certificates.update(
-            &[
-                host("a.test", "a"),
-                host("*.wild.test", "wild"),
-                host("b.test", "missing"),
-            ],
-            |_, name| match name {
-                "a" => Some(a.clone()),
-                "wild" => Some(wild.clone()),
-                _ => None,
-            },
-        );
+        let hosts = [
+            host("a.test", "a"),
+            host("*.wild.test", "wild"),
+            host("b.test", "missing"),
+        ];
+        certificates.update(&hosts, |_, name| match name {
+            "a" => Some(secret("a", &a, "1")),
+            "wild" => Some(secret("wild", &wild, "1")),
+            _ => None,
+        });
         let cert_of = |name: &str| certificates.find(name).cert[0].clone();
         let a_cert = CertificateDer::from_pem_slice(&a.0).unwrap();
         assert_eq!(cert_of("a.test"), a_cert);
@@ -174,6 +213,19 @@ mod tests {
         );
         assert_eq!(cert_of("b.test"), certificates.fallback.cert[0]);
         assert_eq!(cert_of("x.y.wild.test"), certificates.fallback.cert[0]);
+        // A new version of the Secret: its new certificate.
+        let rotated = pair("a.test");
+        certificates.update(&hosts, |_, name| {
+            (name == "a").then(|| secret("a", &rotated, "2"))
+        });
+        assert_eq!(
+            cert_of("a.test"),
+            CertificateDer::from_pem_slice(&rotated.0).unwrap()
+        );
+        // A key of another certificate is refused.
+        assert!(certified_key(&a.0, &rotated.1)
+            .unwrap_err()
+            .contains("does not belong"));
     }
 
     #[test]

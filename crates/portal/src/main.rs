@@ -378,12 +378,12 @@ struct ServerArgs {
 /// The built-in layer-7 proxy (the `portal` IngressClass).
 #[derive(clap::Args, Debug)]
 struct IngressOptions {
-    /// Where Ingresses are served over HTTP (and h2c); default: the node
-    /// address's port 80 on a node running pods, else nowhere.
+    /// Where Ingresses are served over HTTP (and h2c). Without this flag
+    /// and `--ingress-tls-bind`: the node address's ports 80 and 443 on a
+    /// node running pods, else nowhere; with either, just what they say.
     #[arg(long, value_name = "ADDR:PORT")]
     ingress_bind: Option<SocketAddr>,
-    /// Where Ingresses are served over HTTPS; default: the node address's
-    /// port 443 on a node running pods, else nowhere.
+    /// Where Ingresses are served over HTTPS (see `--ingress-bind`).
     #[arg(long, value_name = "ADDR:PORT")]
     ingress_tls_bind: Option<SocketAddr>,
 }
@@ -429,7 +429,8 @@ enum Error {
 }
 
 /// Runs the layer-7 proxy where the flags say, or on the node address's
-/// ports 80 and 443 (`node`); a default port already taken only warns.
+/// ports 80 and 443 (`node`); a default port already taken only warns
+/// (the other one still serves), a port asked for fails the server.
 async fn start_ingress(
     api: &portal_apiserver::ApiServer,
     options: &IngressOptions,
@@ -437,44 +438,57 @@ async fn start_ingress(
     components: &portal_client::Supervisor,
 ) -> Result<(), Error> {
     let explicit = options.ingress_bind.is_some() || options.ingress_tls_bind.is_some();
-    let http = options
-        .ingress_bind
-        .or(node.map(|ip| SocketAddr::new(ip, 80)));
-    let Some(http) = http else {
-        return Ok(());
+    let (mut http, mut https) = match (explicit, node) {
+        (true, _) => (options.ingress_bind, options.ingress_tls_bind),
+        (false, Some(ip)) => (
+            Some(SocketAddr::new(ip, 80)),
+            Some(SocketAddr::new(ip, 443)),
+        ),
+        (false, None) => return Ok(()),
     };
-    let https = options.ingress_tls_bind.or(node
-        .filter(|_| options.ingress_bind.is_none())
-        .map(|ip| SocketAddr::new(ip, 443)));
     let advertised = match node {
         Some(ip) => vec![ip],
-        None if !http.ip().is_unspecified() => vec![http.ip()],
-        None => Vec::new(),
+        None => [http, https]
+            .into_iter()
+            .flatten()
+            .map(|a| a.ip())
+            .find(|ip| !ip.is_unspecified())
+            .into_iter()
+            .collect(),
     };
-    // It reads Ingresses, Services, slices and TLS Secrets and writes
-    // Ingress status: RBAC's `system:portal-ingress` grants that, no more.
-    let client = api.loopback_client_as("portal-ingress", "system:portal-ingress");
-    let config = portal_ingress::Config {
-        http,
-        https,
-        advertised,
-    };
-    match portal_ingress::start(client, config).await {
-        Ok(ingress) => {
-            let tasks = ingress.tasks.clone();
-            components.critical("ingress proxy", async move {
-                let task = tasks.failed().await;
-                tracing::error!(task, "the ingress proxy stopped");
-            });
-            let metrics = ingress.metrics.clone();
-            api.metrics.add_source(move |out| metrics.encode_into(out));
-            Ok(())
+    loop {
+        // It reads Ingresses, Services, slices and TLS Secrets and writes
+        // Ingress status: RBAC's `system:portal-ingress` grants that, no more.
+        let client = api.loopback_client_as("portal-ingress", "system:portal-ingress");
+        let config = portal_ingress::Config {
+            http,
+            https,
+            advertised: advertised.clone(),
+        };
+        match portal_ingress::start(client, config).await {
+            Ok(ingress) => {
+                let tasks = ingress.tasks.clone();
+                components.critical("ingress proxy", async move {
+                    let task = tasks.failed().await;
+                    tracing::error!(task, "the ingress proxy stopped");
+                });
+                let metrics = ingress.metrics.clone();
+                api.metrics.add_source(move |out| metrics.encode_into(out));
+                return Ok(());
+            }
+            Err(portal_ingress::Error::Bind { addr, source }) if !explicit => {
+                tracing::warn!(%addr, error = %source, "the ingress proxy does not serve there (pass --ingress-bind / --ingress-tls-bind)");
+                if http == Some(addr) {
+                    http = None;
+                } else {
+                    https = None;
+                }
+                if http.is_none() && https.is_none() {
+                    return Ok(());
+                }
+            }
+            Err(error) => return Err(error.into()),
         }
-        Err(error) if !explicit => {
-            tracing::warn!(%error, "no ingress proxy on the node address (pass --ingress-bind)");
-            Ok(())
-        }
-        Err(error) => Err(error.into()),
     }
 }
 

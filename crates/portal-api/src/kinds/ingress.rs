@@ -265,34 +265,7 @@ fn backend(backend: &Value, at: &str, causes: &mut Vec<Cause>) {
                 "cannot set both resource and service backends",
             ));
         }
-        (true, false) => {
-            let group = text(resource, "apiGroup");
-            for problem in if group.is_empty() {
-                Vec::new()
-            } else {
-                dns1123_subdomain(group)
-            } {
-                causes.push(Cause::invalid(
-                    &format!("{at}.resource.apiGroup"),
-                    group,
-                    &problem,
-                ));
-            }
-            for field in ["kind", "name"] {
-                let value = text(resource, field);
-                let path = format!("{at}.resource.{field}");
-                if value.is_empty() {
-                    causes.push(Cause::required(&path, &format!("{field} is required")));
-                }
-                for problem in if value.is_empty() {
-                    Vec::new()
-                } else {
-                    path_segment(value)
-                } {
-                    causes.push(Cause::invalid(&path, value, &problem));
-                }
-            }
-        }
+        (true, false) => typed_reference(resource, &format!("{at}.resource"), causes),
         (false, true) => {
             let name = text(service, "name");
             if name.is_empty() {
@@ -342,6 +315,28 @@ fn backend(backend: &Value, at: &str, causes: &mut Vec<Cause>) {
                 "",
                 "resource or service backend is required",
             ));
+        }
+    }
+}
+
+/// A typed local object reference (a resource backend, a class's
+/// parameters): an optional API group, a kind and a name.
+pub(super) fn typed_reference(reference: &Value, at: &str, causes: &mut Vec<Cause>) {
+    let group = text(reference, "apiGroup");
+    if !group.is_empty() {
+        for problem in dns1123_subdomain(group) {
+            causes.push(Cause::invalid(&format!("{at}.apiGroup"), group, &problem));
+        }
+    }
+    for field in ["kind", "name"] {
+        let value = text(reference, field);
+        let path = format!("{at}.{field}");
+        if value.is_empty() {
+            causes.push(Cause::required(&path, &format!("{field} is required")));
+            continue;
+        }
+        for problem in path_segment(value) {
+            causes.push(Cause::invalid(&path, value, &problem));
         }
     }
 }

@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 
 use super::replace_lists;
-use crate::name::{dns1123_label, dns1123_subdomain, path_segment};
+use crate::name::{dns1123_label, dns1123_subdomain};
 use crate::schema::{openapi_schema, typed, Generation, Kind, NameRule, Resource};
 use crate::table::cells::*;
 use crate::table::{col, Column, AGE, NAME};
@@ -91,26 +91,7 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     domain_prefixed_path(controller, &mut causes);
     let parameters = &spec["parameters"];
     if parameters.is_object() {
-        let group = parameters["apiGroup"].as_str().unwrap_or("");
-        if !group.is_empty() {
-            for problem in dns1123_subdomain(group) {
-                causes.push(Cause::invalid("spec.parameters.apiGroup", group, &problem));
-            }
-        }
-        for field in ["kind", "name"] {
-            let value = parameters[field].as_str().unwrap_or("");
-            let path = format!("spec.parameters.{field}");
-            if value.is_empty() {
-                causes.push(Cause::required(&path, &format!("{field} is required")));
-            }
-            for problem in if value.is_empty() {
-                Vec::new()
-            } else {
-                path_segment(value)
-            } {
-                causes.push(Cause::invalid(&path, value, &problem));
-            }
-        }
+        super::ingress::typed_reference(parameters, "spec.parameters", &mut causes);
         let namespace = parameters["namespace"].as_str();
         match parameters["scope"].as_str() {
             None => causes.push(Cause::required("spec.parameters.scope", "")),

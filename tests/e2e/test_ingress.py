@@ -42,6 +42,7 @@ class Backend:
                     return
                 body = json.dumps({"backend": outer.name, "path": self.path, "host": self.headers.get("Host"),
                                    "forwarded_for": self.headers.get("X-Forwarded-For"),
+                                   "cookie": ", ".join(self.headers.get_all("Cookie") or []),
                                    "proto": self.headers.get("X-Forwarded-Proto")}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -164,6 +165,23 @@ def test_hosts_and_paths_reach_their_backends(bed):
     assert (code, version, json.loads(body)["backend"]) == (200, "2", "a")
     metrics = kubectl(bed, "get", "--raw", "/metrics").stdout
     assert re.search(r'portal_ingress_requests_total\{ingress="default/routes",backend="default/a:80",code="200"\} [1-9]', metrics)
+
+
+def test_wildcard_hosts_and_http2_cookies(bed):
+    apply(bed, {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "wild", "namespace": "default"},
+                "spec": {"rules": [{"host": "*.wild.example.test", "http": {"paths": [
+                    {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "b", "port": {"number": 80}}}}]}}]}})
+    served(bed, "wild")
+    code, _, body, _ = curl(bed, "/", host="x.wild.example.test")
+    assert (code, json.loads(body)["backend"]) == (200, "b")
+    assert curl(bed, "/", host="y.x.wild.example.test")[0] == 404, "a wildcard covers one label"
+    # HTTP/2 sends each cookie as a field of its own: the HTTP/1.1 backend
+    # gets one Cookie header.
+    code, version, body, _ = curl(bed, "/cookies", "--http2-prior-knowledge", "-H", "Cookie: a=1", "-H", "Cookie: b=2",
+                                  host="x.wild.example.test")
+    assert (code, version) == (200, "2")
+    assert json.loads(body)["cookie"] == "a=1; b=2"
+    kubectl(bed, "delete", "ingress", "wild")
 
 
 def test_tls_by_sni_and_a_rotated_secret_without_restart(bed, tmp_path):

@@ -179,3 +179,22 @@ def test_a_users_address_is_kept_and_a_deleted_record_comes_back(tmp_path):
         assert get(portal, "ipaddress", "10.96.0.200")["spec"]["parentRef"]["resource"] == "gateways"
     finally:
         portal.stop()
+
+
+def test_the_default_range_becomes_dual_stack_with_the_flags(tmp_path):
+    portal = Portal(tmp_path, ["--service-cluster-ip-range", "10.96.0.0/24"]).start()
+    try:
+        wait_for(lambda: ready(portal, "kubernetes"), "the default ServiceCIDR to be Ready")
+        portal.stop()
+        # Restarted with a second range of the other family: the default
+        # ServiceCIDR gains it, its first range unchanged.
+        portal.extra_args = [a if a != "10.96.0.0/24" else "10.96.0.0/24,fd00:10:96::/112" for a in portal.extra_args]
+        portal.start()
+        wait_for(lambda: (get(portal, "servicecidr", "kubernetes") or {}).get("spec", {}).get("cidrs")
+                 == ["10.96.0.0/24", "fd00:10:96::/112"], "the default ServiceCIDR to be dual-stack")
+        create(portal, service("both", ipFamilyPolicy="RequireDualStack"))
+        ips = get(portal, "service", "both")["spec"]["clusterIPs"]
+        assert ips[0].startswith("10.96.0.") and ips[1].startswith("fd00:10:96::")
+        assert get(portal, "ipaddress", ips[1])["metadata"]["labels"]["ipaddress.kubernetes.io/ip-family"] == "IPv6"
+    finally:
+        portal.stop()

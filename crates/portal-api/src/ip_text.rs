@@ -8,7 +8,8 @@ use std::net::IpAddr;
 
 use crate::cidr::IpCidr;
 
-const IP_HINT: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
+/// What `IsValidIP` says of text that is no address at all.
+pub const IP_HINT: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
 const CIDR_HINT: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
 
 /// What is wrong with `value` as an IP address, as `IsValidIP` says it.

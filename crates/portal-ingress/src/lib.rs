@@ -25,6 +25,7 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use portal_client::labels::DEFAULT_INGRESS_CLASS;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -243,7 +244,7 @@ async fn serve(
 async fn ensure_class(client: Client) {
     let api: Api<IngressClass> = Api::all(client);
     let class: IngressClass = match serde_json::from_value(json!({
-        "metadata": {"name": CLASS, "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}},
+        "metadata": {"name": CLASS, "annotations": {DEFAULT_INGRESS_CLASS: "true"}},
         "spec": {"controller": CONTROLLER},
     })) {
         Ok(class) => class,

@@ -21,9 +21,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-
-/// The label EndpointSlices carry with their Service's name.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+use portal_client::labels::{INGRESS_CLASS, SERVICE_NAME as SERVICE_NAME_LABEL};
 
 /// Where matching requests go: a Service port's ready endpoints.
 #[derive(Debug)]
@@ -298,7 +296,7 @@ fn class_of(ingress: &Ingress) -> Option<String> {
                 .metadata
                 .annotations
                 .as_ref()?
-                .get("kubernetes.io/ingress.class")
+                .get(INGRESS_CLASS)
                 .cloned()
         })
 }

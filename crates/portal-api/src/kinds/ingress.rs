@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use serde_json::{json, Value};
 
 use super::{nothing, replace_lists};
+use crate::ip_text::IP_HINT;
 use crate::name::{dns1035_label, dns1123_subdomain, path_segment, wildcard_dns1123_subdomain};
 use crate::schema::{openapi_schema, typed, Generation, Kind, NameRule, Resource};
 use crate::service::validate::port_name_problems;
@@ -158,11 +159,7 @@ fn validate(object: &Value, old: Option<&Value>) -> Vec<Cause> {
         let at = format!("status.loadBalancer.ingress[{i}]");
         let ip = text(ingress, "ip");
         if !ip.is_empty() && ip.parse::<IpAddr>().is_err() {
-            causes.push(Cause::invalid(
-                &format!("{at}.ip"),
-                ip,
-                "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
-            ));
+            causes.push(Cause::invalid(&format!("{at}.ip"), ip, IP_HINT));
         }
         let hostname = text(ingress, "hostname");
         if !hostname.is_empty() {

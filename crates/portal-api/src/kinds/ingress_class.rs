@@ -19,11 +19,9 @@ pub const KIND: Kind = Kind::new("networking.k8s.io", "IngressClass");
 /// The annotation that makes a class the default.
 pub const DEFAULT_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
 
-/// The controller name of Portal's built-in layer-7 proxy.
+/// The controller name of Portal's built-in layer-7 proxy (the same as
+/// `portal_ingress::CONTROLLER`; that crate does not depend on this one).
 pub const CONTROLLER: &str = "portal.dev/ingress";
-
-/// The name of Portal's own class.
-pub const PORTAL_CLASS: &str = "portal";
 
 const MAX_CONTROLLER: usize = 250;
 

@@ -55,6 +55,14 @@ pub static RESOURCE: Resource = Resource {
     subresources: &[],
 };
 
+/// Whether a ServiceCIDR holds its finalizer (only then does it give
+/// addresses, and only then can it be kept while they are in use).
+pub fn holds_finalizer(range: &Value) -> bool {
+    range["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
 /// The CIDRs of a ServiceCIDR as written.
 pub fn cidrs(object: &Value) -> Vec<&str> {
     object["spec"]["cidrs"]

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::cidr::IpFamily;
 use crate::Cause;
 
-const IP_HINT: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
+use crate::ip_text::IP_HINT;
 const POLICIES: [&str; 3] = ["PreferDualStack", "RequireDualStack", "SingleStack"];
 
 /// Go's `%#v` of a string slice, as Kubernetes prints `clusterIPs`.

@@ -71,7 +71,7 @@ fn valid_ip(text: &str) -> bool {
     text.parse::<IpAddr>().is_ok()
 }
 
-const IP_HINT: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
+use crate::ip_text::IP_HINT;
 
 /// Problems with a Service; `old` is the stored object on update.
 pub fn validate(svc: &Value, old: Option<&Value>) -> Vec<Cause> {

@@ -161,12 +161,6 @@ fn terminating(range: &Value) -> bool {
     range["metadata"]["deletionTimestamp"].is_string()
 }
 
-fn has_finalizer(range: &Value) -> bool {
-    range["metadata"]["finalizers"]
-        .as_array()
-        .is_some_and(|f| f.iter().any(|f| f == service_cidr::FINALIZER))
-}
-
 /// One ServiceCIDR: its finalizer and status; how soon to look again.
 async fn reconcile(
     state: &ApiState,
@@ -179,10 +173,10 @@ async fn reconcile(
     if !terminating(range) {
         // Ready once this server's allocator has taken it in with its
         // finalizer: the write below brings this range back finalized.
-        if !has_finalizer(range) {
+        if !service_cidr::holds_finalizer(range) {
             writer
                 .update(None, &name, Part::Main, |current| {
-                    if has_finalizer(current) || terminating(current) {
+                    if service_cidr::holds_finalizer(current) || terminating(current) {
                         return Change::Keep;
                     }
                     let mut next = current.clone();
@@ -204,7 +198,7 @@ async fn reconcile(
         set_ready(&writer, &name, true, "", message).await?;
         return Ok(None);
     }
-    if !has_finalizer(range) {
+    if !service_cidr::holds_finalizer(range) {
         return Ok(None);
     }
     if in_use(range, ranges, addresses) {

@@ -79,6 +79,14 @@ impl Range {
         }
     }
 
+    /// The CIDR of an address range.
+    pub(crate) fn cidr(&self) -> Option<IpCidr> {
+        match self {
+            Range::Ip { cidr, .. } => Some(*cidr),
+            Range::Ports(_) => None,
+        }
+    }
+
     pub(crate) fn describe(&self) -> String {
         match self {
             Range::Ip { cidr, .. } => cidr.to_string(),

@@ -107,10 +107,8 @@ impl Allocators {
             let created = range["metadata"]["creationTimestamp"]
                 .as_str()
                 .unwrap_or("");
-            let finalized = range["metadata"]["finalizers"]
-                .as_array()
-                .is_some_and(|f| f.iter().any(|f| f == service_cidr::FINALIZER));
-            let allocatable = finalized && range["metadata"]["deletionTimestamp"].is_null();
+            let allocatable = service_cidr::holds_finalizer(range)
+                && range["metadata"]["deletionTimestamp"].is_null();
             for cidr in cidrs_of(range) {
                 wanted.push((name.to_owned(), cidr, allocatable, created.to_owned()));
             }
@@ -160,10 +158,7 @@ impl Allocators {
     pub(crate) fn flag_cidrs(&self) -> Vec<IpCidr> {
         self.ips
             .iter()
-            .filter_map(|(_, p)| match p.range {
-                Range::Ip { cidr, .. } => Some(cidr),
-                Range::Ports(_) => None,
-            })
+            .filter_map(|(_, p)| p.range.cidr())
             .collect()
     }
 
@@ -172,10 +167,7 @@ impl Allocators {
     pub(crate) fn all_cidrs(&self) -> Vec<IpCidr> {
         self.all_ip_pools()
             .iter()
-            .filter_map(|p| match p.range {
-                Range::Ip { cidr, .. } => Some(cidr),
-                Range::Ports(_) => None,
-            })
+            .filter_map(|p| p.range.cidr())
             .collect()
     }
 }

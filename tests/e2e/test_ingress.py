@@ -13,6 +13,7 @@ import socket
 import socketserver
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -21,7 +22,8 @@ from support.waiting import wait_for
 
 
 class Backend:
-    """An HTTP server answering `<name> <path>` (and echoing upgrades)."""
+    """An HTTP server answering `<name> <path>` (and echoing upgrades);
+    `/slow` answers after two seconds; `seen` lists the paths asked."""
 
     def __init__(self, name):
         outer = self
@@ -40,7 +42,11 @@ class Backend:
                         self.wfile.write(data)
                         self.wfile.flush()
                     return
+                outer.seen.append(self.path)
+                if self.path.startswith("/slow"):
+                    time.sleep(2)
                 body = json.dumps({"backend": outer.name, "path": self.path, "host": self.headers.get("Host"),
+                                   "headers": {k.lower(): v for k, v in self.headers.items()},
                                    "forwarded_for": self.headers.get("X-Forwarded-For"),
                                    "cookie": ", ".join(self.headers.get_all("Cookie") or []),
                                    "proto": self.headers.get("X-Forwarded-Proto")}).encode()
@@ -50,6 +56,8 @@ class Backend:
                 self.end_headers()
                 self.wfile.write(body)
 
+            do_POST = do_GET
+
             def log_message(self, *args):
                 pass
 
@@ -57,6 +65,7 @@ class Backend:
             daemon_threads = True
 
         self.name = name
+        self.seen = []
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -4,7 +4,9 @@
 //! changes: a burst of changes makes one rebuild. The new table is
 //! swapped in whole (requests in flight keep the one they started with),
 //! the certificates follow, and each Ingress served gets the proxy's
-//! addresses in its status (written by a task of its own).
+//! addresses in its status (written by a task of its own). The Gateway
+//! API's objects join the same world once their definitions are served;
+//! their routes are compiled in the same rebuild.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -12,7 +14,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::api::{Patch, PatchParams};
@@ -23,8 +25,11 @@ use portal_client::Change;
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
+use crate::gateway::compile::{compile, Desired, Objects, Sockets};
+use crate::gateway::objects::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+use crate::gateway::status::to_write;
 use crate::proxy::Proxy;
-use crate::routes::{slices_by_service, Table};
+use crate::routes::{slices_by_service, Backends, Table};
 use crate::tls::Certificates;
 use crate::CONTROLLER;
 
@@ -37,6 +42,11 @@ pub(crate) struct World {
     services: HashMap<Key, Arc<Service>>,
     slices: HashMap<Key, Arc<EndpointSlice>>,
     secrets: HashMap<Key, Arc<Secret>>,
+    gateway_classes: HashMap<Key, Arc<GatewayClass>>,
+    gateways: HashMap<Key, Arc<Gateway>>,
+    http_routes: HashMap<Key, Arc<HttpRoute>>,
+    grants: HashMap<Key, Arc<ReferenceGrant>>,
+    namespaces: HashMap<Key, Arc<Namespace>>,
 }
 
 /// What the feed shares with the tasks that fill it.
@@ -48,9 +58,24 @@ pub(crate) struct Feed {
     listed: Mutex<HashSet<&'static str>>,
 }
 
-/// How many kinds are followed: the first table waits for all of them
-/// (not a half-known world: 503s, 404s, the fallback certificate).
-const KINDS: usize = 5;
+/// The kinds the first table waits for (not a half-known world: 503s,
+/// 404s, the fallback certificate).
+const INGRESS_KINDS: [&str; 5] = [
+    "ingresses",
+    "ingress classes",
+    "services",
+    "endpoint slices",
+    "tls secrets",
+];
+/// The kinds the Gateway API's status waits for (routes are served as
+/// soon as they are known; status is written from a whole world only).
+pub(crate) const GATEWAY_KINDS: [&str; 5] = [
+    "gateway classes",
+    "gateways",
+    "http routes",
+    "reference grants",
+    "namespaces",
+];
 
 impl Feed {
     pub(crate) fn new() -> Arc<Self> {
@@ -118,25 +143,57 @@ pub(crate) fn slices(world: &mut World) -> &mut HashMap<Key, Arc<EndpointSlice>>
 pub(crate) fn secrets(world: &mut World) -> &mut HashMap<Key, Arc<Secret>> {
     &mut world.secrets
 }
+pub(crate) fn gateway_classes(world: &mut World) -> &mut HashMap<Key, Arc<GatewayClass>> {
+    &mut world.gateway_classes
+}
+pub(crate) fn gateways(world: &mut World) -> &mut HashMap<Key, Arc<Gateway>> {
+    &mut world.gateways
+}
+pub(crate) fn http_routes(world: &mut World) -> &mut HashMap<Key, Arc<HttpRoute>> {
+    &mut world.http_routes
+}
+pub(crate) fn grants(world: &mut World) -> &mut HashMap<Key, Arc<ReferenceGrant>> {
+    &mut world.grants
+}
+pub(crate) fn namespaces(world: &mut World) -> &mut HashMap<Key, Arc<Namespace>> {
+    &mut world.namespaces
+}
+
+/// Where the table is served and what the status says.
+#[derive(Clone, Debug)]
+pub(crate) struct Serving {
+    pub(crate) sockets: Sockets,
+    pub(crate) advertised: Vec<IpAddr>,
+}
 
 /// Rebuilds the table (and certificates) after every change, once every
-/// kind is listed, and hands the Ingresses whose status lacks the proxy's
-/// addresses to [`write_status`].
+/// Ingress kind is listed, and hands the Ingresses whose status lacks the
+/// proxy's addresses to [`write_status`], the Gateway API objects whose
+/// status differs to `gateway::status::write`.
 pub(crate) async fn rebuild(
     feed: Arc<Feed>,
     proxy: Arc<Proxy>,
     certificates: Arc<Certificates>,
-    advertised: Vec<IpAddr>,
+    serving: Serving,
     status: watch::Sender<Vec<Key>>,
+    gateway_status: watch::Sender<Vec<Desired>>,
 ) {
+    let advertised = &serving.advertised;
     loop {
         feed.changed.notified().await;
-        if feed.listed.lock().len() < KINDS {
+        let (ingress_ready, gateway_ready) = {
+            let listed = feed.listed.lock();
+            (
+                INGRESS_KINDS.iter().all(|k| listed.contains(k)),
+                GATEWAY_KINDS.iter().all(|k| listed.contains(k)),
+            )
+        };
+        if !ingress_ready {
             continue;
         }
         // A burst (a re-list, a rollout) settles into one rebuild.
         tokio::task::yield_now().await;
-        let (table, secrets, stale) = {
+        let (table, secrets, stale, gateway_stale) = {
             let world = feed.world.lock();
             let classes: Vec<String> = world
                 .classes
@@ -148,7 +205,24 @@ pub(crate) async fn rebuild(
                 .collect();
             let ingresses: Vec<Arc<Ingress>> = world.ingresses.values().cloned().collect();
             let slices = slices_by_service(world.slices.values().cloned());
-            let table = Table::build(&ingresses, &classes, &world.services, &slices);
+            let mut backends = Backends::new(&world.services, &slices);
+            let mut table = Table::build(&ingresses, &classes, &mut backends);
+            let objects = Objects {
+                classes: &world.gateway_classes,
+                gateways: &world.gateways,
+                routes: &world.http_routes,
+                grants: &world.grants,
+                namespaces: &world.namespaces,
+                secrets: &world.secrets,
+            };
+            let compiled = compile(&objects, serving.sockets, advertised, &mut backends);
+            table.gateway_plain = compiled.plain;
+            table.gateway_secure = compiled.secure;
+            for host in compiled.tls {
+                if !table.tls.iter().any(|t| t.host == host.host) {
+                    table.tls.push(host);
+                }
+            }
             let secrets: HashMap<Key, Arc<Secret>> = table
                 .tls
                 .iter()
@@ -164,11 +238,16 @@ pub(crate) async fn rebuild(
                     world
                         .ingresses
                         .get(*key)
-                        .is_some_and(|i| !shows(i, &advertised))
+                        .is_some_and(|i| !shows(i, advertised))
                 })
                 .cloned()
                 .collect();
-            (table, secrets, stale)
+            let gateway_stale = if gateway_ready {
+                gateway_writes(&world, compiled.statuses)
+            } else {
+                Vec::new()
+            };
+            (table, secrets, stale, gateway_stale)
         };
         // Certificates are parsed off the world's lock (the watches go on).
         certificates.update(&table.tls, |namespace, name| {
@@ -182,7 +261,31 @@ pub(crate) async fn rebuild(
         if !advertised.is_empty() {
             status.send_replace(stale);
         }
+        if !gateway_stale.is_empty() {
+            gateway_status.send_replace(gateway_stale);
+        }
     }
+}
+
+/// The statuses that differ from what the objects show, filled in.
+fn gateway_writes(world: &World, desired: Vec<Desired>) -> Vec<Desired> {
+    use crate::gateway::compile::Kind;
+    let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    desired
+        .into_iter()
+        .filter_map(|mut d| {
+            let key = (d.namespace.clone(), d.name.clone());
+            let current = match d.kind {
+                Kind::GatewayClass => world.gateway_classes.get(&key).map(|o| &o.status),
+                Kind::Gateway => world.gateways.get(&key).map(|o| &o.status),
+                Kind::HttpRoute => world.http_routes.get(&key).map(|o| &o.status),
+            }?;
+            d.status = to_write(&d.status, current, &now)?;
+            Some(d)
+        })
+        .collect()
 }
 
 /// Writes the proxy's addresses into the status of the Ingresses handed

@@ -5,8 +5,11 @@
 //! over TLS by ALPN) on its listeners, sending each request to a ready
 //! endpoint directly ([`proxy`]) and terminating TLS by SNI ([`tls`]).
 //! Each Ingress it serves shows the proxy's addresses in its status.
+//! It is the Gateway API's controller too ([`gateway`]): Gateways of its
+//! class are served on the same sockets, their HTTPRoutes first.
 
 mod feed;
+pub mod gateway;
 mod metrics;
 mod proxy;
 mod routes;
@@ -19,7 +22,7 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::api::PostParams;
@@ -80,8 +83,14 @@ pub struct IngressProxy {
 }
 
 /// Binds the listeners, makes the `portal` IngressClass if there is none,
-/// and starts following the cluster.
-pub async fn start(client: Client, config: Config) -> Result<IngressProxy, Error> {
+/// and starts following the cluster. With `gateway_admin` (a client
+/// allowed to create CustomResourceDefinitions) it installs the Gateway
+/// API when missing and serves it too.
+pub async fn start(
+    client: Client,
+    config: Config,
+    gateway_admin: Option<Client>,
+) -> Result<IngressProxy, Error> {
     let http = bind(config.http).await?;
     let https = bind(config.https).await?;
     let metrics = Arc::new(Metrics::new());
@@ -116,16 +125,44 @@ pub async fn start(client: Client, config: Config) -> Result<IngressProxy, Error
     follow!(Service, "services", any, feed::services);
     follow!(EndpointSlice, "endpoint slices", any, feed::slices);
     follow!(Secret, "tls secrets", tls_only, feed::secrets);
+    if let Some(admin) = gateway_admin {
+        let (feed, client, supervisor) = (feed.clone(), client.clone(), tasks.clone());
+        tasks.once("gateway api", async move {
+            if gateway::install::definitions(admin).await {
+                follow_gateway_api(&supervisor, &feed, &client);
+                gateway::install::class(client).await;
+            }
+        });
+    }
     let (status, statuses) = tokio::sync::watch::channel(Vec::new());
+    let (gateway_status, gateway_statuses) = tokio::sync::watch::channel(Vec::new());
+    let serving = feed::Serving {
+        sockets: gateway::compile::Sockets {
+            http: http
+                .as_ref()
+                .and_then(|l| l.local_addr().ok())
+                .map(|a| a.port()),
+            https: https
+                .as_ref()
+                .and_then(|l| l.local_addr().ok())
+                .map(|a| a.port()),
+        },
+        advertised: config.advertised.clone(),
+    };
     tasks.critical(
         "ingress table",
         feed::rebuild(
             feed.clone(),
             proxy.clone(),
             certificates.clone(),
-            config.advertised.clone(),
+            serving,
             status,
+            gateway_status,
         ),
+    );
+    tasks.critical(
+        "gateway status",
+        gateway::status::write(gateway_statuses, client.clone()),
     );
     tasks.critical(
         "ingress status",
@@ -159,6 +196,31 @@ pub async fn start(client: Client, config: Config) -> Result<IngressProxy, Error
         http: http_addr,
         https: https_addr,
     })
+}
+
+/// Follows the Gateway API's objects (and Namespaces, for listeners that
+/// select the namespaces of their routes) into the world.
+fn follow_gateway_api(tasks: &portal_client::Supervisor, feed: &Arc<feed::Feed>, client: &Client) {
+    use gateway::objects::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+    macro_rules! follow {
+        ($kind:ty, $name:literal, $map:path) => {{
+            let (feed, client) = (feed.clone(), client.clone());
+            tasks.restarting($name, move || {
+                feed::follow(
+                    feed.clone(),
+                    Api::<$kind>::all(client.clone()),
+                    watcher::Config::default(),
+                    $name,
+                    $map,
+                )
+            });
+        }};
+    }
+    follow!(GatewayClass, "gateway classes", feed::gateway_classes);
+    follow!(Gateway, "gateways", feed::gateways);
+    follow!(HttpRoute, "http routes", feed::http_routes);
+    follow!(ReferenceGrant, "reference grants", feed::grants);
+    follow!(Namespace, "namespaces", feed::namespaces);
 }
 
 async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, Error> {

@@ -6,6 +6,10 @@
 //! one held in memory). Upgrades (WebSockets) are spliced through.
 //! Forwarding headers are added as common proxies do; hop-by-hop headers
 //! are not passed on. Each request is logged (target `access`).
+//!
+//! A request an HTTPRoute matches goes through its rule's filters
+//! (redirects, header changes, rewrites, mirrors), a backend chosen by
+//! weight, and its timeouts; otherwise the Ingress rules apply.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,8 +26,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::RwLock;
 
+use crate::gateway::routes::{Entry, RedirectTo, Request as RouteRequest};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
-use crate::routes::{Found, Table};
+use crate::routes::{Backend, Found, Table};
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -88,7 +93,16 @@ impl Proxy {
         let found = if method == Method::CONNECT {
             None
         } else {
-            Some(table.find(&host, &path))
+            let view = RouteRequest {
+                method: &method,
+                path: &path,
+                query: request.uri().query(),
+                headers: request.headers(),
+            };
+            Some(match table.find_route(tls, &host, &view) {
+                Some(entry) => Found::Gateway(entry),
+                None => table.find(&host, &path),
+            })
         };
         let (ingress, backend, response) = match found {
             None => (
@@ -103,9 +117,19 @@ impl Proxy {
             ),
             Some(Found::Route(route)) => {
                 let response = self
-                    .forward(request, &route.backend, peer, tls, &authority)
+                    .forward(request, &route.backend, peer, tls, &authority, &[], None)
                     .await;
                 (route.ingress.clone(), route.backend.name.clone(), response)
+            }
+            Some(Found::Gateway(entry)) => {
+                let (backend, response) = self
+                    .follow_route(request, entry, peer, tls, &authority, &host)
+                    .await;
+                (
+                    format!("httproute/{}", entry.action.route),
+                    backend,
+                    response,
+                )
             }
         };
         let code = response.status().as_u16();
@@ -133,13 +157,113 @@ impl Proxy {
         Ok(response)
     }
 
+    /// Applies an HTTPRoute rule: says which backend answered.
+    async fn follow_route(
+        &self,
+        mut request: Request<Incoming>,
+        entry: &Entry,
+        peer: SocketAddr,
+        tls: bool,
+        authority: &str,
+        host: &str,
+    ) -> (String, Response<Body>) {
+        let action = &entry.action;
+        if action.unsupported {
+            let text = "the route's rule uses a filter Portal does not implement";
+            return (
+                String::new(),
+                plain(StatusCode::INTERNAL_SERVER_ERROR, text),
+            );
+        }
+        if let Some(redirect) = &action.redirect {
+            return (
+                String::new(),
+                redirect_to(redirect, &request, entry, tls, authority, host),
+            );
+        }
+        if let Some(edit) = &action.request_headers {
+            edit.apply(request.headers_mut());
+        }
+        let mut authority = authority.to_owned();
+        if let Some(rewrite) = &action.rewrite {
+            if let Some(hostname) = &rewrite.hostname {
+                if let Ok(value) = HeaderValue::from_str(hostname) {
+                    request.headers_mut().insert(header::HOST, value);
+                    authority = hostname.clone();
+                }
+            }
+            if let Some(change) = &rewrite.path {
+                let path = change.apply(request.uri().path(), entry.prefix());
+                let target = match request.uri().query() {
+                    Some(query) => format!("{path}?{query}"),
+                    None => path,
+                };
+                match target.parse::<Uri>() {
+                    Ok(uri) => *request.uri_mut() = uri,
+                    Err(_) => {
+                        return (
+                            String::new(),
+                            plain(StatusCode::BAD_REQUEST, "bad rewritten path"),
+                        )
+                    }
+                }
+            }
+        }
+        let Some(choice) = action.pick() else {
+            return (
+                String::new(),
+                plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the route's rule has no backend",
+                ),
+            );
+        };
+        let Some(backend) = &choice.backend else {
+            return (
+                String::new(),
+                plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the route's backend reference does not resolve",
+                ),
+            );
+        };
+        if let Some(edit) = &choice.request_headers {
+            edit.apply(request.headers_mut());
+        }
+        let forwarded = self.forward(
+            request,
+            backend,
+            peer,
+            tls,
+            &authority,
+            &action.mirrors,
+            action.backend_timeout,
+        );
+        let mut response = match action.timeout {
+            Some(limit) => tokio::time::timeout(limit, forwarded)
+                .await
+                .unwrap_or_else(|_| plain(StatusCode::GATEWAY_TIMEOUT, "request timed out")),
+            None => forwarded.await,
+        };
+        for edit in [&choice.response_headers, &action.response_headers]
+            .into_iter()
+            .flatten()
+        {
+            edit.apply(response.headers_mut());
+        }
+        (backend.name.clone(), response)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
         mut request: Request<Incoming>,
-        backend: &crate::routes::Backend,
+        backend: &Backend,
         peer: SocketAddr,
         tls: bool,
         host: &str,
+        mirrors: &[Arc<Backend>],
+        attempt_timeout: Option<Duration>,
     ) -> Response<Body> {
         if backend.endpoints.is_empty() {
             return plain(StatusCode::SERVICE_UNAVAILABLE, "no ready endpoints");
@@ -167,6 +291,11 @@ impl Proxy {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_owned();
+        if let Some(body) = &replayable {
+            for mirror in mirrors {
+                self.mirror(mirror, &parts.method, &path, &headers, body.clone());
+            }
+        }
         let mut last_error = None;
         for endpoint in backend.rotation() {
             let body = match (&replayable, streamed.take()) {
@@ -190,7 +319,18 @@ impl Proxy {
             *outgoing.uri_mut() = uri;
             *outgoing.version_mut() = Version::HTTP_11;
             *outgoing.headers_mut() = headers.clone();
-            match self.client.request(outgoing).await {
+            let sent = match attempt_timeout {
+                Some(limit) => {
+                    match tokio::time::timeout(limit, self.client.request(outgoing)).await {
+                        Ok(sent) => sent,
+                        Err(_) => {
+                            return plain(StatusCode::GATEWAY_TIMEOUT, "backend request timed out")
+                        }
+                    }
+                }
+                None => self.client.request(outgoing).await,
+            };
+            match sent {
                 Ok(mut response) => {
                     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(client_side) = client_upgrade {
@@ -234,6 +374,101 @@ impl Proxy {
             "no endpoint accepted the connection",
         )
     }
+}
+
+impl Proxy {
+    /// Sends a copy of a request to a mirror backend's next endpoint; its
+    /// answer is dropped (a mirror never slows or fails the request).
+    fn mirror(
+        &self,
+        backend: &Backend,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) {
+        let Some(endpoint) = backend.rotation().next() else {
+            return;
+        };
+        let Ok(uri) = Uri::builder()
+            .scheme("http")
+            .authority(endpoint.to_string())
+            .path_and_query(path)
+            .build()
+        else {
+            return;
+        };
+        let mut copy = Request::new(Full::new(body).map_err(|never| match never {}).boxed());
+        *copy.method_mut() = method.clone();
+        *copy.uri_mut() = uri;
+        *copy.headers_mut() = headers.clone();
+        let sent = self.client.request(copy);
+        tokio::spawn(async move {
+            if let Ok(Ok(response)) = tokio::time::timeout(MIRROR_TIMEOUT, sent).await {
+                let _ = tokio::time::timeout(MIRROR_TIMEOUT, response.into_body().collect()).await;
+            }
+        });
+    }
+}
+
+/// A mirrored request's answer is waited for this long at most.
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The answer of a `RequestRedirect` filter: the request's scheme, host,
+/// port and path unless the filter changes them; a port is left out of
+/// `Location` when it is the scheme's own.
+fn redirect_to(
+    redirect: &RedirectTo,
+    request: &Request<Incoming>,
+    entry: &Entry,
+    tls: bool,
+    authority: &str,
+    host: &str,
+) -> Response<Body> {
+    let scheme = redirect
+        .scheme
+        .clone()
+        .unwrap_or_else(|| if tls { "https" } else { "http" }.to_owned());
+    let well_known = |scheme: &str| match scheme {
+        "https" => Some(443),
+        "http" => Some(80),
+        _ => None,
+    };
+    let asked_port = authority
+        .rsplit_once(':')
+        .filter(|_| !authority.ends_with(']'))
+        .and_then(|(_, p)| p.parse::<u16>().ok());
+    let port = match (redirect.port, &redirect.scheme) {
+        (Some(port), _) => Some(port),
+        (None, Some(scheme)) => well_known(scheme).or(asked_port),
+        (None, None) => asked_port.or(well_known(&scheme)),
+    };
+    let hostname = redirect.hostname.clone().unwrap_or_else(|| host.to_owned());
+    let hostname = if hostname.contains(':') {
+        format!("[{hostname}]")
+    } else {
+        hostname
+    };
+    let path = match &redirect.path {
+        Some(change) => change.apply(request.uri().path(), entry.prefix()),
+        None => request.uri().path().to_owned(),
+    };
+    let mut location = format!("{scheme}://{hostname}");
+    if let Some(port) = port.filter(|p| Some(*p) != well_known(&scheme)) {
+        location.push_str(&format!(":{port}"));
+    }
+    location.push_str(&path);
+    if let Some(query) = request.uri().query() {
+        location.push('?');
+        location.push_str(query);
+    }
+    let code = StatusCode::from_u16(redirect.code).unwrap_or(StatusCode::FOUND);
+    let mut response = Response::new(empty());
+    *response.status_mut() = code;
+    if let Ok(value) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    response
 }
 
 /// Copies both ways between an upgraded client and backend connection.

@@ -23,6 +23,8 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use portal_client::labels::{INGRESS_CLASS, SERVICE_NAME as SERVICE_NAME_LABEL};
 
+use crate::gateway::routes::{Entry, HostRoutes, Request as RouteRequest};
+
 /// Where matching requests go: a Service port's ready endpoints.
 #[derive(Debug)]
 pub(crate) struct Backend {
@@ -123,12 +125,17 @@ pub(crate) struct Table {
     pub(crate) tls: Vec<TlsHost>,
     /// `namespace/name` of the Ingresses served (their status is written).
     pub(crate) ingresses: Vec<(String, String)>,
+    /// HTTPRoutes on the plain and the TLS socket (consulted first).
+    pub(crate) gateway_plain: HostRoutes,
+    pub(crate) gateway_secure: HostRoutes,
 }
 
 /// What a request matched.
 #[derive(Debug)]
 pub(crate) enum Found<'a> {
     Route(&'a Route),
+    /// An HTTPRoute's match.
+    Gateway(&'a Entry),
     /// No route for the host and path (404).
     Nothing,
 }
@@ -158,15 +165,37 @@ impl Table {
     pub(crate) fn len(&self) -> usize {
         let hosts: usize = self.hosts.values().map(|r| r.0.len()).sum();
         let wildcards: usize = self.wildcards.iter().map(|(_, r)| r.0.len()).sum();
-        hosts + wildcards + self.any_host.0.len() + usize::from(self.default_backend.is_some())
+        hosts
+            + wildcards
+            + self.any_host.0.len()
+            + usize::from(self.default_backend.is_some())
+            + self.gateway_plain.len()
+            + self.gateway_secure.len()
+    }
+
+    /// The HTTPRoute entry a request matches on one socket.
+    pub(crate) fn find_route(
+        &self,
+        secure: bool,
+        host: &str,
+        request: &RouteRequest<'_>,
+    ) -> Option<&Entry> {
+        let routes = if secure {
+            &self.gateway_secure
+        } else {
+            &self.gateway_plain
+        };
+        if routes.is_empty() {
+            return None;
+        }
+        routes.find(host, request)
     }
 
     /// Compiles the Ingresses of `classes` (oldest first wins a clash).
     pub(crate) fn build(
         ingresses: &[Arc<Ingress>],
         classes: &[String],
-        services: &HashMap<(String, String), Arc<Service>>,
-        slices: &HashMap<(String, String), Vec<Arc<EndpointSlice>>>,
+        backends: &mut Backends<'_>,
     ) -> Table {
         let mut ours: Vec<&Arc<Ingress>> = ingresses
             .iter()
@@ -183,7 +212,6 @@ impl Table {
             key(a).cmp(&key(b))
         });
         let mut table = Table::default();
-        let mut backends: HashMap<String, Arc<Backend>> = HashMap::new();
         for ingress in ours {
             let namespace = ingress.metadata.namespace.clone().unwrap_or_default();
             let name = ingress.metadata.name.clone().unwrap_or_default();
@@ -198,18 +226,7 @@ impl Table {
                     (_, Some(number)) => IntOrString::Int(number),
                     _ => return None,
                 };
-                let key = format!("{namespace}/{}:{}", service.name, show(&port));
-                let made = backends.entry(key.clone()).or_insert_with(|| {
-                    // A random start: frequent rebuilds do not lean on the
-                    // first endpoint.
-                    let start = RandomState::new().hash_one(&key) as usize;
-                    Arc::new(Backend {
-                        endpoints: endpoints(&namespace, &service.name, &port, services, slices),
-                        name: key,
-                        next: AtomicUsize::new(start),
-                    })
-                });
-                Some(made.clone())
+                Some(backends.get(&namespace, &service.name, &port))
             };
             if table.default_backend.is_none() {
                 if let Some(backend) = spec.default_backend.as_ref().and_then(&mut backend_of) {
@@ -275,6 +292,57 @@ impl Table {
         }
         table.any_host.sort();
         table
+    }
+}
+
+/// The backends made so far in one rebuild (each Service port once,
+/// whichever Ingresses and routes name it).
+pub(crate) struct Backends<'a> {
+    made: HashMap<String, Arc<Backend>>,
+    services: &'a HashMap<(String, String), Arc<Service>>,
+    slices: &'a HashMap<(String, String), Vec<Arc<EndpointSlice>>>,
+}
+
+impl<'a> Backends<'a> {
+    pub(crate) fn new(
+        services: &'a HashMap<(String, String), Arc<Service>>,
+        slices: &'a HashMap<(String, String), Vec<Arc<EndpointSlice>>>,
+    ) -> Self {
+        Backends {
+            made: HashMap::new(),
+            services,
+            slices,
+        }
+    }
+
+    /// The backend of a Service's port (by number or name).
+    pub(crate) fn get(
+        &mut self,
+        namespace: &str,
+        service: &str,
+        port: &IntOrString,
+    ) -> Arc<Backend> {
+        let key = format!("{namespace}/{service}:{}", show(port));
+        let (services, slices) = (self.services, self.slices);
+        self.made
+            .entry(key.clone())
+            .or_insert_with(|| {
+                // A random start: frequent rebuilds do not lean on the
+                // first endpoint.
+                let start = RandomState::new().hash_one(&key) as usize;
+                Arc::new(Backend {
+                    endpoints: endpoints(namespace, service, port, services, slices),
+                    name: key,
+                    next: AtomicUsize::new(start),
+                })
+            })
+            .clone()
+    }
+
+    /// Whether the Service exists.
+    pub(crate) fn has_service(&self, namespace: &str, service: &str) -> bool {
+        self.services
+            .contains_key(&(namespace.to_owned(), service.to_owned()))
     }
 }
 

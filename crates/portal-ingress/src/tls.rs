@@ -79,6 +79,9 @@ impl Certificates {
         *self.by_host.write() = by_host;
     }
 
+    /// The certificate for a name: its own, else its one-label wildcard's
+    /// (a certificate's `*.` covers one label), else one for any name
+    /// (`*`: a Gateway listener without a hostname), else the fallback.
     fn find(&self, name: &str) -> Arc<CertifiedKey> {
         let name = name.to_ascii_lowercase();
         let by_host = self.by_host.read();
@@ -86,6 +89,7 @@ impl Certificates {
         by_host
             .get(&name)
             .or_else(|| wildcard.and_then(|w| by_host.get(&w)))
+            .or_else(|| by_host.get("*"))
             .cloned()
             .unwrap_or_else(|| self.fallback.clone())
     }

@@ -465,7 +465,9 @@ async fn start_ingress(
             https,
             advertised: advertised.clone(),
         };
-        match portal_ingress::start(client, config).await {
+        // Installing the Gateway API's definitions takes an administrator.
+        let admin = api.loopback_client("portal-gateway-api");
+        match portal_ingress::start(client, config, Some(admin)).await {
             Ok(ingress) => {
                 let tasks = ingress.tasks.clone();
                 components.critical("ingress proxy", async move {

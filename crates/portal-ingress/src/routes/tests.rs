@@ -67,13 +67,17 @@ fn table(ingresses: &[Arc<Ingress>]) -> Table {
         ),
         slice("b", ("", 9090), &["10.0.1.1"], &[]),
     ]);
-    Table::build(ingresses, &["portal".to_owned()], &services, &slices)
+    Table::build(
+        ingresses,
+        &["portal".to_owned()],
+        &mut Backends::new(&services, &slices),
+    )
 }
 
 fn backend(table: &Table, host: &str, path: &str) -> Option<String> {
     match table.find(host, path) {
         Found::Route(route) => Some(route.backend.name.clone()),
-        Found::Nothing => None,
+        Found::Nothing | Found::Gateway(_) => None,
     }
 }
 

@@ -25,11 +25,12 @@ use portal_client::Change;
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
+use crate::backends::{slices_by_service, Backends};
 use crate::gateway::compile::{compile, Desired, Objects, Sockets};
 use crate::gateway::objects::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
 use crate::gateway::status::to_write;
 use crate::proxy::Proxy;
-use crate::routes::{slices_by_service, Backends, Table};
+use crate::routes::Table;
 use crate::tls::Certificates;
 use crate::CONTROLLER;
 

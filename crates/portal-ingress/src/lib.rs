@@ -8,6 +8,7 @@
 //! It is the Gateway API's controller too ([`gateway`]): Gateways of its
 //! class are served on the same sockets, their HTTPRoutes first.
 
+mod backends;
 mod feed;
 pub mod gateway;
 mod metrics;

@@ -26,9 +26,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::RwLock;
 
+use crate::backends::Backend;
 use crate::gateway::routes::{Entry, RedirectTo, Request as RouteRequest};
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
-use crate::routes::{Backend, Found, Table};
+use crate::routes::{Found, Table};
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 

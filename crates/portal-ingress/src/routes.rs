@@ -10,38 +10,19 @@
 //! (`/api` matches `/api` and `/api/v1`, not `/apis`);
 //! `ImplementationSpecific` is a prefix. Where two Ingresses give the same
 //! host and path, the older one's backend serves (as ingress-nginx).
+//!
+//! The table also holds the HTTPRoutes compiled for each socket
+//! (`gateway::routes`), consulted before the Ingress rules.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use portal_client::labels::{INGRESS_CLASS, SERVICE_NAME as SERVICE_NAME_LABEL};
+use portal_client::labels::INGRESS_CLASS;
 
-use crate::gateway::routes::{Entry, HostRoutes, Request as RouteRequest};
-
-/// Where matching requests go: a Service port's ready endpoints.
-#[derive(Debug)]
-pub(crate) struct Backend {
-    /// `namespace/name:port` (metrics and logs).
-    pub(crate) name: String,
-    pub(crate) endpoints: Vec<SocketAddr>,
-    next: AtomicUsize,
-}
-
-impl Backend {
-    /// The endpoints in round-robin order, starting at the next one.
-    pub(crate) fn rotation(&self) -> impl Iterator<Item = SocketAddr> + '_ {
-        let n = self.endpoints.len().max(1);
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        (0..self.endpoints.len()).map(move |i| self.endpoints[(start + i) % n])
-    }
-}
+use crate::backends::{Backend, Backends, TlsHost};
+use crate::gateway::routes::{prefix_matches, Entry, HostRoutes, Request as RouteRequest};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Match {
@@ -62,14 +43,7 @@ impl Route {
     fn matches(&self, path: &str) -> bool {
         match self.kind {
             Match::Exact => path == self.path,
-            Match::Prefix => {
-                let prefix = self.path.trim_end_matches('/');
-                prefix.is_empty()
-                    || path == prefix
-                    || path
-                        .strip_prefix(prefix)
-                        .is_some_and(|rest| rest.starts_with('/'))
-            }
+            Match::Prefix => prefix_matches(&self.path, path),
         }
     }
 }
@@ -104,14 +78,6 @@ impl Routes {
     fn find(&self, path: &str) -> Option<&Route> {
         self.0.iter().find(|r| r.matches(path))
     }
-}
-
-/// A TLS host (or `*.` wildcard) and the Secret with its certificate.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TlsHost {
-    pub(crate) host: String,
-    pub(crate) namespace: String,
-    pub(crate) secret: String,
 }
 
 /// Every route of Portal's Ingresses.
@@ -295,64 +261,6 @@ impl Table {
     }
 }
 
-/// The backends made so far in one rebuild (each Service port once,
-/// whichever Ingresses and routes name it).
-pub(crate) struct Backends<'a> {
-    made: HashMap<String, Arc<Backend>>,
-    services: &'a HashMap<(String, String), Arc<Service>>,
-    slices: &'a HashMap<(String, String), Vec<Arc<EndpointSlice>>>,
-}
-
-impl<'a> Backends<'a> {
-    pub(crate) fn new(
-        services: &'a HashMap<(String, String), Arc<Service>>,
-        slices: &'a HashMap<(String, String), Vec<Arc<EndpointSlice>>>,
-    ) -> Self {
-        Backends {
-            made: HashMap::new(),
-            services,
-            slices,
-        }
-    }
-
-    /// The backend of a Service's port (by number or name).
-    pub(crate) fn get(
-        &mut self,
-        namespace: &str,
-        service: &str,
-        port: &IntOrString,
-    ) -> Arc<Backend> {
-        let key = format!("{namespace}/{service}:{}", show(port));
-        let (services, slices) = (self.services, self.slices);
-        self.made
-            .entry(key.clone())
-            .or_insert_with(|| {
-                // A random start: frequent rebuilds do not lean on the
-                // first endpoint.
-                let start = RandomState::new().hash_one(&key) as usize;
-                Arc::new(Backend {
-                    endpoints: endpoints(namespace, service, port, services, slices),
-                    name: key,
-                    next: AtomicUsize::new(start),
-                })
-            })
-            .clone()
-    }
-
-    /// Whether the Service exists.
-    pub(crate) fn has_service(&self, namespace: &str, service: &str) -> bool {
-        self.services
-            .contains_key(&(namespace.to_owned(), service.to_owned()))
-    }
-}
-
-fn show(port: &IntOrString) -> String {
-    match port {
-        IntOrString::Int(n) => n.to_string(),
-        IntOrString::String(s) => s.clone(),
-    }
-}
-
 /// The class an Ingress names: `ingressClassName`, else the old annotation.
 fn class_of(ingress: &Ingress) -> Option<String> {
     ingress
@@ -367,86 +275,6 @@ fn class_of(ingress: &Ingress) -> Option<String> {
                 .get(INGRESS_CLASS)
                 .cloned()
         })
-}
-
-/// The ready endpoints of a Service's port (by number or name), from its
-/// EndpointSlices: the slice port named as the Service port is named.
-fn endpoints(
-    namespace: &str,
-    service: &str,
-    port: &IntOrString,
-    services: &HashMap<(String, String), Arc<Service>>,
-    slices: &HashMap<(String, String), Vec<Arc<EndpointSlice>>>,
-) -> Vec<SocketAddr> {
-    let key = (namespace.to_owned(), service.to_owned());
-    let Some(svc) = services.get(&key) else {
-        return Vec::new();
-    };
-    let ports = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.clone())
-        .unwrap_or_default();
-    let Some(service_port) = ports.iter().find(|p| match port {
-        IntOrString::Int(n) => p.port == *n,
-        IntOrString::String(name) => p.name.as_deref() == Some(name.as_str()),
-    }) else {
-        return Vec::new();
-    };
-    let port_name = service_port.name.clone().unwrap_or_default();
-    let mut found = Vec::new();
-    for slice in slices.get(&key).into_iter().flatten() {
-        let number = slice
-            .ports
-            .iter()
-            .flatten()
-            .find(|p| p.name.clone().unwrap_or_default() == port_name)
-            .and_then(|p| p.port);
-        let Some(number) = number.and_then(|n| u16::try_from(n).ok()) else {
-            continue;
-        };
-        for endpoint in &slice.endpoints {
-            let ready = endpoint
-                .conditions
-                .as_ref()
-                .and_then(|c| c.ready)
-                .unwrap_or(true);
-            if !ready {
-                continue;
-            }
-            for address in &endpoint.addresses {
-                if let Ok(ip) = address.parse::<IpAddr>() {
-                    found.push(SocketAddr::new(ip, number));
-                }
-            }
-        }
-    }
-    found.sort();
-    found.dedup();
-    found
-}
-
-/// The slices of each Service, by `(namespace, service)`.
-pub(crate) fn slices_by_service(
-    slices: impl IntoIterator<Item = Arc<EndpointSlice>>,
-) -> HashMap<(String, String), Vec<Arc<EndpointSlice>>> {
-    let mut by_service: HashMap<(String, String), Vec<Arc<EndpointSlice>>> = HashMap::new();
-    for slice in slices {
-        let service = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            .cloned();
-        if let Some(service) = service {
-            let namespace = slice.metadata.namespace.clone().unwrap_or_default();
-            by_service
-                .entry((namespace, service))
-                .or_default()
-                .push(slice);
-        }
-    }
-    by_service
 }
 
 #[cfg(test)]

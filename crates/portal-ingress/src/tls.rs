@@ -16,7 +16,7 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::routes::TlsHost;
+use crate::backends::TlsHost;
 
 /// A Secret's resourceVersion and its certificate (none: unusable).
 type Parsed = (String, Option<Arc<CertifiedKey>>);

@@ -26,7 +26,7 @@ use super::routes::{
     ValueTest, Weighted,
 };
 use super::CONTROLLER;
-use crate::routes::{Backends, TlsHost};
+use crate::backends::{Backends, TlsHost};
 
 type Key = (String, String);
 
@@ -831,7 +831,7 @@ fn action_of(
 fn apply_filter(
     filter: &Filter,
     action: &mut Action,
-    backend_of: &mut dyn FnMut(&super::objects::ObjectRef) -> Option<Arc<crate::routes::Backend>>,
+    backend_of: &mut dyn FnMut(&super::objects::ObjectRef) -> Option<Arc<crate::backends::Backend>>,
 ) {
     match filter.kind.as_str() {
         "RequestHeaderModifier" => {

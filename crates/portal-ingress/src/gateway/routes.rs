@@ -20,7 +20,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Method;
 use regex::Regex;
 
-use crate::routes::Backend;
+use crate::backends::Backend;
 
 /// How a path is matched.
 #[derive(Debug)]

@@ -8,7 +8,7 @@ use serde_json::json;
 use super::compile::{compile, intersect, Objects, Sockets};
 use super::objects::{duration, Gateway, GatewayClass, HttpRoute};
 use super::routes::{PathChange, Request};
-use crate::routes::Backends;
+use crate::backends::Backends;
 
 type Map<T> = HashMap<(String, String), Arc<T>>;
 

@@ -1,6 +1,11 @@
 use serde_json::json;
 
 use super::*;
+use crate::backends::slices_by_service;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use portal_client::labels::SERVICE_NAME as SERVICE_NAME_LABEL;
+use std::net::SocketAddr;
 
 fn ingress(name: &str, created: &str, spec: serde_json::Value) -> Arc<Ingress> {
     Arc::new(

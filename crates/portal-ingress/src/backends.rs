@@ -10,26 +10,48 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use http::uri::Authority;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use portal_client::labels::SERVICE_NAME as SERVICE_NAME_LABEL;
 
+use crate::metrics::Label;
+
 /// Where matching requests go: a Service port's ready endpoints.
 #[derive(Debug)]
 pub(crate) struct Backend {
     /// `namespace/name:port` (metrics and logs).
-    pub(crate) name: String,
+    pub(crate) name: Label,
     pub(crate) endpoints: Vec<SocketAddr>,
+    /// Each endpoint as a URI authority, made once (cheap to clone).
+    authorities: Vec<Authority>,
     next: AtomicUsize,
 }
 
 impl Backend {
-    /// The endpoints in round-robin order, starting at the next one.
-    pub(crate) fn rotation(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+    fn new(name: String, endpoints: Vec<SocketAddr>, start: usize) -> Self {
+        let authorities = endpoints
+            .iter()
+            .filter_map(|e| Authority::try_from(e.to_string()).ok())
+            .collect();
+        Backend {
+            name: Arc::new(name),
+            endpoints,
+            authorities,
+            next: AtomicUsize::new(start),
+        }
+    }
+
+    /// The endpoints in round-robin order, starting at the next one,
+    /// each with its URI authority.
+    pub(crate) fn rotation(&self) -> impl Iterator<Item = (SocketAddr, &Authority)> + '_ {
         let n = self.endpoints.len().max(1);
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        (0..self.endpoints.len()).map(move |i| self.endpoints[(start + i) % n])
+        (0..self.authorities.len()).map(move |i| {
+            let at = (start + i) % n;
+            (self.endpoints[at], &self.authorities[at])
+        })
     }
 }
 
@@ -76,11 +98,8 @@ impl<'a> Backends<'a> {
                 // A random start: frequent rebuilds do not lean on the
                 // first endpoint.
                 let start = RandomState::new().hash_one(&key) as usize;
-                Arc::new(Backend {
-                    endpoints: endpoints(namespace, service, port, services, slices),
-                    name: key,
-                    next: AtomicUsize::new(start),
-                })
+                let endpoints = endpoints(namespace, service, port, services, slices);
+                Arc::new(Backend::new(key, endpoints, start))
             })
             .clone()
     }

@@ -29,7 +29,7 @@ use crate::backends::{slices_by_service, Backends};
 use crate::gateway::compile::{compile, Desired, Objects, Sockets};
 use crate::gateway::objects::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
 use crate::gateway::status::to_write;
-use crate::proxy::Proxy;
+use crate::proxy::Routing;
 use crate::routes::Table;
 use crate::tls::Certificates;
 use crate::CONTROLLER;
@@ -173,7 +173,7 @@ pub(crate) struct Serving {
 /// status differs to `gateway::status::write`.
 pub(crate) async fn rebuild(
     feed: Arc<Feed>,
-    proxy: Arc<Proxy>,
+    routing: Arc<Routing>,
     certificates: Arc<Certificates>,
     serving: Serving,
     status: watch::Sender<Vec<Key>>,
@@ -256,9 +256,9 @@ pub(crate) async fn rebuild(
                 .get(&(namespace.to_owned(), name.to_owned()))
                 .cloned()
         });
-        proxy.metrics.routes.set(table.len() as i64);
-        proxy.metrics.updates.inc();
-        *proxy.table.write() = Arc::new(table);
+        routing.metrics.routes.set(table.len() as i64);
+        routing.metrics.updates.inc();
+        *routing.table.write() = Arc::new(table);
         if !advertised.is_empty() {
             status.send_replace(stale);
         }

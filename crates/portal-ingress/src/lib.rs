@@ -59,6 +59,11 @@ pub enum Error {
     },
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("cannot start serving on {addr}: {source}")]
+    Serve {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Where the proxy listens and what it says its address is.
@@ -95,7 +100,7 @@ pub async fn start(
     let http = bind(config.http).await?;
     let https = bind(config.https).await?;
     let metrics = Arc::new(Metrics::new());
-    let proxy = Arc::new(proxy::Proxy::new(metrics.clone()));
+    let routing = Arc::new(proxy::Routing::new(metrics.clone()));
     let certificates = Arc::new(tls::Certificates::new().map_err(Error::Tls)?);
     let feed = feed::Feed::new();
     let tasks = portal_client::Supervisor::new();
@@ -154,7 +159,7 @@ pub async fn start(
         "ingress table",
         feed::rebuild(
             feed.clone(),
-            proxy.clone(),
+            routing.clone(),
             certificates.clone(),
             serving,
             status,
@@ -171,22 +176,27 @@ pub async fn start(
     );
 
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut http_addr = None;
     if let Some(listener) = http {
         http_addr = listener.local_addr().ok();
-        tasks.critical(
-            "ingress http",
-            serve(listener, proxy.clone(), None, connections.clone()),
-        );
+        let each = Serving {
+            routing: routing.clone(),
+            tls: None,
+            connections: connections.clone(),
+        };
+        serve_on_threads("ingress http", listener, each, workers, &tasks)?;
     }
     let mut https_addr = None;
     if let Some(listener) = https {
         https_addr = listener.local_addr().ok();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls::server_config(certificates)));
-        tasks.critical(
-            "ingress https",
-            serve(listener, proxy, Some(acceptor), connections),
-        );
+        let each = Serving {
+            routing,
+            tls: Some(acceptor),
+            connections,
+        };
+        serve_on_threads("ingress https", listener, each, workers, &tasks)?;
     }
     let shown =
         |addr: Option<SocketAddr>| addr.map_or_else(|| "none".to_owned(), |a| a.to_string());
@@ -234,6 +244,66 @@ async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, Error> {
     }
 }
 
+/// What every serving thread of one socket is given.
+#[derive(Clone)]
+struct Serving {
+    routing: Arc<proxy::Routing>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    connections: Arc<Semaphore>,
+}
+
+/// Serves a socket on `workers` threads, each with a single-threaded
+/// runtime of its own accepting from the same socket (as nginx's workers
+/// do): a client connection, its requests and their backend connections
+/// stay on one thread. A thread that ends fails the supervisor's task.
+fn serve_on_threads(
+    name: &'static str,
+    listener: TcpListener,
+    serving: Serving,
+    workers: usize,
+    tasks: &portal_client::Supervisor,
+) -> Result<(), Error> {
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let failed = |source| Error::Serve { addr, source };
+    let listener = listener.into_std().map_err(failed)?;
+    for worker in 0..workers {
+        let listener = listener.try_clone().map_err(failed)?;
+        let serving = serving.clone();
+        let (alive, ended) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("{name} {worker}"))
+            .spawn(move || {
+                let _alive = alive;
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        tracing::error!(%error, "cannot start a serving thread's runtime");
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            let proxy = Arc::new(proxy::Proxy::new(serving.routing));
+                            serve(listener, proxy, serving.tls, serving.connections).await;
+                        }
+                        Err(error) => tracing::error!(%error, "cannot serve the socket"),
+                    }
+                });
+            })
+            .map_err(failed)?;
+        tasks.critical(name, async move {
+            let _ = ended.await;
+        });
+    }
+    Ok(())
+}
+
 /// Accepts connections for ever, each served on its own task.
 async fn serve(
     listener: TcpListener,
@@ -261,7 +331,9 @@ async fn serve(
         tokio::spawn(async move {
             let _permit = permit;
             let secure = tls.is_some();
-            let service = service_fn(move |request| proxy.clone().serve(request, peer, secure));
+            let client = proxy::Peer::new(peer);
+            let service =
+                service_fn(move |request| proxy.clone().serve(request, client.clone(), secure));
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()

@@ -9,16 +9,22 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// A label value made once per route or backend and shared by its
+/// requests (no allocation per request).
+pub(crate) type Label = std::sync::Arc<String>;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
-    pub(crate) ingress: String,
-    pub(crate) backend: String,
+    /// `namespace/name` of an Ingress, `httproute/namespace/name` of an
+    /// HTTPRoute.
+    pub(crate) ingress: Label,
+    pub(crate) backend: Label,
     pub(crate) code: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RouteLabels {
-    pub(crate) ingress: String,
+    pub(crate) ingress: Label,
 }
 
 #[derive(Debug)]
@@ -42,12 +48,12 @@ impl Metrics {
         let (retries, routes, updates) = (Counter::default(), Gauge::default(), Counter::default());
         registry.register(
             "portal_ingress_requests",
-            "Requests the layer-7 proxy answered, by Ingress, backend and status code",
+            "Requests the layer-7 proxy answered, by Ingress (or httproute/namespace/name), backend and status code",
             requests.clone(),
         );
         registry.register(
             "portal_ingress_request_duration_seconds",
-            "Time from a request's arrival to its response's headers, by Ingress",
+            "Time from a request's arrival to its response's headers, by Ingress (or httproute/namespace/name)",
             latency.clone(),
         );
         registry.register(

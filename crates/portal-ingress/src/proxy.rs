@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, Limited};
@@ -28,7 +29,7 @@ use parking_lot::RwLock;
 
 use crate::backends::Backend;
 use crate::gateway::routes::{Entry, RedirectTo, Request as RouteRequest};
-use crate::metrics::{Metrics, RequestLabels, RouteLabels};
+use crate::metrics::{Label, Metrics, RequestLabels, RouteLabels};
 use crate::routes::{Found, Table};
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
@@ -53,16 +54,50 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::TRANSFER_ENCODING,
 ];
 
-/// What every connection's requests share.
+/// A client connection's address, and its IP as a header value (made
+/// once per connection for the forwarding headers).
+#[derive(Clone, Debug)]
+pub(crate) struct Peer {
+    pub(crate) addr: SocketAddr,
+    ip: HeaderValue,
+}
+
+impl Peer {
+    pub(crate) fn new(addr: SocketAddr) -> Self {
+        let ip = HeaderValue::from_str(&addr.ip().to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Peer { addr, ip }
+    }
+}
+
+/// What every serving thread shares: the routing table and the metrics.
 #[derive(Debug)]
-pub(crate) struct Proxy {
+pub(crate) struct Routing {
     pub(crate) table: RwLock<Arc<Table>>,
-    client: Client<HttpConnector, Body>,
     pub(crate) metrics: Arc<Metrics>,
 }
 
-impl Proxy {
+impl Routing {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
+        Routing {
+            table: RwLock::new(Arc::new(Table::default())),
+            metrics,
+        }
+    }
+}
+
+/// What one serving thread's connections share: the routing, and a pool
+/// of backend connections of the thread's own (a request and its backend
+/// connection are served on one thread, with no wake-ups across threads).
+#[derive(Debug)]
+pub(crate) struct Proxy {
+    routing: Arc<Routing>,
+    client: Client<HttpConnector, Body>,
+    metrics: Arc<Metrics>,
+}
+
+impl Proxy {
+    pub(crate) fn new(routing: Arc<Routing>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
@@ -70,9 +105,9 @@ impl Proxy {
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
         Proxy {
-            table: RwLock::new(Arc::new(Table::default())),
+            metrics: routing.metrics.clone(),
+            routing,
             client,
-            metrics,
         }
     }
 
@@ -80,57 +115,59 @@ impl Proxy {
     pub(crate) async fn serve(
         self: Arc<Self>,
         request: Request<Incoming>,
-        peer: SocketAddr,
+        peer: Peer,
         tls: bool,
     ) -> Result<Response<Body>, hyper::Error> {
         let started = Instant::now();
         let authority = authority_of(&request);
-        let host = strip_port(&authority)
-            .trim_end_matches('.')
-            .to_ascii_lowercase();
-        let path = request.uri().path().to_owned();
+        let bare = strip_port(&authority).trim_end_matches('.');
+        // Most clients send lower case already: no copy then.
+        let host: std::borrow::Cow<'_, str> = if bare.bytes().any(|b| b.is_ascii_uppercase()) {
+            bare.to_ascii_lowercase().into()
+        } else {
+            bare.into()
+        };
+        // A clone of the URI shares its bytes (no copy of the path).
+        let uri = request.uri().clone();
+        let path = uri.path();
         let method = request.method().clone();
-        let table = self.table.read().clone();
+        let table = self.routing.table.read().clone();
         let found = if method == Method::CONNECT {
             None
         } else {
             let view = RouteRequest {
                 method: &method,
-                path: &path,
+                path,
                 query: request.uri().query(),
                 headers: request.headers(),
             };
             Some(match table.find_route(tls, &host, &view) {
                 Some(entry) => Found::Gateway(entry),
-                None => table.find(&host, &path),
+                None => table.find(&host, path),
             })
         };
         let (ingress, backend, response) = match found {
             None => (
-                String::new(),
-                String::new(),
+                none(),
+                none(),
                 plain(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not proxied"),
             ),
             Some(Found::Nothing) => (
-                String::new(),
-                String::new(),
+                none(),
+                none(),
                 plain(StatusCode::NOT_FOUND, "default backend - 404"),
             ),
             Some(Found::Route(route)) => {
                 let response = self
-                    .forward(request, &route.backend, peer, tls, &authority, &[], None)
+                    .forward(request, &route.backend, &peer, tls, &authority, &[], None)
                     .await;
                 (route.ingress.clone(), route.backend.name.clone(), response)
             }
             Some(Found::Gateway(entry)) => {
                 let (backend, response) = self
-                    .follow_route(request, entry, peer, tls, &authority, &host)
+                    .follow_route(request, entry, &peer, tls, &authority, &host)
                     .await;
-                (
-                    format!("httproute/{}", entry.action.route),
-                    backend,
-                    response,
-                )
+                (entry.action.route.clone(), backend, response)
             }
         };
         let code = response.status().as_u16();
@@ -149,10 +186,11 @@ impl Proxy {
                 ingress: ingress.clone(),
             })
             .observe(elapsed.as_secs_f64());
+        let host = &*host;
         // The access log: `RUST_LOG=portal_ingress::access=debug`.
         tracing::debug!(
             target: "portal_ingress::access",
-            client = %peer, %method, %host, %path, code, %ingress, %backend,
+            client = %peer.addr, %method, %host, %path, code, %ingress, %backend,
             ms = elapsed.as_secs_f64() * 1000.0,
         );
         Ok(response)
@@ -163,22 +201,19 @@ impl Proxy {
         &self,
         mut request: Request<Incoming>,
         entry: &Entry,
-        peer: SocketAddr,
+        peer: &Peer,
         tls: bool,
         authority: &str,
         host: &str,
-    ) -> (String, Response<Body>) {
+    ) -> (Label, Response<Body>) {
         let action = &entry.action;
         if action.unsupported {
             let text = "the route's rule uses a filter Portal does not implement";
-            return (
-                String::new(),
-                plain(StatusCode::INTERNAL_SERVER_ERROR, text),
-            );
+            return (none(), plain(StatusCode::INTERNAL_SERVER_ERROR, text));
         }
         if let Some(redirect) = &action.redirect {
             return (
-                String::new(),
+                none(),
                 redirect_to(redirect, &request, entry, tls, authority, host),
             );
         }
@@ -202,17 +237,14 @@ impl Proxy {
                 match target.parse::<Uri>() {
                     Ok(uri) => *request.uri_mut() = uri,
                     Err(_) => {
-                        return (
-                            String::new(),
-                            plain(StatusCode::BAD_REQUEST, "bad rewritten path"),
-                        )
+                        return (none(), plain(StatusCode::BAD_REQUEST, "bad rewritten path"))
                     }
                 }
             }
         }
         let Some(choice) = action.pick() else {
             return (
-                String::new(),
+                none(),
                 plain(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "the route's rule has no backend",
@@ -221,7 +253,7 @@ impl Proxy {
         };
         let Some(backend) = &choice.backend else {
             return (
-                String::new(),
+                none(),
                 plain(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "the route's backend reference does not resolve",
@@ -260,7 +292,7 @@ impl Proxy {
         &self,
         mut request: Request<Incoming>,
         backend: &Backend,
-        peer: SocketAddr,
+        peer: &Peer,
         tls: bool,
         host: &str,
         mirrors: &[Arc<Backend>],
@@ -271,9 +303,11 @@ impl Proxy {
         }
         let upgrade = wants_upgrade(request.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-        let (parts, body) = request.into_parts();
-        let headers = forwarded_headers(&parts.headers, peer, tls, host, upgrade);
-        let (replayable, mut streamed) = match body_size(&parts.method, &parts.headers) {
+        let (mut parts, body) = request.into_parts();
+        let size = body_size(&parts.method, &parts.headers);
+        let mut headers =
+            forwarded_headers(std::mem::take(&mut parts.headers), peer, tls, host, upgrade);
+        let (replayable, mut streamed) = match size {
             Some(size) if size <= REPLAYABLE_BODY => {
                 let collected = tokio::time::timeout(
                     BODY_TIMEOUT,
@@ -290,15 +324,16 @@ impl Proxy {
         let path = parts
             .uri
             .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         if let Some(body) = &replayable {
             for mirror in mirrors {
                 self.mirror(mirror, &parts.method, &path, &headers, body.clone());
             }
         }
         let mut last_error = None;
-        for endpoint in backend.rotation() {
+        let attempts = backend.endpoints.len();
+        for (attempt, (endpoint, authority)) in backend.rotation().enumerate() {
             let body = match (&replayable, streamed.take()) {
                 (Some(bytes), _) => Full::new(bytes.clone())
                     .map_err(|never| match never {})
@@ -307,19 +342,19 @@ impl Proxy {
                 // A streamed body went to an endpoint already.
                 (None, None) => break,
             };
-            let Ok(uri) = Uri::builder()
-                .scheme("http")
-                .authority(endpoint.to_string())
-                .path_and_query(path.as_str())
-                .build()
-            else {
+            let Some(uri) = backend_uri(authority, &path) else {
                 return plain(StatusCode::BAD_REQUEST, "bad request path");
             };
             let mut outgoing = Request::new(body);
             *outgoing.method_mut() = parts.method.clone();
             *outgoing.uri_mut() = uri;
             *outgoing.version_mut() = Version::HTTP_11;
-            *outgoing.headers_mut() = headers.clone();
+            // The last attempt (or the only one) takes the headers.
+            *outgoing.headers_mut() = if attempt + 1 >= attempts || replayable.is_none() {
+                std::mem::take(&mut headers)
+            } else {
+                headers.clone()
+            };
             let sent = match attempt_timeout {
                 Some(limit) => {
                     match tokio::time::timeout(limit, self.client.request(outgoing)).await {
@@ -384,18 +419,14 @@ impl Proxy {
         &self,
         backend: &Backend,
         method: &Method,
-        path: &str,
+        path: &PathAndQuery,
         headers: &HeaderMap,
         body: Bytes,
     ) {
-        let Some(endpoint) = backend.rotation().next() else {
-            return;
-        };
-        let Ok(uri) = Uri::builder()
-            .scheme("http")
-            .authority(endpoint.to_string())
-            .path_and_query(path)
-            .build()
+        let Some(uri) = backend
+            .rotation()
+            .next()
+            .and_then(|(_, authority)| backend_uri(authority, path))
         else {
             return;
         };
@@ -470,6 +501,21 @@ fn redirect_to(
         response.headers_mut().insert(header::LOCATION, value);
     }
     response
+}
+
+/// `http://<endpoint><path>`, from parts made before (no copies).
+fn backend_uri(authority: &Authority, path: &PathAndQuery) -> Option<Uri> {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(authority.clone());
+    parts.path_and_query = Some(path.clone());
+    Uri::from_parts(parts).ok()
+}
+
+/// The label of a request no route took.
+fn none() -> Label {
+    static NONE: std::sync::LazyLock<Label> = std::sync::LazyLock::new(Label::default);
+    NONE.clone()
 }
 
 /// Copies both ways between an upgraded client and backend connection.
@@ -562,33 +608,21 @@ fn body_size(method: &Method, headers: &HeaderMap) -> Option<u64> {
 
 /// The headers sent on: the client's without hop-by-hop ones (an upgrade
 /// keeps `Connection: upgrade` and `Upgrade`), with `Host` and the
-/// `X-Forwarded-*` headers.
+/// `X-Forwarded-*` headers; changed in place.
 fn forwarded_headers(
-    incoming: &HeaderMap,
-    peer: SocketAddr,
+    mut headers: HeaderMap,
+    peer: &Peer,
     tls: bool,
     host: &str,
     upgrade: bool,
 ) -> HeaderMap {
-    let mut headers = incoming.clone();
-    strip_hop_by_hop(&mut headers);
-    if upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        if let Some(protocol) = incoming.get(header::UPGRADE) {
-            headers.insert(header::UPGRADE, protocol.clone());
-        }
-    } else {
-        headers.remove(header::UPGRADE);
-    }
-    if !headers.contains_key(header::HOST) {
-        if let Ok(value) = HeaderValue::from_str(host) {
-            headers.insert(header::HOST, value);
-        }
-    }
+    let protocol = upgrade
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten();
     // HTTP/2 sends each cookie as a field of its own; HTTP/1.1 wants one
     // `Cookie` header, joined with "; " (RFC 9113 section 8.2.3).
-    if headers.get_all(header::COOKIE).iter().count() > 1 {
-        let joined: Vec<&str> = incoming
+    if headers.get_all(header::COOKIE).iter().nth(1).is_some() {
+        let joined: Vec<&str> = headers
             .get_all(header::COOKIE)
             .iter()
             .filter_map(|v| v.to_str().ok())
@@ -597,24 +631,29 @@ fn forwarded_headers(
             headers.insert(header::COOKIE, value);
         }
     }
-    let client = peer.ip().to_string();
-    let forwarded_for = match incoming
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok())
-    {
-        Some(earlier) => format!("{earlier}, {client}"),
-        None => client.clone(),
-    };
-    for (name, value) in [
-        ("x-forwarded-for", forwarded_for.as_str()),
-        ("x-real-ip", client.as_str()),
-        ("x-forwarded-proto", if tls { "https" } else { "http" }),
-        ("x-forwarded-host", host),
-    ] {
-        if let Ok(value) = HeaderValue::from_str(value) {
-            headers.insert(HeaderName::from_static(name), value);
+    strip_hop_by_hop(&mut headers);
+    if let Some(protocol) = protocol {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol);
+    }
+    if !headers.contains_key(header::HOST) {
+        if let Ok(value) = HeaderValue::from_str(host) {
+            headers.insert(header::HOST, value);
         }
     }
+    let forwarded_for = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(earlier) => HeaderValue::from_str(&format!("{earlier}, {}", peer.addr.ip())).ok(),
+        None => Some(peer.ip.clone()),
+    };
+    if let Some(value) = forwarded_for {
+        headers.insert(HeaderName::from_static("x-forwarded-for"), value);
+    }
+    headers.insert(HeaderName::from_static("x-real-ip"), peer.ip.clone());
+    if let Ok(value) = HeaderValue::from_str(host) {
+        headers.insert(HeaderName::from_static("x-forwarded-host"), value);
+    }
+    let proto = HeaderValue::from_static(if tls { "https" } else { "http" });
+    headers.insert(HeaderName::from_static("x-forwarded-proto"), proto);
     headers
 }
 
@@ -672,8 +711,8 @@ mod tests {
         );
         incoming.insert("x-secret", HeaderValue::from_static("1"));
         incoming.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.1"));
-        let peer: SocketAddr = "10.0.0.5:4000".parse().unwrap();
-        let sent = forwarded_headers(&incoming, peer, true, "a.test", false);
+        let peer = &Peer::new("10.0.0.5:4000".parse().unwrap());
+        let sent = forwarded_headers(incoming.clone(), peer, true, "a.test", false);
         assert!(sent.get(header::CONNECTION).is_none() && sent.get("x-secret").is_none());
         assert_eq!(sent["x-forwarded-for"], "192.0.2.1, 10.0.0.5");
         assert_eq!(sent["x-forwarded-proto"], "https");
@@ -685,13 +724,13 @@ mod tests {
         let mut cookies = HeaderMap::new();
         cookies.append(header::COOKIE, HeaderValue::from_static("a=1"));
         cookies.append(header::COOKIE, HeaderValue::from_static("b=2"));
-        let sent = forwarded_headers(&cookies, peer, false, "a.test:8080", false);
+        let sent = forwarded_headers(cookies.clone(), peer, false, "a.test:8080", false);
         assert_eq!(
             sent.get_all(header::COOKIE).iter().collect::<Vec<_>>(),
             ["a=1; b=2"]
         );
         assert_eq!(sent[header::HOST], "a.test:8080");
-        let sent = forwarded_headers(&ws, peer, false, "a.test", true);
+        let sent = forwarded_headers(ws.clone(), peer, false, "a.test", true);
         assert_eq!(sent[header::UPGRADE], "websocket");
         assert_eq!(sent[header::HOST], "a.test");
     }

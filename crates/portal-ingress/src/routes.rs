@@ -23,6 +23,7 @@ use portal_client::labels::INGRESS_CLASS;
 
 use crate::backends::{Backend, Backends, TlsHost};
 use crate::gateway::routes::{prefix_matches, Entry, HostRoutes, Request as RouteRequest};
+use crate::metrics::Label;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Match {
@@ -33,7 +34,7 @@ enum Match {
 #[derive(Debug)]
 pub(crate) struct Route {
     /// `namespace/ingress` that made it (metrics and logs).
-    pub(crate) ingress: String,
+    pub(crate) ingress: Label,
     kind: Match,
     path: String,
     pub(crate) backend: Arc<Backend>,
@@ -107,14 +108,14 @@ pub(crate) enum Found<'a> {
 }
 
 impl Table {
-    /// The route for a request's host (port removed, any case) and path.
+    /// The route for a request's host (port removed, lower case) and path.
     pub(crate) fn find(&self, host: &str, path: &str) -> Found<'_> {
-        let host = host.to_ascii_lowercase();
-        let routes = self.hosts.get(&host).or_else(|| {
-            let suffix = host.split_once('.').map(|(_, rest)| format!(".{rest}"))?;
+        let routes = self.hosts.get(host).or_else(|| {
+            // `.example.test` of `a.example.test`.
+            let suffix = &host[host.find('.')?..];
             self.wildcards
                 .iter()
-                .find(|(w, _)| *w == suffix)
+                .find(|(w, _)| w == suffix)
                 .map(|(_, r)| r)
         });
         let route = match routes {
@@ -181,7 +182,7 @@ impl Table {
         for ingress in ours {
             let namespace = ingress.metadata.namespace.clone().unwrap_or_default();
             let name = ingress.metadata.name.clone().unwrap_or_default();
-            let label = format!("{namespace}/{name}");
+            let label: Label = Arc::new(format!("{namespace}/{name}"));
             table.ingresses.push((namespace.clone(), name));
             let Some(spec) = &ingress.spec else { continue };
             let mut backend_of = |b: &IngressBackend| {

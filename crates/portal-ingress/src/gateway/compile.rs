@@ -783,7 +783,7 @@ fn action_of(
 ) -> Action {
     let _ = objects;
     let mut action = Action {
-        route: label.to_owned(),
+        route: Arc::new(format!("httproute/{label}")),
         timeout: rule
             .timeouts
             .as_ref()

@@ -21,6 +21,7 @@ use http::Method;
 use regex::Regex;
 
 use crate::backends::Backend;
+use crate::metrics::Label;
 
 /// How a path is matched.
 #[derive(Debug)]
@@ -211,8 +212,8 @@ pub(crate) struct Weighted {
 /// What a rule does with the requests it matches.
 #[derive(Debug, Default)]
 pub(crate) struct Action {
-    /// `namespace/name` of the HTTPRoute (metrics and logs).
-    pub(crate) route: String,
+    /// `httproute/namespace/name` (metrics and logs).
+    pub(crate) route: Label,
     pub(crate) request_headers: Option<HeaderEdit>,
     pub(crate) response_headers: Option<HeaderEdit>,
     pub(crate) redirect: Option<RedirectTo>,

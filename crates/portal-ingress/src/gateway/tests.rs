@@ -59,7 +59,7 @@ fn backend_of(found: Option<&super::routes::Entry>) -> Option<String> {
         .first()?
         .backend
         .as_ref()
-        .map(|b| b.name.clone())
+        .map(|b| b.name.to_string())
 }
 
 #[test]

@@ -79,9 +79,10 @@ fn table(ingresses: &[Arc<Ingress>]) -> Table {
     )
 }
 
+/// As the proxy asks: the host in lower case.
 fn backend(table: &Table, host: &str, path: &str) -> Option<String> {
-    match table.find(host, path) {
-        Found::Route(route) => Some(route.backend.name.clone()),
+    match table.find(&host.to_ascii_lowercase(), path) {
+        Found::Route(route) => Some(route.backend.name.to_string()),
         Found::Nothing | Found::Gateway(_) => None,
     }
 }
@@ -162,8 +163,8 @@ fn only_ready_endpoints_of_the_named_port() {
         .map(ToString::to_string)
         .collect();
     assert_eq!(endpoints, ["10.0.0.1:8080", "10.0.0.2:8080"]);
-    let first: Vec<SocketAddr> = route.backend.rotation().collect();
-    let second: Vec<SocketAddr> = route.backend.rotation().collect();
+    let first: Vec<SocketAddr> = route.backend.rotation().map(|(e, _)| e).collect();
+    let second: Vec<SocketAddr> = route.backend.rotation().map(|(e, _)| e).collect();
     assert_eq!(first.len(), 2);
     assert_ne!(first[0], second[0], "round robin");
 }

@@ -226,7 +226,7 @@ def test_tls_by_sni_and_a_rotated_secret_without_restart(bed, tmp_path):
     assert "certificate" in err.lower() or "SSL" in err, err
 
 
-def test_upgrades_pass_through_and_refused_endpoints_are_skipped(bed):
+def test_upgrades_pass_through_and_refused_endpoints_are_left_out(bed):
     apply(bed, routing(bed))
     served(bed, "routes")
     with socket.create_connection(("127.0.0.1", bed.http_port), timeout=10) as conn:
@@ -243,14 +243,25 @@ def test_upgrades_pass_through_and_refused_endpoints_are_skipped(bed):
 
     # A second endpoint of `a` that refuses connections: the same port on
     # 127.0.0.2, where nothing listens (the backend is bound to 127.0.0.1).
+    def counter(name):
+        found = re.search(rf"{name}_total (\d+)", kubectl(bed, "get", "--raw", "/metrics").stdout)
+        return int(found.group(1)) if found else 0
+
+    retried, ejected = counter("portal_ingress_connect_retries"), counter("portal_ingress_endpoint_ejections")
     body = slice_of("a", [("127.0.0.1", bed.backends["a"].port)])
     body["endpoints"].append({"addresses": ["127.0.0.2"], "conditions": {"ready": True}})
     apply(bed, body)
+    # Requests until one meets the refusing endpoint (the new slice is in
+    # the table): retried on the other endpoint, answered.
+    wait_for(lambda: curl(bed, "/retry", host="a.example.test")[0] == 200
+             and counter("portal_ingress_connect_retries") > retried, "a request to meet the refusing endpoint")
+    after = counter("portal_ingress_connect_retries")
+    # The refusing endpoint is left out: no later request tries it (round
+    # robin alone would send every second one there first).
     codes = [curl(bed, f"/retry/{i}", host="a.example.test")[0] for i in range(12)]
     assert codes == [200] * 12, codes
-    metrics = kubectl(bed, "get", "--raw", "/metrics").stdout
-    retries = re.search(r"portal_ingress_connect_retries_total (\d+)", metrics)
-    assert retries and int(retries.group(1)) > 0, "some requests went to the refusing endpoint first"
+    assert counter("portal_ingress_connect_retries") == after
+    assert counter("portal_ingress_endpoint_ejections") - ejected == 1
 
 
 def test_validation_defaults_and_kubectl_create(bed):
@@ -274,3 +285,17 @@ def test_validation_defaults_and_kubectl_create(bed):
          "metadata": {"name": "old-style", "namespace": "default", "annotations": {"kubernetes.io/ingress.class": "portal"}},
          "spec": {"defaultBackend": {"service": {"name": "a", "port": {"number": 80}}}}}))
     assert "annotation \"kubernetes.io/ingress.class\" is deprecated" in deprecated.stderr, deprecated.stderr
+
+
+def test_kubectl_describe_shows_rules_tls_and_address(bed):
+    kubectl(bed, "create", "ingress", "described", "--rule=d.example.test/*=a:80",
+            "--rule=e.example.test/api*=b:80,tls=described-tls")
+    served(bed, "described")
+    out = kubectl(bed, "describe", "ingress", "described").stdout
+    assert re.search(r"^Address:\s+127\.0\.0\.1$", out, re.M), out
+    assert re.search(r"^Ingress Class:\s+portal$", out, re.M), out
+    assert re.search(r"described-tls terminates e\.example\.test", out), out
+    # Rules, each path with its backend Service and port (the selector-less
+    # Services here have no Endpoints object, as kubectl then says).
+    assert re.search(r"d\.example\.test\s*\n\s+/\s+a:80 ", out), out
+    assert re.search(r"e\.example\.test\s*\n\s+/api\s+b:80 ", out), out

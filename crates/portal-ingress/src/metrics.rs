@@ -33,6 +33,7 @@ pub struct Metrics {
     pub(crate) requests: Family<RequestLabels, Counter>,
     pub(crate) latency: Family<RouteLabels, Histogram>,
     pub(crate) retries: Counter,
+    pub(crate) ejections: Counter,
     pub(crate) routes: Gauge,
     pub(crate) updates: Counter,
 }
@@ -46,6 +47,7 @@ impl Metrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 16))
         });
         let (retries, routes, updates) = (Counter::default(), Gauge::default(), Counter::default());
+        let ejections = Counter::default();
         registry.register(
             "portal_ingress_requests",
             "Requests the layer-7 proxy answered, by Ingress (or httproute/namespace/name), backend and status code",
@@ -62,6 +64,11 @@ impl Metrics {
             retries.clone(),
         );
         registry.register(
+            "portal_ingress_endpoint_ejections",
+            "Endpoints left out for a while after a connection to them failed",
+            ejections.clone(),
+        );
+        registry.register(
             "portal_ingress_routes",
             "Routes in the routing table",
             routes.clone(),
@@ -76,6 +83,7 @@ impl Metrics {
             requests,
             latency,
             retries,
+            ejections,
             routes,
             updates,
         }

@@ -11,7 +11,9 @@
 //! (redirects, header changes, rewrites, mirrors), a backend chosen by
 //! weight, and its timeouts; otherwise the Ingress rules apply.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,10 +72,12 @@ impl Peer {
     }
 }
 
-/// What every serving thread shares: the routing table and the metrics.
+/// What every serving thread shares: the routing table, the endpoints
+/// ejected for failing, and the metrics.
 #[derive(Debug)]
 pub(crate) struct Routing {
     pub(crate) table: RwLock<Arc<Table>>,
+    health: Health,
     pub(crate) metrics: Arc<Metrics>,
 }
 
@@ -81,7 +85,53 @@ impl Routing {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
         Routing {
             table: RwLock::new(Arc::new(Table::default())),
+            health: Health::default(),
             metrics,
+        }
+    }
+}
+
+/// How long an endpoint that refused a connection (or did not answer
+/// it in time) is left out.
+const EJECTION: Duration = Duration::from_secs(10);
+
+/// Passive health: endpoints whose connection failed are skipped for a
+/// while (tried again when every endpoint of a backend is out, or when
+/// the time is up). Outlasts table rebuilds, which happen at any change.
+#[derive(Debug, Default)]
+struct Health {
+    ejected: RwLock<HashMap<SocketAddr, Instant>>,
+    /// How many are ejected: the common case (none) takes no lock.
+    count: AtomicUsize,
+}
+
+impl Health {
+    fn is_ejected(&self, endpoint: SocketAddr) -> bool {
+        self.count.load(Ordering::Relaxed) > 0
+            && self
+                .ejected
+                .read()
+                .get(&endpoint)
+                .is_some_and(|until| *until > Instant::now())
+    }
+
+    /// Leaves an endpoint out; says whether it was in.
+    fn eject(&self, endpoint: SocketAddr) -> bool {
+        let now = Instant::now();
+        let mut ejected = self.ejected.write();
+        ejected.retain(|_, until| *until > now);
+        let fresh = ejected.insert(endpoint, now + EJECTION).is_none();
+        self.count.store(ejected.len(), Ordering::Relaxed);
+        fresh
+    }
+
+    /// Takes an endpoint back (it answered).
+    fn restore(&self, endpoint: SocketAddr) {
+        if self.count.load(Ordering::Relaxed) > 0 {
+            let mut ejected = self.ejected.write();
+            if ejected.remove(&endpoint).is_some() {
+                self.count.store(ejected.len(), Ordering::Relaxed);
+            }
         }
     }
 }
@@ -333,7 +383,13 @@ impl Proxy {
         }
         let mut last_error = None;
         let attempts = backend.endpoints.len();
+        let health = &self.routing.health;
+        // When every endpoint is out, all are tried (better than none).
+        let skip_ejected = backend.endpoints.iter().any(|e| !health.is_ejected(*e));
         for (attempt, (endpoint, authority)) in backend.rotation().enumerate() {
+            if skip_ejected && health.is_ejected(endpoint) {
+                continue;
+            }
             let body = match (&replayable, streamed.take()) {
                 (Some(bytes), _) => Full::new(bytes.clone())
                     .map_err(|never| match never {})
@@ -368,6 +424,7 @@ impl Proxy {
             };
             match sent {
                 Ok(mut response) => {
+                    health.restore(endpoint);
                     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                         if let Some(client_side) = client_upgrade {
                             let backend_side = hyper::upgrade::on(&mut response);
@@ -383,6 +440,9 @@ impl Proxy {
                 Err(error) if error.is_connect() => {
                     tracing::debug!(%endpoint, %error, "endpoint refused; trying the next");
                     self.metrics.retries.inc();
+                    if health.eject(endpoint) {
+                        self.metrics.ejections.inc();
+                    }
                     last_error = Some(error);
                 }
                 // A kept connection the endpoint closed as the request went
@@ -733,6 +793,22 @@ mod tests {
         let sent = forwarded_headers(ws.clone(), peer, false, "a.test", true);
         assert_eq!(sent[header::UPGRADE], "websocket");
         assert_eq!(sent[header::HOST], "a.test");
+    }
+
+    #[test]
+    fn failed_endpoints_are_left_out_until_they_answer() {
+        let health = Health::default();
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.0.2:80".parse().unwrap(),
+        );
+        assert!(!health.is_ejected(a));
+        assert!(health.eject(a));
+        assert!(!health.eject(a), "once");
+        assert!(health.is_ejected(a) && !health.is_ejected(b));
+        health.restore(a);
+        assert!(!health.is_ejected(a));
+        assert_eq!(health.count.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -140,6 +140,14 @@ def test_definitions_class_and_gateway_status(bed):
     assert all(c["observedGeneration"] == found["metadata"]["generation"] for c in found["status"]["conditions"])
     table = kubectl(bed, "get", "gateway", "web").stdout
     assert re.search(r"web\s+portal\s+127\.0\.0\.1\s+True", table), table
+    # The same objects at v1beta1, as the standard channel serves them.
+    beta = json.loads(kubectl(bed, "get", f"gateways.v1beta1.{GROUP}", "web", "-o", "json").stdout)
+    assert beta["apiVersion"] == f"{GROUP}/v1beta1" and beta["spec"]["gatewayClassName"] == "portal"
+    # Listeners must differ in port, protocol or hostname.
+    twice = gateway(bed, "twice", [{"name": "one", "port": bed.http_port, "protocol": "HTTP"},
+                                   {"name": "two", "port": bed.http_port, "protocol": "HTTP"}])
+    refused = kubectl(bed, "apply", "-f", "-", stdin=json.dumps(twice), check=False)
+    assert "Combination of port, protocol and hostname must be unique for each listener" in refused.stderr, refused.stderr
     # Defaults from the definitions: allowedRoutes from the same namespace.
     assert found["spec"]["listeners"][0]["allowedRoutes"] == {"namespaces": {"from": "Same"}}
 

@@ -30,11 +30,12 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
-    fn new(name: String, endpoints: Vec<SocketAddr>, start: usize) -> Self {
-        let authorities = endpoints
-            .iter()
-            .filter_map(|e| Authority::try_from(e.to_string()).ok())
-            .collect();
+    fn new(name: String, found: Vec<SocketAddr>, start: usize) -> Self {
+        // Kept in step: an endpoint without an authority is left out.
+        let (endpoints, authorities) = found
+            .into_iter()
+            .filter_map(|e| Some((e, Authority::try_from(e.to_string()).ok()?)))
+            .unzip();
         Backend {
             name: Arc::new(name),
             endpoints,
@@ -48,7 +49,7 @@ impl Backend {
     pub(crate) fn rotation(&self) -> impl Iterator<Item = (SocketAddr, &Authority)> + '_ {
         let n = self.endpoints.len().max(1);
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        (0..self.authorities.len()).map(move |i| {
+        (0..self.endpoints.len()).map(move |i| {
             let at = (start + i) % n;
             (self.endpoints[at], &self.authorities[at])
         })

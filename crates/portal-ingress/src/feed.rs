@@ -219,6 +219,7 @@ pub(crate) async fn rebuild(
             let compiled = compile(&objects, serving.sockets, advertised, &mut backends);
             table.gateway_plain = compiled.plain;
             table.gateway_secure = compiled.secure;
+            table.ports = serving.sockets;
             for host in compiled.tls {
                 if !table.tls.iter().any(|t| t.host == host.host) {
                     table.tls.push(host);

@@ -134,10 +134,13 @@ pub async fn start(
     if let Some(admin) = gateway_admin {
         let (feed, client, supervisor) = (feed.clone(), client.clone(), tasks.clone());
         tasks.once("gateway api", async move {
-            if gateway::install::definitions(admin).await {
-                follow_gateway_api(&supervisor, &feed, &client);
-                gateway::install::class(client).await;
+            // Until the definitions are served (a restart of the API
+            // server, a user's definitions not yet established).
+            while !gateway::install::definitions(admin.clone()).await {
+                tokio::time::sleep(Duration::from_secs(10)).await;
             }
+            follow_gateway_api(&supervisor, &feed, &client);
+            gateway::install::class(client).await;
         });
     }
     let (status, statuses) = tokio::sync::watch::channel(Vec::new());

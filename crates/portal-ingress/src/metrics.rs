@@ -34,6 +34,7 @@ pub struct Metrics {
     pub(crate) latency: Family<RouteLabels, Histogram>,
     pub(crate) retries: Counter,
     pub(crate) ejections: Counter,
+    pub(crate) mirrors_dropped: Counter,
     pub(crate) routes: Gauge,
     pub(crate) updates: Counter,
 }
@@ -47,7 +48,7 @@ impl Metrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 16))
         });
         let (retries, routes, updates) = (Counter::default(), Gauge::default(), Counter::default());
-        let ejections = Counter::default();
+        let (ejections, mirrors_dropped) = (Counter::default(), Counter::default());
         registry.register(
             "portal_ingress_requests",
             "Requests the layer-7 proxy answered, by Ingress (or httproute/namespace/name), backend and status code",
@@ -69,6 +70,11 @@ impl Metrics {
             ejections.clone(),
         );
         registry.register(
+            "portal_ingress_mirrors_dropped",
+            "Mirrored copies not sent because too many were in flight",
+            mirrors_dropped.clone(),
+        );
+        registry.register(
             "portal_ingress_routes",
             "Routes in the routing table",
             routes.clone(),
@@ -84,6 +90,7 @@ impl Metrics {
             latency,
             retries,
             ejections,
+            mirrors_dropped,
             routes,
             updates,
         }

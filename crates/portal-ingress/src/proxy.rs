@@ -185,12 +185,7 @@ impl Proxy {
         let found = if method == Method::CONNECT {
             None
         } else {
-            let view = RouteRequest {
-                method: &method,
-                path,
-                query: request.uri().query(),
-                headers: request.headers(),
-            };
+            let view = RouteRequest::new(&method, path, request.uri().query(), request.headers());
             Some(match table.find_route(tls, &host, &view) {
                 Some(entry) => Found::Gateway(entry),
                 None => table.find(&host, path),
@@ -215,7 +210,15 @@ impl Proxy {
             }
             Some(Found::Gateway(entry)) => {
                 let (backend, response) = self
-                    .follow_route(request, entry, &peer, tls, &authority, &host)
+                    .follow_route(
+                        request,
+                        entry,
+                        &peer,
+                        tls,
+                        &authority,
+                        &host,
+                        table.port(tls),
+                    )
                     .await;
                 (entry.action.route.clone(), backend, response)
             }
@@ -247,6 +250,7 @@ impl Proxy {
     }
 
     /// Applies an HTTPRoute rule: says which backend answered.
+    #[allow(clippy::too_many_arguments)]
     async fn follow_route(
         &self,
         mut request: Request<Incoming>,
@@ -255,6 +259,7 @@ impl Proxy {
         tls: bool,
         authority: &str,
         host: &str,
+        listener_port: Option<u16>,
     ) -> (Label, Response<Body>) {
         let action = &entry.action;
         if action.unsupported {
@@ -264,7 +269,15 @@ impl Proxy {
         if let Some(redirect) = &action.redirect {
             return (
                 none(),
-                redirect_to(redirect, &request, entry, tls, authority, host),
+                redirect_to(
+                    redirect,
+                    &request,
+                    entry,
+                    tls,
+                    authority,
+                    host,
+                    listener_port,
+                ),
             );
         }
         if let Some(edit) = &action.request_headers {
@@ -494,14 +507,28 @@ impl Proxy {
         *copy.method_mut() = method.clone();
         *copy.uri_mut() = uri;
         *copy.headers_mut() = headers.clone();
+        // A slow mirror cannot pile up copies: beyond the bound they go.
+        let Ok(permit) = mirrors_in_flight().clone().try_acquire_owned() else {
+            self.metrics.mirrors_dropped.inc();
+            return;
+        };
         let sent = self.client.request(copy);
         tokio::spawn(async move {
+            let _permit = permit;
             if let Ok(Ok(response)) = tokio::time::timeout(MIRROR_TIMEOUT, sent).await {
                 let _ = tokio::time::timeout(MIRROR_TIMEOUT, response.into_body().collect()).await;
             }
         });
     }
 }
+
+/// Mirrored requests in flight at once, in the whole process.
+fn mirrors_in_flight() -> &'static Arc<tokio::sync::Semaphore> {
+    static IN_FLIGHT: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> = std::sync::OnceLock::new();
+    IN_FLIGHT.get_or_init(|| Arc::new(tokio::sync::Semaphore::new(MIRRORS_IN_FLIGHT)))
+}
+
+const MIRRORS_IN_FLIGHT: usize = 1024;
 
 /// A mirrored request's answer is waited for this long at most.
 const MIRROR_TIMEOUT: Duration = Duration::from_secs(30);
@@ -516,6 +543,7 @@ fn redirect_to(
     tls: bool,
     authority: &str,
     host: &str,
+    listener_port: Option<u16>,
 ) -> Response<Body> {
     let scheme = redirect
         .scheme
@@ -533,7 +561,8 @@ fn redirect_to(
     let port = match (redirect.port, &redirect.scheme) {
         (Some(port), _) => Some(port),
         (None, Some(scheme)) => well_known(scheme).or(asked_port),
-        (None, None) => asked_port.or(well_known(&scheme)),
+        // The listener's port, as the specification says.
+        (None, None) => listener_port.or(asked_port).or(well_known(&scheme)),
     };
     let hostname = redirect.hostname.clone().unwrap_or_else(|| host.to_owned());
     let hostname = if hostname.contains(':') {

@@ -22,6 +22,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use portal_client::labels::INGRESS_CLASS;
 
 use crate::backends::{Backend, Backends, TlsHost};
+use crate::gateway::compile::Sockets;
 use crate::gateway::routes::{prefix_matches, Entry, HostRoutes, Request as RouteRequest};
 use crate::metrics::Label;
 
@@ -95,6 +96,8 @@ pub(crate) struct Table {
     /// HTTPRoutes on the plain and the TLS socket (consulted first).
     pub(crate) gateway_plain: HostRoutes,
     pub(crate) gateway_secure: HostRoutes,
+    /// The ports of the plain and the TLS socket (redirects name them).
+    pub(crate) ports: Sockets,
 }
 
 /// What a request matched.
@@ -138,6 +141,15 @@ impl Table {
             + usize::from(self.default_backend.is_some())
             + self.gateway_plain.len()
             + self.gateway_secure.len()
+    }
+
+    /// The port of the plain or the TLS socket.
+    pub(crate) fn port(&self, secure: bool) -> Option<u16> {
+        if secure {
+            self.ports.https
+        } else {
+            self.ports.http
+        }
     }
 
     /// The HTTPRoute entry a request matches on one socket.

@@ -117,6 +117,14 @@ pub(crate) fn server_config(certificates: Arc<Certificates>) -> rustls::ServerCo
     config
 }
 
+/// Whether a Secret holds a certificate chain and the key that belongs to
+/// it.
+pub(crate) fn usable(secret: &Secret) -> bool {
+    pem_pair(secret)
+        .and_then(|(cert, key)| certified_key(cert, key))
+        .is_ok()
+}
+
 /// `tls.crt` and `tls.key` of a `kubernetes.io/tls` Secret.
 fn pem_pair(secret: &Secret) -> Result<(&[u8], &[u8]), String> {
     let data = secret.data.as_ref().ok_or("no data")?;

@@ -153,14 +153,19 @@ pub(crate) fn compile(
                 &mut out.tls,
             ));
         }
-        // Two listeners of one Gateway on one socket and hostname conflict.
-        for i in 0..listeners.len() {
-            let conflict = listeners.iter().enumerate().any(|(j, other)| {
-                j != i
-                    && other.secure.is_some()
-                    && other.secure == listeners[i].secure
-                    && other.listener.hostname == listeners[i].listener.hostname
-            });
+        // Listeners of one Gateway on one socket with one hostname conflict,
+        // all of them (decided before any is changed).
+        let conflicts: Vec<bool> = (0..listeners.len())
+            .map(|i| {
+                listeners.iter().enumerate().any(|(j, other)| {
+                    j != i
+                        && other.secure.is_some()
+                        && other.secure == listeners[i].secure
+                        && other.listener.hostname == listeners[i].listener.hostname
+                })
+            })
+            .collect();
+        for (i, conflict) in conflicts.into_iter().enumerate() {
             let ok = !conflict;
             listeners[i].conditions.push(condition(
                 "Conflicted",
@@ -179,6 +184,13 @@ pub(crate) fn compile(
             ));
             if conflict {
                 listeners[i].secure = None;
+                for c in &mut listeners[i].conditions {
+                    if c["type"] == "Programmed" {
+                        c["status"] = json!("False");
+                        c["reason"] = json!("Invalid");
+                        c["message"] = json!("The listener conflicts with another");
+                    }
+                }
             }
         }
         checked.insert(key, listeners);
@@ -224,27 +236,21 @@ pub(crate) fn compile(
                 ],
             }));
         }
-        if parents.is_empty() {
-            continue;
-        }
-        // Others' entries stay as they are.
-        let mut all: Vec<Value> = route
+        let shown: Vec<Value> = route
             .status
             .get("parents")
             .and_then(Value::as_array)
-            .map(|p| {
-                p.iter()
-                    .filter(|e| e["controllerName"] != CONTROLLER)
-                    .cloned()
-                    .collect()
-            })
+            .cloned()
             .unwrap_or_default();
-        all.extend(parents);
+        let held = shown.iter().any(|e| e["controllerName"] == CONTROLLER);
+        if parents.is_empty() && !held {
+            continue;
+        }
         out.statuses.push(Desired {
             kind: Kind::HttpRoute,
             namespace: namespace.clone(),
             name: name.clone(),
-            status: json!({"parents": all}),
+            status: json!({"parents": merge_parents(&shown, parents)}),
         });
         hosts.sort();
         hosts.dedup();
@@ -344,6 +350,25 @@ pub(crate) fn compile(
     out.plain.seal();
     out.secure.seal();
     out
+}
+
+/// A route's `status.parents`: others' entries as they are, Portal's
+/// replaced where they stand (or dropped), new ones at the end — so two
+/// controllers writing the same list do not reorder each other's.
+fn merge_parents(shown: &[Value], mut ours: Vec<Value>) -> Vec<Value> {
+    let mut merged = Vec::new();
+    for entry in shown {
+        if entry["controllerName"] != CONTROLLER {
+            merged.push(entry.clone());
+        } else if let Some(at) = ours
+            .iter()
+            .position(|o| o["parentRef"] == entry["parentRef"])
+        {
+            merged.push(ours.remove(at));
+        }
+    }
+    merged.extend(ours);
+    merged
 }
 
 /// Checks a listener against the proxy's sockets and its references.
@@ -509,12 +534,9 @@ fn check_listener<'a>(
     }
 }
 
+/// Whether a Secret holds a certificate and its key that parse.
 fn usable_secret(secret: Option<&Arc<Secret>>) -> bool {
-    secret.is_some_and(|s| {
-        s.data
-            .as_ref()
-            .is_some_and(|d| d.contains_key("tls.crt") && d.contains_key("tls.key"))
-    })
+    secret.is_some_and(|s| crate::tls::usable(s))
 }
 
 /// Attaches a route to the listeners of one parent Gateway: the hostnames
@@ -543,12 +565,13 @@ fn attach(
             "No listener of the Gateway has this name or port",
         );
     }
+    // Attachment is by parentRef and allowedRoutes alone (a listener that
+    // is not valid still counts its routes); serving needs it programmed.
     let allowed: Vec<usize> = named
         .into_iter()
         .filter(|&i| {
             let checked = &listeners[i];
-            checked.secure.is_some()
-                && !checked.kinds.is_empty()
+            !checked.kinds.is_empty()
                 && namespace_allowed(checked.listener, gateway_namespace, namespace, objects)
         })
         .collect();
@@ -561,15 +584,16 @@ fn attach(
     }
     let mut any = false;
     for i in allowed {
+        listeners[i].attached += 1;
         let listener = listeners[i].listener;
         let effective = intersect(listener.hostname.as_deref(), &route.spec.hostnames);
         if effective.is_empty() {
             continue;
         }
         any = true;
-        listeners[i].attached += 1;
-        let secure = listeners[i].secure == Some(true);
-        hosts.extend(effective.into_iter().map(|h| (secure, h)));
+        if let Some(secure) = listeners[i].secure {
+            hosts.extend(effective.into_iter().map(|h| (secure, h)));
+        }
     }
     if any {
         (

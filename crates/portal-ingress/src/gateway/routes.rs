@@ -81,6 +81,33 @@ pub(crate) struct Request<'a> {
     pub(crate) path: &'a str,
     pub(crate) query: Option<&'a str>,
     pub(crate) headers: &'a HeaderMap,
+    /// The query's pairs, parsed once when an entry first asks.
+    pub(crate) pairs: std::cell::OnceCell<Vec<(String, String)>>,
+}
+
+impl<'a> Request<'a> {
+    pub(crate) fn new(
+        method: &'a Method,
+        path: &'a str,
+        query: Option<&'a str>,
+        headers: &'a HeaderMap,
+    ) -> Self {
+        Request {
+            method,
+            path,
+            query,
+            headers,
+            pairs: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn pairs(&self) -> &[(String, String)] {
+        self.pairs.get_or_init(|| {
+            form_urlencoded::parse(self.query.unwrap_or_default().as_bytes())
+                .into_owned()
+                .collect()
+        })
+    }
 }
 
 impl Entry {
@@ -92,27 +119,29 @@ impl Entry {
         };
         path && self.method.as_ref().is_none_or(|m| m == request.method)
             && self.headers.iter().all(|(name, test)| {
-                // Several fields of one name are one comma-joined value.
-                let values: Vec<&str> = request
-                    .headers
-                    .get_all(name)
-                    .iter()
-                    .filter_map(|v| v.to_str().ok())
-                    .collect();
-                !values.is_empty() && test.holds(&values.join(","))
+                let mut values = request.headers.get_all(name).iter();
+                match (values.next(), values.next()) {
+                    (None, _) => false,
+                    (Some(one), None) => one.to_str().is_ok_and(|v| test.holds(v)),
+                    // Several fields of one name are one comma-joined value.
+                    (Some(_), Some(_)) => {
+                        let all: Vec<&str> = request
+                            .headers
+                            .get_all(name)
+                            .iter()
+                            .filter_map(|v| v.to_str().ok())
+                            .collect();
+                        test.holds(&all.join(","))
+                    }
+                }
             })
-            && (self.query.is_empty() || {
-                let pairs: Vec<(String, String)> =
-                    form_urlencoded::parse(request.query.unwrap_or_default().as_bytes())
-                        .into_owned()
-                        .collect();
-                self.query.iter().all(|(name, test)| {
-                    // The first value of a repeated parameter counts.
-                    pairs
-                        .iter()
-                        .find(|(n, _)| n == name)
-                        .is_some_and(|(_, v)| test.holds(v))
-                })
+            && self.query.iter().all(|(name, test)| {
+                // The first value of a repeated parameter counts.
+                request
+                    .pairs()
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .is_some_and(|(_, v)| test.holds(v))
             })
     }
 

@@ -3,6 +3,8 @@
 //! its `lastTransitionTime` while its status stays), and only objects
 //! that differ are written, by a task of their own.
 
+use std::time::Duration;
+
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{json, Map, Value};
@@ -73,31 +75,59 @@ fn fill_conditions(desired: &mut Value, current: &Value, now: &str) {
 }
 
 /// Writes the statuses handed over (a later hand-over replaces one not
-/// yet written).
+/// yet written); a failed write is tried again, with a growing pause,
+/// unless a newer hand-over arrives first.
 pub(crate) async fn write(mut pending: watch::Receiver<Vec<Desired>>, client: Client) {
-    while pending.changed().await.is_ok() {
-        let batch = pending.borrow_and_update().clone();
+    let mut failed: Vec<Desired> = Vec::new();
+    let mut pause = Duration::from_millis(500);
+    loop {
+        let batch = if failed.is_empty() {
+            if pending.changed().await.is_err() {
+                return;
+            }
+            pause = Duration::from_millis(500);
+            pending.borrow_and_update().clone()
+        } else {
+            tokio::select! {
+                changed = pending.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    pause = Duration::from_millis(500);
+                    pending.borrow_and_update().clone()
+                }
+                _ = tokio::time::sleep(pause) => {
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                    std::mem::take(&mut failed)
+                }
+            }
+        };
+        failed.clear();
         for desired in batch {
-            let patch = json!({"status": desired.status});
-            let params = PatchParams::default();
-            let written = match desired.kind {
-                Kind::GatewayClass => Api::<GatewayClass>::all(client.clone())
-                    .patch_status(&desired.name, &params, &Patch::Merge(&patch))
-                    .await
-                    .map(drop),
-                Kind::Gateway => Api::<Gateway>::namespaced(client.clone(), &desired.namespace)
-                    .patch_status(&desired.name, &params, &Patch::Merge(&patch))
-                    .await
-                    .map(drop),
-                Kind::HttpRoute => Api::<HttpRoute>::namespaced(client.clone(), &desired.namespace)
-                    .patch_status(&desired.name, &params, &Patch::Merge(&patch))
-                    .await
-                    .map(drop),
-            };
-            if let Err(error) = written {
-                tracing::warn!(kind = ?desired.kind, namespace = %desired.namespace, name = %desired.name, %error, "cannot write a Gateway API status");
+            if let Err(error) = write_one(&client, &desired).await {
+                tracing::warn!(kind = ?desired.kind, namespace = %desired.namespace, name = %desired.name, %error, "cannot write a Gateway API status; trying again");
+                failed.push(desired);
             }
         }
+    }
+}
+
+async fn write_one(client: &Client, desired: &Desired) -> Result<(), kube::Error> {
+    let patch = json!({"status": desired.status});
+    let params = PatchParams::default();
+    match desired.kind {
+        Kind::GatewayClass => Api::<GatewayClass>::all(client.clone())
+            .patch_status(&desired.name, &params, &Patch::Merge(&patch))
+            .await
+            .map(drop),
+        Kind::Gateway => Api::<Gateway>::namespaced(client.clone(), &desired.namespace)
+            .patch_status(&desired.name, &params, &Patch::Merge(&patch))
+            .await
+            .map(drop),
+        Kind::HttpRoute => Api::<HttpRoute>::namespaced(client.clone(), &desired.namespace)
+            .patch_status(&desired.name, &params, &Patch::Merge(&patch))
+            .await
+            .map(drop),
     }
 }
 

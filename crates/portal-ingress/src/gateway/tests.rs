@@ -118,11 +118,8 @@ fn precedence_status_and_attachment() {
     let headers = HeaderMap::new();
     let mut with_header = HeaderMap::new();
     with_header.insert("x-v", "2".parse().unwrap());
-    let ask = |path: &'static str, headers: &'static HeaderMap| Request {
-        method: &Method::GET,
-        path,
-        query: None,
-        headers,
+    let ask = |path: &'static str, headers: &'static HeaderMap| {
+        Request::new(&Method::GET, path, None, headers)
     };
     let headers: &'static HeaderMap = Box::leak(Box::new(headers));
     let with_header: &'static HeaderMap = Box::leak(Box::new(with_header));
@@ -158,10 +155,12 @@ fn precedence_status_and_attachment() {
             .unwrap()
     };
     assert_eq!(status("portal")["conditions"][0]["status"], "True");
+    // Attached to a listener that is not valid: counted and accepted
+    // (attachment is by parentRef and allowedRoutes alone), not served.
     let unserved = status("unserved");
     assert_eq!(
         unserved["parents"][0]["conditions"][0]["reason"],
-        "NotAllowedByListeners"
+        "Accepted"
     );
     assert_eq!(
         unserved["parents"][0]["conditions"][0]["observedGeneration"],
@@ -171,6 +170,7 @@ fn precedence_status_and_attachment() {
     assert_eq!(web["conditions"][0]["reason"], "ListenersNotValid");
     assert_eq!(web["conditions"][1]["status"], "True");
     assert_eq!(web["listeners"][0]["attachedRoutes"], 2);
+    assert_eq!(web["listeners"][1]["attachedRoutes"], 1);
     assert_eq!(
         web["listeners"][1]["conditions"][0]["reason"],
         "PortUnavailable"

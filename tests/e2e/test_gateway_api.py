@@ -16,9 +16,8 @@ import re
 
 import pytest
 
-from conftest import Portal
 from support.waiting import wait_for
-from test_ingress import Backend, apply, curl, kubectl, slice_of
+from test_ingress import Backend, apply, curl, kubectl, slice_of, start_with_proxy
 
 GROUP = "gateway.networking.k8s.io"
 
@@ -26,12 +25,8 @@ GROUP = "gateway.networking.k8s.io"
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     backends = {"a": Backend("a"), "b": Backend("b")}
-    portal = Portal(tmp_path_factory.mktemp("gateway"),
-                    ["--ingress-bind", "127.0.0.1:0", "--ingress-tls-bind", "127.0.0.1:0"]).start()
+    portal = start_with_proxy(tmp_path_factory.mktemp("gateway"))
     try:
-        listening = wait_for(lambda: re.search(r"ingress proxy listening http=127\.0\.0\.1:(\d+) https=127\.0\.0\.1:(\d+)",
-                                               re.sub(r"\x1b\[[0-9;]*m", "", portal.log())), "the ingress proxy to listen")
-        portal.http_port, portal.https_port = int(listening.group(1)), int(listening.group(2))
         kubectl(portal, "create", "namespace", "other")
         for namespace in ("default", "other"):
             for name, backend in backends.items():

@@ -78,12 +78,8 @@ class Backend:
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     backends = {"a": Backend("a"), "b": Backend("b")}
-    portal = Portal(tmp_path_factory.mktemp("ingress"),
-                    ["--ingress-bind", "127.0.0.1:0", "--ingress-tls-bind", "127.0.0.1:0"]).start()
+    portal = start_with_proxy(tmp_path_factory.mktemp("ingress"))
     try:
-        listening = wait_for(lambda: re.search(r"ingress proxy listening http=127\.0\.0\.1:(\d+) https=127\.0\.0\.1:(\d+)",
-                                               re.sub(r"\x1b\[[0-9;]*m", "", portal.log())), "the ingress proxy to listen")
-        portal.http_port, portal.https_port = int(listening.group(1)), int(listening.group(2))
         for name, backend in backends.items():
             apply(portal, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"},
                            "spec": {"ports": [{"name": "http", "port": 80}]}})
@@ -94,6 +90,16 @@ def bed(tmp_path_factory):
         portal.stop()
         for backend in backends.values():
             backend.close()
+
+
+def start_with_proxy(data_dir):
+    """A Portal whose layer-7 proxy listens on loopback; its ports are
+    `http_port` and `https_port`."""
+    portal = Portal(data_dir, ["--ingress-bind", "127.0.0.1:0", "--ingress-tls-bind", "127.0.0.1:0"]).start()
+    listening = wait_for(lambda: re.search(r"ingress proxy listening http=127\.0\.0\.1:(\d+) https=127\.0\.0\.1:(\d+)",
+                                           re.sub(r"\x1b\[[0-9;]*m", "", portal.log())), "the ingress proxy to listen")
+    portal.http_port, portal.https_port = int(listening.group(1)), int(listening.group(2))
+    return portal
 
 
 def slice_of(service, endpoints):

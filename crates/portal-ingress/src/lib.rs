@@ -380,23 +380,37 @@ async fn serve(
 
 /// Makes the `portal` IngressClass, the default one, unless it exists.
 async fn ensure_class(client: Client) {
-    let api: Api<IngressClass> = Api::all(client);
-    let class: IngressClass = match serde_json::from_value(json!({
+    let class = json!({
         "metadata": {"name": CLASS, "annotations": {DEFAULT_INGRESS_CLASS: "true"}},
         "spec": {"controller": CONTROLLER},
-    })) {
-        Ok(class) => class,
+    });
+    create_unless_present(
+        Api::<IngressClass>::all(client),
+        class,
+        "the portal IngressClass",
+    )
+    .await;
+}
+
+/// Creates a cluster-scoped object unless one of its name exists, trying
+/// again for a while (the API server may still be starting).
+pub(crate) async fn create_unless_present<K>(api: Api<K>, object: serde_json::Value, what: &str)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let object: K = match serde_json::from_value(object) {
+        Ok(object) => object,
         Err(error) => {
-            tracing::error!(%error, "the portal IngressClass does not decode");
+            tracing::error!(%error, what, "does not decode");
             return;
         }
     };
     for attempt in 0..10u32 {
-        match api.create(&PostParams::default(), &class).await {
+        match api.create(&PostParams::default(), &object).await {
             Ok(_) => return,
             Err(kube::Error::Api(status)) if status.code == 409 => return,
             Err(error) => {
-                tracing::warn!(%error, attempt, "cannot make the portal IngressClass yet");
+                tracing::warn!(%error, attempt, what, "cannot make it yet");
                 tokio::time::sleep(Duration::from_millis(200 << attempt.min(5))).await;
             }
         }

@@ -82,25 +82,11 @@ pub(crate) async fn definitions(admin: Client) -> bool {
 
 /// Makes the `portal` GatewayClass unless it exists.
 pub(crate) async fn class(client: Client) {
-    let api: Api<GatewayClass> = Api::all(client);
-    let class: GatewayClass = match serde_json::from_value(json!({
-        "metadata": {"name": CLASS},
-        "spec": {"controllerName": CONTROLLER},
-    })) {
-        Ok(class) => class,
-        Err(error) => {
-            tracing::error!(%error, "the portal GatewayClass does not decode");
-            return;
-        }
-    };
-    for attempt in 0..10u32 {
-        match api.create(&PostParams::default(), &class).await {
-            Ok(_) => return,
-            Err(kube::Error::Api(status)) if status.code == 409 => return,
-            Err(error) => {
-                tracing::warn!(%error, attempt, "cannot make the portal GatewayClass yet");
-                tokio::time::sleep(Duration::from_millis(200 << attempt.min(5))).await;
-            }
-        }
-    }
+    let class = json!({"metadata": {"name": CLASS}, "spec": {"controllerName": CONTROLLER}});
+    crate::create_unless_present(
+        Api::<GatewayClass>::all(client),
+        class,
+        "the portal GatewayClass",
+    )
+    .await;
 }

@@ -237,7 +237,12 @@ mod tests {
             ip.starts_with("10.100.0.") && ip != "10.100.0.1",
             "{ip} (taken already)"
         );
-        let mut asked = service(json!({"clusterIP": "10.100.0.6", "ports": [{"port": 80}]}));
+        // Two addresses the random pick above did not take.
+        let free: Vec<&str> = ["10.100.0.6", "10.100.0.5", "10.100.0.4"]
+            .into_iter()
+            .filter(|free| *free != ip)
+            .collect();
+        let mut asked = service(json!({"clusterIP": free[0], "ports": [{"port": 80}]}));
         a.for_create(&kinds::service::RESOURCE, &mut asked)
             .unwrap()
             .commit();
@@ -246,7 +251,7 @@ mod tests {
         a.follow(&[range("more", &["10.100.0.0/29"], true)], Vec::new);
         let mut third = service(json!({"ports": [{"port": 80}]}));
         assert!(a.for_create(&kinds::service::RESOURCE, &mut third).is_err());
-        let mut asked = service(json!({"clusterIP": "10.100.0.5", "ports": [{"port": 80}]}));
+        let mut asked = service(json!({"clusterIP": free[1], "ports": [{"port": 80}]}));
         assert!(a
             .for_create(&kinds::service::RESOURCE, &mut asked)
             .unwrap_err()

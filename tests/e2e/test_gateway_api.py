@@ -17,7 +17,7 @@ import re
 import pytest
 
 from support.waiting import wait_for
-from test_ingress import Backend, apply, curl, kubectl, slice_of, start_with_proxy
+from test_ingress import Backend, apply, curl, kubectl, serve_backends, start_with_proxy
 
 GROUP = "gateway.networking.k8s.io"
 
@@ -29,12 +29,7 @@ def bed(tmp_path_factory):
     try:
         kubectl(portal, "create", "namespace", "other")
         for namespace in ("default", "other"):
-            for name, backend in backends.items():
-                apply(portal, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
-                               "spec": {"ports": [{"name": "http", "port": 80}]}})
-                manual = slice_of(name, [("127.0.0.1", backend.port)])
-                manual["metadata"]["namespace"] = namespace
-                apply(portal, manual)
+            serve_backends(portal, backends, namespace)
         # Portal's class is there and accepted once the definitions are served.
         wait_for(lambda: condition(portal, "gatewayclass", "portal", "Accepted", namespace=None) == "True",
                  "the portal GatewayClass to be accepted")

@@ -80,10 +80,7 @@ def bed(tmp_path_factory):
     backends = {"a": Backend("a"), "b": Backend("b")}
     portal = start_with_proxy(tmp_path_factory.mktemp("ingress"))
     try:
-        for name, backend in backends.items():
-            apply(portal, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"},
-                           "spec": {"ports": [{"name": "http", "port": 80}]}})
-            apply(portal, slice_of(name, [("127.0.0.1", backend.port)]))
+        serve_backends(portal, backends)
         portal.backends = backends
         yield portal
     finally:
@@ -100,6 +97,17 @@ def start_with_proxy(data_dir):
                                            re.sub(r"\x1b\[[0-9;]*m", "", portal.log())), "the ingress proxy to listen")
     portal.http_port, portal.https_port = int(listening.group(1)), int(listening.group(2))
     return portal
+
+
+def serve_backends(portal, backends, namespace="default"):
+    """Each backend as a selector-less Service of its name (port 80,
+    `http`) with a hand-written EndpointSlice pointing at it."""
+    for name, backend in backends.items():
+        apply(portal, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+                       "spec": {"ports": [{"name": "http", "port": 80}]}})
+        manual = slice_of(name, [("127.0.0.1", backend.port)])
+        manual["metadata"]["namespace"] = namespace
+        apply(portal, manual)
 
 
 def slice_of(service, endpoints):

@@ -106,8 +106,12 @@ struct Health {
 }
 
 impl Health {
-    fn is_ejected(&self, endpoint: SocketAddr) -> bool {
+    fn any(&self) -> bool {
         self.count.load(Ordering::Relaxed) > 0
+    }
+
+    fn is_ejected(&self, endpoint: SocketAddr) -> bool {
+        self.any()
             && self
                 .ejected
                 .read()
@@ -127,7 +131,7 @@ impl Health {
 
     /// Takes an endpoint back (it answered).
     fn restore(&self, endpoint: SocketAddr) {
-        if self.count.load(Ordering::Relaxed) > 0 {
+        if self.any() {
             let mut ejected = self.ejected.write();
             if ejected.remove(&endpoint).is_some() {
                 self.count.store(ejected.len(), Ordering::Relaxed);
@@ -398,7 +402,8 @@ impl Proxy {
         let attempts = backend.endpoints.len();
         let health = &self.routing.health;
         // When every endpoint is out, all are tried (better than none).
-        let skip_ejected = backend.endpoints.iter().any(|e| !health.is_ejected(*e));
+        // (Nothing ejected, the common case: no look at each endpoint.)
+        let skip_ejected = health.any() && backend.endpoints.iter().any(|e| !health.is_ejected(*e));
         for (attempt, (endpoint, authority)) in backend.rotation().enumerate() {
             if skip_ejected && health.is_ejected(endpoint) {
                 continue;

@@ -202,7 +202,7 @@ pub(crate) fn compile(
     for (key, route) in routes {
         let (namespace, name) = key;
         let generation = route.metadata.generation.unwrap_or_default();
-        let resolved = resolve_refs(route, namespace, objects, &grants, backends);
+        let resolved = resolve_refs(route, namespace, &grants, backends);
         let mut parents = Vec::new();
         let mut hosts: Vec<(bool, Option<String>)> = Vec::new();
         for parent in &route.spec.parent_refs {
@@ -259,9 +259,7 @@ pub(crate) fn compile(
         }
         let label = format!("{namespace}/{name}");
         for (index, rule) in route.spec.rules.iter().enumerate() {
-            let action = Arc::new(action_of(
-                rule, &label, namespace, objects, &grants, backends,
-            ));
+            let action = Arc::new(action_of(rule, &label, namespace, &grants, backends));
             let defaults = [super::objects::RouteMatch::default()];
             let matches: &[super::objects::RouteMatch] = if rule.matches.is_empty() {
                 &defaults
@@ -694,7 +692,6 @@ pub(crate) fn intersect(listener: Option<&str>, route: &[String]) -> Vec<Option<
 fn resolve_refs(
     route: &HttpRoute,
     namespace: &str,
-    objects: &Objects<'_>,
     grants: &Grants<'_>,
     backends: &Backends<'_>,
 ) -> (bool, &'static str, String) {
@@ -721,7 +718,6 @@ fn resolve_refs(
             );
         }
     }
-    let _ = objects;
     (true, "ResolvedRefs", "All references resolved".into())
 }
 
@@ -801,25 +797,16 @@ fn action_of(
     rule: &super::objects::Rule,
     label: &str,
     namespace: &str,
-    objects: &Objects<'_>,
     grants: &Grants<'_>,
     backends: &mut Backends<'_>,
 ) -> Action {
-    let _ = objects;
+    // A zero or unreadable duration is no timeout.
+    let timeout = |text: Option<&String>| duration(text?).filter(|d| !d.is_zero());
+    let timeouts = rule.timeouts.as_ref();
     let mut action = Action {
         route: Arc::new(format!("httproute/{label}")),
-        timeout: rule
-            .timeouts
-            .as_ref()
-            .and_then(|t| t.request.as_deref())
-            .and_then(duration)
-            .filter(|d| !d.is_zero()),
-        backend_timeout: rule
-            .timeouts
-            .as_ref()
-            .and_then(|t| t.backend_request.as_deref())
-            .and_then(duration)
-            .filter(|d| !d.is_zero()),
+        timeout: timeout(timeouts.and_then(|t| t.request.as_ref())),
+        backend_timeout: timeout(timeouts.and_then(|t| t.backend_request.as_ref())),
         ..Action::default()
     };
     let backend_of = |target: &super::objects::ObjectRef, backends: &mut Backends<'_>| {

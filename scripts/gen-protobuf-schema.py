@@ -67,6 +67,8 @@ ROOTS = [
     "io.k8s.api.authorization.v1.SelfSubjectAccessReview",
     "io.k8s.api.authorization.v1.LocalSubjectAccessReview",
     "io.k8s.api.authorization.v1.SelfSubjectRulesReview",
+    "io.k8s.api.policy.v1.Eviction",
+    "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions",
 ]
 # Messages with a JSON form of their own, decoded by hand in `protobuf/mod.rs`.
 SPECIAL = {

@@ -482,6 +482,43 @@ def test_partial_object_metadata_for_get_list_and_watch(portal):
     assert "spec" not in event["object"]
 
 
+def test_streaming_lists_send_the_state_then_a_bookmark(portal):
+    """`sendInitialEvents=true` (client-go's WatchList, Helm 4): the current
+    objects as ADDED, a BOOKMARK annotated `k8s.io/initial-events-end` at
+    the state's revision, then changes; contradictory options are 422 in
+    upstream's words."""
+    core = portal.core()
+    core.create_namespace({"metadata": {"name": "streamed"}})
+    for name in ("s1", "s2"):
+        core.create_namespaced_service("streamed", service(name))
+    written = core.list_namespaced_service("streamed").metadata.resource_version
+    path = ("/api/v1/namespaces/streamed/services?watch=1&sendInitialEvents=true"
+            "&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
+    with get_as(portal, f"{path}&resourceVersion={written}", "application/json") as stream:
+        events = [json.loads(stream.readline()) for _ in range(3)]
+        core.create_namespaced_service("streamed", service("s3"))
+        later = json.loads(stream.readline())
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events[:2]] == [("ADDED", "s1"), ("ADDED", "s2")]
+    bookmark = events[2]
+    assert bookmark["type"] == "BOOKMARK", bookmark
+    assert bookmark["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+    assert int(bookmark["object"]["metadata"]["resourceVersion"]) >= int(written)
+    assert (later["type"], later["object"]["metadata"]["name"]) == ("ADDED", "s3")
+
+    # Without a position, `sendInitialEvents=false`: changes only.
+    with get_as(portal, path.replace("sendInitialEvents=true", "sendInitialEvents=false"), "application/json") as stream:
+        core.delete_namespaced_service("s1", "streamed")
+        only = json.loads(stream.readline())
+    assert (only["type"], only["object"]["metadata"]["name"]) == ("DELETED", "s1")
+
+    code, status = raw(portal, "GET", "/api/v1/namespaces/streamed/services?watch=1&sendInitialEvents=true")
+    assert code == 422 and status["message"] == ('ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: '
+                                                 'sendInitialEvents requires setting resourceVersionMatch to NotOlderThan'), status
+    code, status = raw(portal, "GET", "/api/v1/namespaces/streamed/services?sendInitialEvents=true")
+    assert code == 422 and status["details"]["causes"][0]["field"] == "sendInitialEvents", status
+    core.delete_namespace("streamed")
+
+
 def test_eviction_answers_like_kubernetes(portal):
     """pods/eviction: 201 and the pod deleted; a missing pod 404; a body
     that is not an Eviction, or names another pod, 400 (never a 500)."""

@@ -71,14 +71,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "namespaceSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "objectSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -139,7 +139,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "namespaceSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -181,7 +181,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 11,
                 json: "objectSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -200,7 +200,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -271,7 +271,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -385,7 +385,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -411,7 +411,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -531,7 +531,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "conditions",
-                ty: Type::Message(358),
+                ty: Type::Message(359),
                 repeated: true,
                 omit_zero: false,
             },
@@ -571,7 +571,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "namespaceSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -606,7 +606,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "objectSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -625,7 +625,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -722,14 +722,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "data",
-                ty: Type::Message(368),
+                ty: Type::Message(371),
                 repeated: false,
                 omit_zero: false,
             },
@@ -748,7 +748,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -788,7 +788,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -814,7 +814,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -948,7 +948,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1002,14 +1002,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "lastUpdateTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 7,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1028,7 +1028,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1169,7 +1169,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1209,7 +1209,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1242,7 +1242,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1322,14 +1322,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "maxUnavailable",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "maxSurge",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1341,14 +1341,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "maxUnavailable",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "maxSurge",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1367,7 +1367,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "maxUnavailable",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1379,7 +1379,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1419,7 +1419,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1481,7 +1481,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1687,7 +1687,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1716,7 +1716,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1775,7 +1775,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "expirationTimestamp",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1787,7 +1787,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -1909,7 +1909,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "requirements",
-                ty: Type::Message(359),
+                ty: Type::Message(361),
                 repeated: true,
                 omit_zero: false,
             },
@@ -1928,7 +1928,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "requirements",
-                ty: Type::Message(362),
+                ty: Type::Message(364),
                 repeated: true,
                 omit_zero: false,
             },
@@ -1940,7 +1940,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2105,7 +2105,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2150,7 +2150,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2186,7 +2186,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2441,7 +2441,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2500,7 +2500,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2573,7 +2573,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "lastScaleTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2660,7 +2660,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "tolerance",
-                ty: Type::Message(357),
+                ty: Type::Message(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2679,7 +2679,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2792,14 +2792,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "value",
-                ty: Type::Message(357),
+                ty: Type::Message(358),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 3,
                 json: "averageValue",
-                ty: Type::Message(357),
+                ty: Type::Message(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2818,14 +2818,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "value",
-                ty: Type::Message(357),
+                ty: Type::Message(358),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "averageValue",
-                ty: Type::Message(357),
+                ty: Type::Message(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -2972,7 +2972,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3066,14 +3066,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastScheduleTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 5,
                 json: "lastSuccessfulTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3085,7 +3085,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3125,14 +3125,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastProbeTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3179,7 +3179,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3282,14 +3282,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "startTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 3,
                 json: "completionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3357,7 +3357,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3505,7 +3505,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3552,14 +3552,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastUpdateTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 5,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3662,7 +3662,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -3695,14 +3695,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "acquireTime",
-                ty: Type::Message(364),
+                ty: Type::Message(366),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "renewTime",
-                ty: Type::Message(364),
+                ty: Type::Message(366),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4256,7 +4256,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "labelSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4282,7 +4282,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4735,7 +4735,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "startedAt",
-            ty: Type::Message(367),
+            ty: Type::Message(370),
             repeated: false,
             omit_zero: false,
         }],
@@ -4774,14 +4774,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "startedAt",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 6,
                 json: "finishedAt",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -4882,7 +4882,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "allocatedResources",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5018,7 +5018,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "sizeLimit",
-                ty: Type::Message(357),
+                ty: Type::Message(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5122,7 +5122,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5428,7 +5428,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5463,14 +5463,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 6,
                 json: "firstTimestamp",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 7,
                 json: "lastTimestamp",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5491,7 +5491,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 10,
                 json: "eventTime",
-                ty: Type::Message(364),
+                ty: Type::Message(366),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5545,7 +5545,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "lastObservedTime",
-                ty: Type::Message(364),
+                ty: Type::Message(366),
                 repeated: false,
                 omit_zero: false,
             },
@@ -5917,7 +5917,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "port",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6354,7 +6354,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6394,7 +6394,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6475,7 +6475,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6553,14 +6553,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastHeartbeatTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -6796,14 +6796,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "capacity",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "allocatable",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7057,7 +7057,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7083,7 +7083,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7123,14 +7123,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastProbeTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7177,7 +7177,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7238,7 +7238,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "capacity",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7252,7 +7252,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 5,
                 json: "allocatedResources",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7285,7 +7285,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7482,7 +7482,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "capacity",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7578,7 +7578,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastPhaseTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7609,7 +7609,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7654,7 +7654,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "labelSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7675,7 +7675,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "namespaceSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -7734,14 +7734,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastProbeTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -8217,7 +8217,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 32,
                 json: "overhead",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -8327,7 +8327,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "startTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -8416,7 +8416,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -8781,7 +8781,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -8821,7 +8821,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -8960,7 +8960,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 3,
                 json: "divisor",
-                ty: Type::Message(357),
+                ty: Type::Message(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -8991,14 +8991,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "limits",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "requests",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -9238,7 +9238,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -9490,7 +9490,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -9516,7 +9516,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -9596,7 +9596,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "targetPort",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
@@ -9774,7 +9774,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "conditions",
-                ty: Type::Message(358),
+                ty: Type::Message(359),
                 repeated: true,
                 omit_zero: false,
             },
@@ -9926,7 +9926,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "timeAdded",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -9938,7 +9938,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "port",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
@@ -10047,7 +10047,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "labelSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -10321,14 +10321,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "limits",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "requests",
-                ty: Type::MapOf(357),
+                ty: Type::MapOf(358),
                 repeated: false,
                 omit_zero: false,
             },
@@ -10779,7 +10779,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -10868,7 +10868,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -10897,7 +10897,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -10942,7 +10942,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11211,7 +11211,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11268,14 +11268,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "podSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "namespaceSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11301,7 +11301,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "port",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11320,7 +11320,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "podSelector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11405,7 +11405,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11440,10 +11440,29 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "conditions",
-            ty: Type::Message(358),
+            ty: Type::Message(359),
             repeated: true,
             omit_zero: false,
         }],
+    },
+    Message {
+        name: "io.k8s.api.policy.v1.Eviction",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "metadata",
+                ty: Type::Message(367),
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 2,
+                json: "deleteOptions",
+                ty: Type::Message(360),
+                repeated: false,
+                omit_zero: false,
+            },
+        ],
     },
     Message {
         name: "io.k8s.api.policy.v1.PodDisruptionBudget",
@@ -11451,21 +11470,21 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "spec",
-                ty: Type::Message(346),
+                ty: Type::Message(347),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 3,
                 json: "status",
-                ty: Type::Message(347),
+                ty: Type::Message(348),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11477,21 +11496,21 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "minAvailable",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "selector",
-                ty: Type::Message(361),
+                ty: Type::Message(363),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 3,
                 json: "maxUnavailable",
-                ty: Type::Message(369),
+                ty: Type::Message(372),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11517,7 +11536,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "disruptedPods",
-                ty: Type::MapOf(367),
+                ty: Type::MapOf(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11552,7 +11571,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "conditions",
-                ty: Type::Message(358),
+                ty: Type::Message(359),
                 repeated: true,
                 omit_zero: false,
             },
@@ -11563,7 +11582,7 @@ pub(super) static MESSAGES: &[Message] = &[
         fields: &[Field {
             tag: 1,
             json: "clusterRoleSelectors",
-            ty: Type::Message(361),
+            ty: Type::Message(363),
             repeated: true,
             omit_zero: false,
         }],
@@ -11574,21 +11593,21 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "rules",
-                ty: Type::Message(351),
+                ty: Type::Message(352),
                 repeated: true,
                 omit_zero: false,
             },
             Field {
                 tag: 3,
                 json: "aggregationRule",
-                ty: Type::Message(348),
+                ty: Type::Message(349),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11600,21 +11619,21 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "subjects",
-                ty: Type::Message(355),
+                ty: Type::Message(356),
                 repeated: true,
                 omit_zero: false,
             },
             Field {
                 tag: 3,
                 json: "roleRef",
-                ty: Type::Message(354),
+                ty: Type::Message(355),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11666,14 +11685,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "rules",
-                ty: Type::Message(351),
+                ty: Type::Message(352),
                 repeated: true,
                 omit_zero: false,
             },
@@ -11685,21 +11704,21 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 2,
                 json: "subjects",
-                ty: Type::Message(355),
+                ty: Type::Message(356),
                 repeated: true,
                 omit_zero: false,
             },
             Field {
                 tag: 3,
                 json: "roleRef",
-                ty: Type::Message(354),
+                ty: Type::Message(355),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11770,7 +11789,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 1,
                 json: "metadata",
-                ty: Type::Message(365),
+                ty: Type::Message(367),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11856,7 +11875,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "lastTransitionTime",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11871,6 +11890,53 @@ pub(super) static MESSAGES: &[Message] = &[
                 tag: 6,
                 json: "message",
                 ty: Type::String,
+                repeated: false,
+                omit_zero: false,
+            },
+        ],
+    },
+    Message {
+        name: "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "gracePeriodSeconds",
+                ty: Type::Int64,
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 2,
+                json: "preconditions",
+                ty: Type::Message(369),
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 3,
+                json: "orphanDependents",
+                ty: Type::Bool,
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 4,
+                json: "propagationPolicy",
+                ty: Type::String,
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 5,
+                json: "dryRun",
+                ty: Type::String,
+                repeated: true,
+                omit_zero: false,
+            },
+            Field {
+                tag: 6,
+                json: "ignoreStoreReadErrorWithClusterBreakingPotential",
+                ty: Type::Bool,
                 repeated: false,
                 omit_zero: false,
             },
@@ -11919,7 +11985,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 2,
                 json: "matchExpressions",
-                ty: Type::Message(362),
+                ty: Type::Message(364),
                 repeated: true,
                 omit_zero: false,
             },
@@ -11978,7 +12044,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 4,
                 json: "time",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -11992,7 +12058,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 7,
                 json: "fieldsV1",
-                ty: Type::Message(360),
+                ty: Type::Message(362),
                 repeated: false,
                 omit_zero: false,
             },
@@ -12064,14 +12130,14 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 8,
                 json: "creationTimestamp",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
             Field {
                 tag: 9,
                 json: "deletionTimestamp",
-                ty: Type::Message(367),
+                ty: Type::Message(370),
                 repeated: false,
                 omit_zero: false,
             },
@@ -12099,7 +12165,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 13,
                 json: "ownerReferences",
-                ty: Type::Message(366),
+                ty: Type::Message(368),
                 repeated: true,
                 omit_zero: false,
             },
@@ -12113,7 +12179,7 @@ pub(super) static MESSAGES: &[Message] = &[
             Field {
                 tag: 17,
                 json: "managedFields",
-                ty: Type::Message(363),
+                ty: Type::Message(365),
                 repeated: true,
                 omit_zero: false,
             },
@@ -12167,6 +12233,25 @@ pub(super) static MESSAGES: &[Message] = &[
         ],
     },
     Message {
+        name: "io.k8s.apimachinery.pkg.apis.meta.v1.Preconditions",
+        fields: &[
+            Field {
+                tag: 1,
+                json: "uid",
+                ty: Type::String,
+                repeated: false,
+                omit_zero: false,
+            },
+            Field {
+                tag: 2,
+                json: "resourceVersion",
+                ty: Type::String,
+                repeated: false,
+                omit_zero: false,
+            },
+        ],
+    },
+    Message {
         name: "io.k8s.apimachinery.pkg.apis.meta.v1.Time",
         fields: &[],
     },
@@ -12207,7 +12292,7 @@ pub(super) static KINDS: &[(&str, usize)] = &[
     ("io.k8s.api.core.v1.ServiceAccount", 279),
     ("io.k8s.api.core.v1.PersistentVolume", 221),
     ("io.k8s.api.core.v1.PersistentVolumeClaim", 222),
-    ("io.k8s.api.storage.v1.StorageClass", 356),
+    ("io.k8s.api.storage.v1.StorageClass", 357),
     ("io.k8s.api.core.v1.Event", 167),
     ("io.k8s.api.discovery.v1.EndpointSlice", 312),
     ("io.k8s.api.coordination.v1.Lease", 118),
@@ -12218,17 +12303,17 @@ pub(super) static KINDS: &[(&str, usize)] = &[
     ("io.k8s.api.apps.v1.ControllerRevision", 23),
     ("io.k8s.api.batch.v1.Job", 101),
     ("io.k8s.api.batch.v1.CronJob", 98),
-    ("io.k8s.api.policy.v1.PodDisruptionBudget", 345),
+    ("io.k8s.api.policy.v1.PodDisruptionBudget", 346),
     ("io.k8s.api.networking.v1.NetworkPolicy", 334),
     ("io.k8s.api.networking.v1.ServiceCIDR", 342),
     ("io.k8s.api.networking.v1.IPAddress", 317),
     ("io.k8s.api.networking.v1.Ingress", 319),
     ("io.k8s.api.networking.v1.IngressClass", 321),
     ("io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler", 80),
-    ("io.k8s.api.rbac.v1.Role", 352),
-    ("io.k8s.api.rbac.v1.ClusterRole", 349),
-    ("io.k8s.api.rbac.v1.RoleBinding", 353),
-    ("io.k8s.api.rbac.v1.ClusterRoleBinding", 350),
+    ("io.k8s.api.rbac.v1.Role", 353),
+    ("io.k8s.api.rbac.v1.ClusterRole", 350),
+    ("io.k8s.api.rbac.v1.RoleBinding", 354),
+    ("io.k8s.api.rbac.v1.ClusterRoleBinding", 351),
     ("io.k8s.api.certificates.v1.CertificateSigningRequest", 113),
     (
         "io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicy",
@@ -12253,4 +12338,6 @@ pub(super) static KINDS: &[(&str, usize)] = &[
     ("io.k8s.api.authorization.v1.SelfSubjectAccessReview", 67),
     ("io.k8s.api.authorization.v1.LocalSubjectAccessReview", 62),
     ("io.k8s.api.authorization.v1.SelfSubjectRulesReview", 69),
+    ("io.k8s.api.policy.v1.Eviction", 345),
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions", 360),
 ];

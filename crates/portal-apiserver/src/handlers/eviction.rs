@@ -24,10 +24,10 @@ pub(crate) async fn evict(
     scope: &Scope<'_>,
     name: &str,
     body: &[u8],
+    content_type: &str,
     query: &Query,
 ) -> Result<Response<Body>, Status> {
-    let eviction: Value = serde_json::from_slice(body)
-        .map_err(|e| Status::bad_request(format!("invalid Eviction: {e}")))?;
+    let eviction = super::review::decode_request(body, content_type, "policy", "Eviction")?;
     let named = eviction["metadata"]["name"].as_str().unwrap_or("");
     if named != name {
         return Err(Status::bad_request(
@@ -54,7 +54,7 @@ pub(crate) async fn evict(
             take_disruption(state, scope, &pod.value, dry_run).await?;
         }
     }
-    write::delete(state, scope, name, &options, query).await?;
+    write::delete(state, scope, name, &options, "application/json", query).await?;
     Ok(created_success())
 }
 

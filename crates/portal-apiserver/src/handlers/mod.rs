@@ -14,6 +14,7 @@ pub(crate) mod connect;
 pub(crate) mod console;
 pub(crate) mod discovery;
 pub(crate) mod eviction;
+pub(crate) mod list_options;
 pub(crate) mod metrics;
 pub(crate) mod openapi;
 pub(crate) mod proxy;

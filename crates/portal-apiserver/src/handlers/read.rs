@@ -110,6 +110,7 @@ pub(crate) async fn list(
     output: Output,
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
+    super::list_options::check_list(query)?;
     let filter = Filter::from_query(resource, query)?;
     let limit = usize::try_from(query.number("limit")?.unwrap_or(0)).unwrap_or(usize::MAX);
     let prefix = resource.list_prefix(scope.namespace);

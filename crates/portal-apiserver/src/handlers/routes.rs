@@ -492,7 +492,7 @@ async fn serve(
         (_, _, Target::Binding) => Err(not_allowed(&method, &uri_path)),
         (&Method::POST, Some(name), Target::Eviction) => {
             let body = read_body(request.into_body()).await?;
-            eviction::evict(state, &scope, name, &body, &query).await
+            eviction::evict(state, &scope, name, &body, &content_type, &query).await
         }
         (_, _, Target::Eviction) => Err(not_allowed(&method, &uri_path)),
         (&Method::POST, Some(name), Target::Token) => {
@@ -547,7 +547,7 @@ async fn serve(
         }
         (&Method::DELETE, Some(name), Target::Part(Part::Main)) if !needs_namespace => {
             let body = read_body(request.into_body()).await?;
-            write::delete(state, &scope, name, &body, &query).await
+            write::delete(state, &scope, name, &body, &content_type, &query).await
         }
         (&Method::DELETE, None, Target::Part(Part::Main)) if !needs_namespace => {
             write::delete_collection(state, &scope, &query).await

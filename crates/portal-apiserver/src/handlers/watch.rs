@@ -18,6 +18,7 @@ use portal_api::{Resource, Status};
 use portal_store::{EventKind, Revision};
 use tokio::sync::mpsc;
 
+use super::list_options::{self, WatchStart};
 use crate::registry::cache::{CacheEvent, CachedObject, WatchCache};
 use crate::registry::lookup::{fresh, parse_revision, Filter};
 use crate::server::http::{now_seconds, Body, Output, Query};
@@ -121,16 +122,22 @@ impl Watcher {
         }
     }
 
-    async fn send_bookmark(&self, revision: Revision) -> bool {
+    /// A BOOKMARK at `revision`; `initial_events_end` marks the end of the
+    /// state a `sendInitialEvents` watch started with.
+    async fn send_bookmark(&self, revision: Revision, initial_events_end: bool) -> bool {
         let (kind, api_version) = match self.output {
             Output::Metadata => ("PartialObjectMetadata", "meta.k8s.io/v1".to_owned()),
             _ => (self.resource.kind_name, self.resource.api_version()),
         };
-        let object = serde_json::json!({
+        let mut object = serde_json::json!({
             "kind": kind,
             "apiVersion": api_version,
             "metadata": {"resourceVersion": revision.to_string()},
         });
+        if initial_events_end {
+            object["metadata"]["annotations"] =
+                serde_json::json!({"k8s.io/initial-events-end": "true"});
+        }
         self.tx
             .send(event_line(
                 "BOOKMARK",
@@ -159,6 +166,7 @@ pub(crate) async fn watch(
     output: Output,
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
+    let start = list_options::check_watch(query)?;
     let filter = Filter::from_query(resource, query)?;
     let requested = parse_revision(query.get("resourceVersion"))?;
     let timeout = query
@@ -179,12 +187,12 @@ pub(crate) async fn watch(
     let cache = state.cache.clone();
     let store = state.store.clone();
     let stopping = state.stopping.clone();
-    match requested {
-        // No position: the current state as ADDED events, then changes.
-        None | Some(0) => {
-            if requested.is_none() {
-                fresh(state, query).await?;
-            }
+    match (start, requested) {
+        // The current state as ADDED events (at least as fresh as the
+        // position asked for, the latest without one), then changes.
+        (WatchStart::StateFirst, _) => {
+            fresh(state, query).await?;
+            let end_marked = watcher.bookmarks;
             tokio::spawn(bounded(stopping.clone(), timeout, async move {
                 let (items, revision, _) = cache.list(resource, &watcher.prefix, None, 0, |o| {
                     watcher.filter.matches(resource, &o.value)
@@ -194,17 +202,28 @@ pub(crate) async fn watch(
                         return;
                     }
                 }
+                if end_marked && !watcher.send_bookmark(revision, true).await {
+                    return;
+                }
                 follow_cache(&cache, &watcher, revision).await;
             }));
         }
-        Some(position) if position >= cache.floor(resource) => {
+        // Changes from now (`sendInitialEvents=false` without a position).
+        (WatchStart::ChangesOnly, None | Some(0)) => {
+            fresh(state, query).await?;
+            let position = cache.revision();
+            tokio::spawn(bounded(stopping.clone(), timeout, async move {
+                follow_cache(&cache, &watcher, position).await
+            }));
+        }
+        (WatchStart::ChangesOnly, Some(position)) if position >= cache.floor(resource) => {
             // A position the cache has not reached yet must still be valid.
             crate::registry::lookup::reached(state, position).await?;
             tokio::spawn(bounded(stopping.clone(), timeout, async move {
                 follow_cache(&cache, &watcher, position).await
             }));
         }
-        Some(position) => {
+        (WatchStart::ChangesOnly, Some(position)) => {
             let stream = match store.watch(&watcher.prefix, position).await {
                 Ok(stream) => stream,
                 Err(portal_store::Error::Compacted { .. }) => {
@@ -276,7 +295,7 @@ async fn follow_cache(cache: &WatchCache, watcher: &Watcher, mut position: Revis
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
-            _ = bookmark.tick(), if watcher.bookmarks => if !watcher.send_bookmark(position).await { return },
+            _ = bookmark.tick(), if watcher.bookmarks => if !watcher.send_bookmark(position, false).await { return },
             () = watcher.tx.closed() => return,
         }
     }

@@ -25,6 +25,32 @@ struct DeleteOptions {
     dry_run: Vec<String>,
 }
 
+impl DeleteOptions {
+    /// The options of a request body: none, JSON or YAML, or protobuf
+    /// (client-go's typed clients send them so when asked to).
+    fn decode(body: &[u8], content_type: &str) -> Result<Self, Status> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(DeleteOptions::default());
+        }
+        let invalid =
+            |e: &dyn std::fmt::Display| Status::bad_request(format!("invalid DeleteOptions: {e}"));
+        if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+            let value = portal_api::protobuf::decode_message(
+                "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions",
+                "DeleteOptions",
+                "meta.k8s.io/v1",
+                body,
+            )
+            .map_err(|e| invalid(&e))?;
+            return serde_json::from_value(value).map_err(|e| invalid(&e));
+        }
+        if content_type.starts_with("application/yaml") {
+            return serde_yaml_ng::from_slice(body).map_err(|e| invalid(&e));
+        }
+        serde_json::from_slice(body).map_err(|e| invalid(&e))
+    }
+}
+
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Preconditions {
@@ -37,15 +63,11 @@ pub(crate) async fn delete(
     scope: &Scope<'_>,
     name: &str,
     body: &[u8],
+    content_type: &str,
     query: &Query,
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
-    let options: DeleteOptions = if body.iter().all(u8::is_ascii_whitespace) {
-        DeleteOptions::default()
-    } else {
-        serde_json::from_slice(body)
-            .map_err(|e| Status::bad_request(format!("invalid DeleteOptions: {e}")))?
-    };
+    let options = DeleteOptions::decode(body, content_type)?;
     let policy = if options.orphan_dependents == Some(true) {
         Propagation::Orphan
     } else {

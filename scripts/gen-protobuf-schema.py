@@ -50,6 +50,7 @@ ROOTS = [
     "io.k8s.api.networking.v1.Ingress",
     "io.k8s.api.networking.v1.IngressClass",
     "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler",
+    "io.k8s.api.autoscaling.v1.HorizontalPodAutoscaler",
     "io.k8s.api.rbac.v1.Role",
     "io.k8s.api.rbac.v1.ClusterRole",
     "io.k8s.api.rbac.v1.RoleBinding",

@@ -183,6 +183,16 @@ def test_ordered_start_stable_names_and_dns(node, kubectl):
     out = wait_for(lambda: (o := lookups()) and f"Address: {back.status.pod_ip}" in o and o, "web-1's new address in DNS")
     assert "\nweb-1\n" in f"\n{out}\n"
 
+    # Its identity labels taken away, the set gives them back.
+    kubectl.out("label", "pod", "web-1", "statefulset.kubernetes.io/pod-name-", "apps.kubernetes.io/pod-index=7", "--overwrite")
+    wait_for(lambda: (labels := node.core.read_namespaced_pod("web-1", NS).metadata.labels)
+             .get("statefulset.kubernetes.io/pod-name") == "web-1" and labels.get("apps.kubernetes.io/pod-index") == "1",
+             "web-1's identity labels restored")
+    # (The event is written after the pod.)
+    wait_for(lambda: any(e.reason == "SuccessfulUpdate" and e.message == "update Pod web-1 in StatefulSet web successful"
+                         for e in node.core.list_namespaced_event(NS, field_selector="involvedObject.name=web").items),
+             "the SuccessfulUpdate event")
+
     # Scale-down: the highest ordinal goes first, one at a time.
     with PodLog(node) as log:
         kubectl.out("scale", "sts", "web", "--replicas=1")

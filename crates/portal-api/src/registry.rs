@@ -36,6 +36,7 @@ pub const BUILT_IN: &[&Resource] = &[
     &kinds::ingress::RESOURCE,
     &kinds::ingress_class::RESOURCE,
     &kinds::horizontal_pod_autoscaler::RESOURCE,
+    &kinds::horizontal_pod_autoscaler_v1::RESOURCE,
     &kinds::node::RESOURCE,
     &kinds::config_map::RESOURCE,
     &kinds::secret::RESOURCE,
@@ -98,8 +99,8 @@ impl Registry {
             // built-in kind)
             let same_kind = r.kind_name == resource.kind_name
                 && r.plural == resource.plural
-                && r.custom.is_some()
-                && resource.custom.is_some();
+                && (r.custom.is_some() && resource.custom.is_some()
+                    || older_built_in_version(resource, r));
             r.group == resource.group
                 && (r.plural == resource.plural && (!same_kind || r.version == resource.version)
                     || r.kind_name == resource.kind_name && r.version == resource.version
@@ -121,7 +122,8 @@ impl Registry {
         Ok(())
     }
 
-    /// The resource a store key belongs to.
+    /// The resource a store key belongs to (a kind served at several
+    /// versions: the one registered first, which stores them).
     pub fn of_key(&self, key: &str) -> Option<&'static Resource> {
         self.key_prefixes
             .iter()
@@ -183,6 +185,14 @@ pub fn set_defined(defined: &[&'static Resource]) -> Vec<(&'static Resource, Reg
     refused
 }
 
+/// Whether `view` is a built-in kind's other version, stored as `stored`
+/// (`autoscaling/v1` HorizontalPodAutoscalers, stored at v2).
+fn older_built_in_version(view: &Resource, stored: &'static Resource) -> bool {
+    view.custom.is_some_and(|custom| {
+        !custom.user_defined() && custom.stored_as().is_some_and(|s| std::ptr::eq(s, stored))
+    })
+}
+
 /// Every resource served now, in discovery order.
 pub fn resources() -> impl Iterator<Item = &'static Resource> {
     let snapshot = current();
@@ -209,8 +219,17 @@ mod tests {
             "no clash dropped a kind"
         );
         let kinds: HashSet<Kind> = registry.iter().map(Resource::kind).collect();
-        assert_eq!(kinds.len(), BUILT_IN.len());
+        let other_versions = registry
+            .iter()
+            .filter(|r| registry.of(r.kind()) != Ok(*r))
+            .map(|r| r.api_version())
+            .collect::<Vec<_>>();
+        assert_eq!(other_versions, ["autoscaling/v1"]);
+        assert_eq!(kinds.len(), BUILT_IN.len() - other_versions.len());
         for resource in registry.iter() {
+            if other_versions.contains(&resource.api_version()) {
+                continue;
+            }
             assert_eq!(registry.of(resource.kind()), Ok(resource));
             assert_eq!(
                 (resource.columns)().len(),

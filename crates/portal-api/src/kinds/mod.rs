@@ -23,6 +23,7 @@ pub mod endpoints;
 pub mod event;
 pub mod events_event;
 pub mod horizontal_pod_autoscaler;
+pub mod horizontal_pod_autoscaler_v1;
 pub mod ingress;
 pub mod ingress_class;
 pub mod ip_address;

@@ -236,6 +236,7 @@ impl Sync<'_> {
             })
             .map_or_else(|| update.clone(), |r| (*r).clone());
         let pods = self.claim_pods(selector).await?;
+        self.repair_identities(&pods, &spec).await?;
         let min_ready = self.min_ready_seconds();
         let members: Vec<Member> = pods
             .iter()
@@ -362,6 +363,70 @@ impl Sync<'_> {
             }
         }
         Ok(claimed)
+    }
+
+    /// Gives pods back the labels that name them (upstream's
+    /// `identityMatches`/`updateIdentity`): a pod whose `pod-name` or
+    /// `pod-index` label someone changed or removed, while the set keeps it.
+    async fn repair_identities(
+        &self,
+        pods: &[Pod],
+        spec: &k8s_openapi::api::apps::v1::StatefulSetSpec,
+    ) -> Result<(), Error> {
+        if self.set.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let start = spec
+            .ordinals
+            .as_ref()
+            .and_then(|o| o.start)
+            .unwrap_or(0)
+            .max(0);
+        let kept = start..start.saturating_add(spec.replicas.unwrap_or(1).max(0));
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        for pod in pods {
+            let name = pod.name_any();
+            let Some((parent, ordinal)) = parent_and_ordinal(&name) else {
+                continue;
+            };
+            let labels = pod.labels();
+            let index = ordinal.to_string();
+            let intact = labels.get(identity::POD_NAME_LABEL) == Some(&name)
+                && labels.get(identity::POD_INDEX_LABEL) == Some(&index);
+            if intact
+                || parent != self.name
+                || !kept.contains(&ordinal)
+                || pod.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
+            let patch = serde_json::json!({"metadata": {"labels": {
+                identity::POD_NAME_LABEL: name, identity::POD_INDEX_LABEL: index}}});
+            match api
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => {
+                    let message =
+                        format!("update Pod {name} in StatefulSet {} successful", self.name);
+                    self.event("Normal", "SuccessfulUpdate", &message).await;
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    let message = format!(
+                        "update Pod {name} in StatefulSet {} failed error: {e}",
+                        self.name
+                    );
+                    self.event("Warning", "FailedUpdate", &message).await;
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn carry_out(

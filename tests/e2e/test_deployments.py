@@ -5,6 +5,9 @@ status|history|undo|pause|resume|restart`, `set image`, a progress deadline
 that a bad image runs into, Recreate, and cascading deletion — each
 leaving nothing behind on the node."""
 
+import ipaddress
+import re
+import subprocess
 import threading
 import time
 import urllib.request
@@ -36,9 +39,16 @@ def nginx_image(node):
     registry.push_busybox(node.registry, "library/nginx", "latest", cmd=["/bin/serve"], files={"bin/serve": script})
 
 
+# The load-balancer pool, routed to the node from the "world" namespace
+# (the outside, as a client on the node's network sees it).
+LB_POOL = "198.51.100.0/29"
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    with AgentNode(tmp_path_factory.mktemp("deployments")) as node:
+    extra = ["--load-balancer-pool", LB_POOL, "--node-external-ip", agent_bed.nodes.NODE_IP]
+    with AgentNode(tmp_path_factory.mktemp("deployments"), extra_args=extra) as node:
+        outside("ip", "route", "add", LB_POOL, "via", agent_bed.nodes.NODE_IP, node=node)
         nginx_image(node)
         registry.push_busybox(node.registry, "library/busybox", "1.36")
         node.v1 = web_image(node, "web", "1")
@@ -52,13 +62,20 @@ def clean_namespace(node):
     """After each test, whatever it left (also on failure) is removed, so
     one failure does not become the next test's leftovers."""
     yield
+
+    def delete(remove, name):
+        try:
+            remove(name, NS)
+        except client.ApiException as error:
+            if error.status != 404:  # the garbage collector was first
+                raise
     for d in node.apps.list_namespaced_deployment(NS).items:
-        node.apps.delete_namespaced_deployment(d.metadata.name, NS)
+        delete(node.apps.delete_namespaced_deployment, d.metadata.name)
     for rs in node.apps.list_namespaced_replica_set(NS).items:
-        node.apps.delete_namespaced_replica_set(rs.metadata.name, NS)
+        delete(node.apps.delete_namespaced_replica_set, rs.metadata.name)
     for s in node.core.list_namespaced_service(NS).items:
         if s.metadata.name != "kubernetes":
-            node.core.delete_namespaced_service(s.metadata.name, NS)
+            delete(node.core.delete_namespaced_service, s.metadata.name)
     node.core.delete_collection_namespaced_pod(NS)
     wait_for(lambda: not node.core.list_namespaced_pod(NS).items and not node.apps.list_namespaced_replica_set(NS).items,
              "the namespace empty", 90)
@@ -67,6 +84,21 @@ def clean_namespace(node):
 @pytest.fixture
 def kubectl(node, tmp_path):
     return Kubectl("kubectl", node.portal, tmp_path)
+
+
+def outside(*command, node):
+    """`command` run in the world namespace, outside the node."""
+    return subprocess.run(["nsenter", f"--net=/run/netns/{node.cluster.world}", *command],
+                          capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+def fetch_from_outside(node, url, host=None):
+    """(status, body) of a GET from outside the node (0 when it fails)."""
+    extra = ["-H", f"Host: {host}"] if host else []
+    result = subprocess.run(["nsenter", f"--net=/run/netns/{node.cluster.world}", "curl", "-sS", "--max-time", "5",
+                             *extra, "-w", "\n%{http_code}", url], capture_output=True, text=True, timeout=30)
+    body, _, code = result.stdout.rpartition("\n")
+    return int(code or 0), body.strip()
 
 
 def pods_of(node, selector):
@@ -156,6 +188,27 @@ def test_the_services_tutorial(node, kubectl):
     out = kubectl.run_to_completion("curl", "busybox:1.36", "sh", "-c",
                                     "timeout 5 wget -qO- http://my-nginx/; nslookup my-nginx | grep -c Address")
     assert out.split()[0] in names, out
+
+    # Exposing the Service: a NodePort on the node's ExternalIP, then
+    # `kubectl edit` to type LoadBalancer, an address from the pool; both
+    # reached from outside the node.
+    kubectl.out("patch", "svc", "my-nginx", "-p", '{"spec": {"type": "NodePort"}}')
+    yaml_text = kubectl.out("get", "svc", "my-nginx", "-o", "yaml")
+    node_port = int(re.search(r"nodePort: (\d+)", yaml_text).group(1))
+    assert re.search(rf"address: {re.escape(agent_bed.nodes.NODE_IP)}\s+type: ExternalIP", kubectl.out("get", "nodes", "-o", "yaml"))
+    code, name = wait_for(lambda: (r := fetch_from_outside(node, f"http://{agent_bed.nodes.NODE_IP}:{node_port}/"))[0] == 200 and r,
+                          "my-nginx on the node port from outside")
+    assert name in names, name
+    editor = kubectl.tmp / "to-load-balancer.sh"
+    editor.write_text("#!/bin/sh\nsed -i 's/type: NodePort/type: LoadBalancer/' \"$1\"\n")
+    editor.chmod(0o755)
+    assert "service/my-nginx edited" in kubectl.out("edit", "svc", "my-nginx", env={"KUBE_EDITOR": str(editor), "EDITOR": str(editor)})
+    line = wait_for(lambda: (l := kubectl.out("get", "svc", "my-nginx").splitlines()[1].split()) and l[3] != "<pending>" and l,
+                    "an EXTERNAL-IP for my-nginx")
+    assert line[1] == "LoadBalancer" and ipaddress.ip_address(line[3]) in ipaddress.ip_network(LB_POOL), line
+    code, name = wait_for(lambda: (r := fetch_from_outside(node, f"http://{line[3]}/"))[0] == 200 and r,
+                          "my-nginx on its load-balancer address from outside")
+    assert name in names, name
 
     kubectl.out("delete", "service", "my-nginx")
     kubectl.out("delete", "deployment", "my-nginx")
@@ -293,9 +346,9 @@ def test_rolling_update_under_load_loses_no_request(node, kubectl):
 def test_an_ingress_routes_to_deployments_and_a_rollout_through_it_loses_no_request(node, kubectl):
     """Issue 32's acceptance on a real node: two Deployments behind
     Services, an Ingress routing `a.example.test/` and
-    `b.example.test/api` (Prefix) to them through the built-in proxy on the
-    node address, port 80; rolling `a` while a client asks through the
-    Ingress loses no request."""
+    `b.example.test/api` (Prefix) to them through the built-in proxy,
+    published as a LoadBalancer Service with an address from the pool;
+    rolling `a` while a client asks through the Ingress loses no request."""
     # `b` serves under /api/ (a site of its own).
     script = (b"#!/bin/sh\nmkdir -p /var/www/api\nhostname > /var/www/api/name.txt\n"
               b"exec httpd -f -p 8080 -h /var/www\n")
@@ -313,8 +366,20 @@ def test_an_ingress_routes_to_deployments_and_a_rollout_through_it_loses_no_requ
     networking = client.NetworkingV1Api(node.portal.api_client())
     status = wait_for(lambda: networking.read_namespaced_ingress("sites", NS).status.load_balancer.ingress,
                       "the Ingress to be served")
+    # The proxy is published as the LoadBalancer Service
+    # kube-system/portal-ingress (its endpoint: the node's ports 80 and
+    # 443); the Ingress shows the address the pool gave it.
+    published = node.core.read_namespaced_service("portal-ingress", "kube-system")
+    assert published.spec.type == "LoadBalancer" and [p.port for p in published.spec.ports] == [80, 443]
+    given = wait_for(lambda: node.core.read_namespaced_service("portal-ingress", "kube-system").status.load_balancer.ingress,
+                     "an address for the ingress proxy")[0].ip
+    assert ipaddress.ip_address(given) in ipaddress.ip_network(LB_POOL)
+    status = wait_for(lambda: (s := networking.read_namespaced_ingress("sites", NS).status.load_balancer.ingress)
+                      and s[0].ip == given and s, "the Ingress to show the load-balancer address")
     address = status[0].ip
-    assert address == agent_bed.nodes.NODE_IP
+    slices = client.DiscoveryV1Api(node.portal.api_client()).list_namespaced_endpoint_slice(
+        "kube-system", label_selector="kubernetes.io/service-name=portal-ingress").items
+    assert [(e.addresses, e.node_name) for s in slices for e in s.endpoints] == [([agent_bed.nodes.NODE_IP], "node-1")]
 
     def fetch(host, path):
         request = urllib.request.Request(f"http://{address}{path}", headers={"Host": host})
@@ -331,6 +396,10 @@ def test_an_ingress_routes_to_deployments_and_a_rollout_through_it_loses_no_requ
     code, name = wait_for(lambda: (r := fetch("b.example.test", "/api/name.txt"))[0] == 200 and r, "b's pod behind the Ingress")
     assert name.startswith("ing-b-"), name
     assert fetch("b.example.test", "/name.txt")[0] == 404, "only /api goes to b"
+    # From outside the node, as users reach it.
+    code, name = wait_for(lambda: (r := fetch_from_outside(node, f"http://{address}/api/name.txt", host="b.example.test"))[0] == 200
+                          and r, "b through the load-balancer address from outside")
+    assert name.startswith("ing-b-"), name
 
     with Load(f"http://{address}/name.txt", headers={"Host": "a.example.test"}) as load:
         wait_for(lambda: load.ok > 10, "the load to run")

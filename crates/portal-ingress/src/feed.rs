@@ -164,8 +164,13 @@ pub(crate) fn namespaces(world: &mut World) -> &mut HashMap<Key, Arc<Namespace>>
 #[derive(Clone, Debug)]
 pub(crate) struct Serving {
     pub(crate) sockets: Sockets,
+    /// The node's addresses, shown until the published Service has a
+    /// load-balancer address (`publish`).
     pub(crate) advertised: Vec<IpAddr>,
 }
+
+/// The Ingresses whose status lacks the addresses, and the addresses.
+pub(crate) type StaleIngresses = (Vec<IpAddr>, Vec<Key>);
 
 /// Rebuilds the table (and certificates) after every change, once every
 /// Ingress kind is listed, and hands the Ingresses whose status lacks the
@@ -176,10 +181,9 @@ pub(crate) async fn rebuild(
     routing: Arc<Routing>,
     certificates: Arc<Certificates>,
     serving: Serving,
-    status: watch::Sender<Vec<Key>>,
+    status: watch::Sender<StaleIngresses>,
     gateway_status: watch::Sender<Vec<Desired>>,
 ) {
-    let advertised = &serving.advertised;
     loop {
         feed.changed.notified().await;
         let (ingress_ready, gateway_ready) = {
@@ -194,8 +198,9 @@ pub(crate) async fn rebuild(
         }
         // A burst (a re-list, a rollout) settles into one rebuild.
         tokio::task::yield_now().await;
-        let (table, secrets, stale, gateway_stale) = {
+        let (table, secrets, addresses, stale, gateway_stale) = {
             let world = feed.world.lock();
+            let addresses = crate::publish::addresses(&world.services, &serving.advertised);
             let classes: Vec<String> = world
                 .classes
                 .values()
@@ -216,7 +221,7 @@ pub(crate) async fn rebuild(
                 namespaces: &world.namespaces,
                 secrets: &world.secrets,
             };
-            let compiled = compile(&objects, serving.sockets, advertised, &mut backends);
+            let compiled = compile(&objects, serving.sockets, &addresses, &mut backends);
             table.gateway_plain = compiled.plain;
             table.gateway_secure = compiled.secure;
             table.ports = serving.sockets;
@@ -240,7 +245,7 @@ pub(crate) async fn rebuild(
                     world
                         .ingresses
                         .get(*key)
-                        .is_some_and(|i| !shows(i, advertised))
+                        .is_some_and(|i| !shows(i, &addresses))
                 })
                 .cloned()
                 .collect();
@@ -249,7 +254,7 @@ pub(crate) async fn rebuild(
             } else {
                 Vec::new()
             };
-            (table, secrets, stale, gateway_stale)
+            (table, secrets, addresses, stale, gateway_stale)
         };
         // Certificates are parsed off the world's lock (the watches go on).
         certificates.update(&table.tls, |namespace, name| {
@@ -260,8 +265,8 @@ pub(crate) async fn rebuild(
         routing.metrics.routes.set(table.len() as i64);
         routing.metrics.updates.inc();
         *routing.table.write() = Arc::new(table);
-        if !advertised.is_empty() {
-            status.send_replace(stale);
+        if !addresses.is_empty() {
+            status.send_replace((addresses, stale));
         }
         if !gateway_stale.is_empty() {
             gateway_status.send_replace(gateway_stale);
@@ -293,18 +298,14 @@ fn gateway_writes(world: &World, desired: Vec<Desired>) -> Vec<Desired> {
 /// Writes the proxy's addresses into the status of the Ingresses handed
 /// over, apart from the table's rebuilds (a slow API does not hold routes
 /// back).
-pub(crate) async fn write_status(
-    mut stale: watch::Receiver<Vec<Key>>,
-    client: Client,
-    advertised: Vec<IpAddr>,
-) {
-    let ingress: Vec<serde_json::Value> = advertised
-        .iter()
-        .map(|ip| json!({"ip": ip.to_string()}))
-        .collect();
-    let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
+pub(crate) async fn write_status(mut stale: watch::Receiver<StaleIngresses>, client: Client) {
     while stale.changed().await.is_ok() {
-        let keys = stale.borrow_and_update().clone();
+        let (addresses, keys) = stale.borrow_and_update().clone();
+        let ingress: Vec<serde_json::Value> = addresses
+            .iter()
+            .map(|ip| json!({"ip": ip.to_string()}))
+            .collect();
+        let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
         for (namespace, name) in keys {
             let api: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
             if let Err(error) = api

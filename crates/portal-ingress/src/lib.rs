@@ -13,6 +13,7 @@ mod feed;
 pub mod gateway;
 mod metrics;
 mod proxy;
+pub mod publish;
 mod routes;
 mod tls;
 
@@ -74,8 +75,13 @@ pub struct Config {
     /// HTTPS; none: no TLS listener.
     pub https: Option<SocketAddr>,
     /// The addresses written in the status of the Ingresses served (the
-    /// node's); none are written when empty.
+    /// node's) until the published Service has a load-balancer address;
+    /// none are written when empty.
     pub advertised: Vec<IpAddr>,
+    /// The node the proxy runs on, to publish its sockets as the endpoint
+    /// of the `kube-system/portal-ingress` Service (ADR 0040); none: not
+    /// published.
+    pub node_name: Option<String>,
 }
 
 /// A running proxy.
@@ -143,7 +149,7 @@ pub async fn start(
             gateway::install::class(client).await;
         });
     }
-    let (status, statuses) = tokio::sync::watch::channel(Vec::new());
+    let (status, statuses) = tokio::sync::watch::channel((Vec::new(), Vec::new()));
     let (gateway_status, gateway_statuses) = tokio::sync::watch::channel(Vec::new());
     let serving = feed::Serving {
         sockets: gateway::compile::Sockets {
@@ -173,10 +179,18 @@ pub async fn start(
         "gateway status",
         gateway::status::write(gateway_statuses, client.clone()),
     );
-    tasks.critical(
-        "ingress status",
-        feed::write_status(statuses, client, config.advertised.clone()),
-    );
+    if let Some(node_name) = config.node_name.clone() {
+        let published = publish::Publish {
+            node_name,
+            http: http.as_ref().and_then(|l| l.local_addr().ok()),
+            https: https.as_ref().and_then(|l| l.local_addr().ok()),
+        };
+        let client = client.clone();
+        tasks.once("publish", async move {
+            publish::publish(client, published).await
+        });
+    }
+    tasks.critical("ingress status", feed::write_status(statuses, client));
 
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());

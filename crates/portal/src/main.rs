@@ -430,11 +430,14 @@ enum Error {
 
 /// Runs the layer-7 proxy where the flags say, or on the node address's
 /// ports 80 and 443 (`node`); a default port already taken only warns
-/// (the other one still serves), a port asked for fails the server.
+/// (the other one still serves), a port asked for fails the server. On a
+/// node (`node_name`) it is published as the `kube-system/portal-ingress`
+/// LoadBalancer Service.
 async fn start_ingress(
     api: &portal_apiserver::ApiServer,
     options: &IngressOptions,
     node: Option<IpAddr>,
+    node_name: Option<String>,
     components: &portal_client::Supervisor,
 ) -> Result<(), Error> {
     let explicit = options.ingress_bind.is_some() || options.ingress_tls_bind.is_some();
@@ -464,6 +467,7 @@ async fn start_ingress(
             http,
             https,
             advertised: advertised.clone(),
+            node_name: node_name.clone(),
         };
         // Installing the Gateway API's definitions takes an administrator.
         let admin = api.loopback_client("portal-gateway-api");
@@ -647,6 +651,7 @@ async fn server(args: ServerArgs) -> Result<(), Error> {
             &api,
             &args.ingress,
             reachable_node_ip.filter(|_| agent_wanted),
+            Some(node_name.clone()).filter(|_| agent_wanted),
             &components,
         )
         .await?;

@@ -489,6 +489,13 @@ def test_streaming_lists_send_the_state_then_a_bookmark(portal):
     upstream's words."""
     core = portal.core()
     core.create_namespace({"metadata": {"name": "streamed"}})
+    try:
+        streaming_lists(portal, core)
+    finally:
+        core.delete_namespace("streamed")
+
+
+def streaming_lists(portal, core):
     for name in ("s1", "s2"):
         core.create_namespaced_service("streamed", service(name))
     written = core.list_namespaced_service("streamed").metadata.resource_version
@@ -516,7 +523,20 @@ def test_streaming_lists_send_the_state_then_a_bookmark(portal):
                                                  'sendInitialEvents requires setting resourceVersionMatch to NotOlderThan'), status
     code, status = raw(portal, "GET", "/api/v1/namespaces/streamed/services?sendInitialEvents=true")
     assert code == 422 and status["details"]["causes"][0]["field"] == "sendInitialEvents", status
-    core.delete_namespace("streamed")
+
+
+def test_delete_collection_takes_its_options_from_the_body(portal):
+    """client-go sends a collection delete's DeleteOptions as its body: a
+    dry run there deletes nothing and answers what it would delete."""
+    core = portal.core()
+    for name in ("keep-1", "keep-2"):
+        core.create_namespaced_config_map("default", {"metadata": {"name": name, "labels": {"set": "dry"}}})
+    options = json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "dryRun": ["All"]}).encode()
+    code, listed = raw(portal, "DELETE", "/api/v1/namespaces/default/configmaps?labelSelector=set%3Ddry", options)
+    assert code == 200 and sorted(i["metadata"]["name"] for i in listed["items"]) == ["keep-1", "keep-2"], listed
+    assert len(core.list_namespaced_config_map("default", label_selector="set=dry").items) == 2
+    code, _ = raw(portal, "DELETE", "/api/v1/namespaces/default/configmaps?labelSelector=set%3Ddry", b"")
+    assert code == 200 and not core.list_namespaced_config_map("default", label_selector="set=dry").items
 
 
 def test_eviction_answers_like_kubernetes(portal):

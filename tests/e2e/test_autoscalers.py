@@ -56,11 +56,14 @@ def test_autoscaling_v1_is_the_same_autoscaler_as_v2(portal, tmp_path, binary):
     kubectl.out("replace", "-f", "-", input=json.dumps(v1))
     stored = v2.read_namespaced_horizontal_pod_autoscaler(name, NS)
     assert stored.spec.max_replicas == 6
-    assert [m.resource.name for m in stored.spec.metrics] == ["cpu", "memory"]
+    # Upstream's order after a v1 write: the carried metrics, then the CPU target.
+    assert [m.resource.name for m in stored.spec.metrics] == ["memory", "cpu"]
     assert not any(k.startswith("autoscaling.alpha") for k in stored.metadata.annotations or {})
     described = kubectl.out("describe", f"horizontalpodautoscalers.v1.autoscaling/{name}")
-    assert "Max replicas:" in described and "/ 70%" in described or "utilization:   70%" in described, described
+    assert "Max replicas:" in described and ("/ 70%" in described or "utilization:   70%" in described), described
 
     made = kubectl.out("autoscale", "deployment", name, "--max=3", f"--name={name}-cli")
     assert "autoscaled" in made
     assert v2.read_namespaced_horizontal_pod_autoscaler(f"{name}-cli", NS).spec.max_replicas == 3
+    kubectl.out("delete", "hpa", name, f"{name}-cli")
+    kubectl.out("delete", "deployment", name)

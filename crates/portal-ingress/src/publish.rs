@@ -88,8 +88,9 @@ impl Publish {
     }
 }
 
-/// Makes the Service when missing and applies this node's slice, trying
-/// again until both are written (the API server may still be starting).
+/// Makes the Service when missing and applies this node's slice, then
+/// keeps both so: every minute a Service deleted meanwhile is made again
+/// and a slice that differs (or went) is applied again.
 pub(crate) async fn publish(client: Client, publish: Publish) {
     let Some(address) = publish.address() else {
         tracing::info!(
@@ -97,13 +98,7 @@ pub(crate) async fn publish(client: Client, publish: Publish) {
         );
         return;
     };
-    crate::create_unless_present(
-        Api::<Service>::namespaced(client.clone(), NAMESPACE),
-        publish.service(),
-        "the portal-ingress Service",
-    )
-    .await;
-    let slices: Api<EndpointSlice> = Api::namespaced(client, NAMESPACE);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
     let slice = publish.slice(address);
     let name = slice["metadata"]["name"]
         .as_str()
@@ -112,19 +107,53 @@ pub(crate) async fn publish(client: Client, publish: Publish) {
     let params = PatchParams::apply(MANAGER).force();
     let mut delay = Duration::from_millis(200);
     loop {
-        match slices.patch(&name, &params, &Patch::Apply(&slice)).await {
-            Ok(_) => return,
+        crate::create_unless_present(
+            Api::<Service>::namespaced(client.clone(), NAMESPACE),
+            publish.service(),
+            "the portal-ingress Service",
+        )
+        .await;
+        let written = match slices.get_opt(&name).await {
+            Ok(Some(current)) if shows(&current, &slice) => Ok(()),
+            Ok(_) => slices
+                .patch(&name, &params, &Patch::Apply(&slice))
+                .await
+                .map(drop),
+            Err(error) => Err(error),
+        };
+        match written {
+            Ok(()) => delay = KEEP_EVERY,
             Err(kube::Error::Api(status)) if status.code == 422 => {
                 tracing::error!(message = %status.message, "the ingress proxy's endpoint is refused");
                 return;
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot publish the ingress proxy's endpoint yet");
-                tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
+        tokio::time::sleep(delay).await;
     }
+}
+
+/// How often the Service and slice are checked once written.
+const KEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether the stored slice says what this proxy publishes.
+fn shows(current: &EndpointSlice, wanted: &Value) -> bool {
+    let Ok(current) = serde_json::to_value(current) else {
+        return false;
+    };
+    let labels = wanted["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten();
+    labels
+        .into_iter()
+        .all(|(k, v)| current["metadata"]["labels"][k] == *v)
+        && ["addressType", "endpoints", "ports"]
+            .iter()
+            .all(|field| current[*field] == wanted[*field])
 }
 
 /// The addresses Ingresses and Gateways show: the published Service's
@@ -187,6 +216,16 @@ mod tests {
             json!([{"name": "http", "port": 8080, "protocol": "TCP"},
             {"name": "https", "port": 8443, "protocol": "TCP"}])
         );
+    }
+
+    #[test]
+    fn a_slice_as_published_is_left_alone() {
+        let publish = node("10.0.0.5:80", Some("10.0.0.5:443"));
+        let wanted = publish.slice("10.0.0.5".parse().unwrap());
+        let stored: EndpointSlice = serde_json::from_value(wanted.clone()).unwrap();
+        assert!(shows(&stored, &wanted));
+        let moved = publish.slice("10.0.0.6".parse().unwrap());
+        assert!(!shows(&serde_json::from_value(moved).unwrap(), &wanted));
     }
 
     #[test]

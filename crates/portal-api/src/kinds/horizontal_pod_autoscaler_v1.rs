@@ -254,16 +254,15 @@ fn to_v2(object: &mut Value) {
     v2_spec.insert("scaleTargetRef".into(), spec["scaleTargetRef"].clone());
     copy(&spec, &mut v2_spec, "minReplicas");
     copy(&spec, &mut v2_spec, "maxReplicas");
-    let mut metrics = Vec::new();
+    // The carried metrics first, the CPU target last, as upstream orders them.
+    let mut metrics: Vec<Value> = carried_list(METRICS)
+        .unwrap_or_default()
+        .iter()
+        .map(metric_spec_to_v2)
+        .collect();
     if let Some(target) = spec["targetCPUUtilizationPercentage"].as_i64() {
         metrics.push(cpu_utilization(target));
     }
-    metrics.extend(
-        carried_list(METRICS)
-            .unwrap_or_default()
-            .iter()
-            .map(metric_spec_to_v2),
-    );
     if metrics.is_empty() {
         metrics.push(cpu_utilization(DEFAULT_CPU_UTILIZATION));
     }
@@ -416,11 +415,18 @@ fn metric_spec_to_v2(metric: &Value) -> Value {
                 "containerResource"
             };
             let source = &metric[key];
-            let target = if source["targetAverageUtilization"].is_number() {
-                json!({"type": "Utilization", "averageUtilization": source["targetAverageUtilization"]})
+            let kind = if source["targetAverageUtilization"].is_null() {
+                "AverageValue"
             } else {
-                json!({"type": "AverageValue", "averageValue": source["targetAverageValue"]})
+                "Utilization"
             };
+            let mut target = json!({"type": kind});
+            put(
+                &mut target,
+                "averageUtilization",
+                &source["targetAverageUtilization"],
+            );
+            put(&mut target, "averageValue", &source["targetAverageValue"]);
             let mut v2 = json!({"name": source["name"], "target": target});
             put(&mut v2, "container", &source["container"]);
             out[key] = v2;
@@ -432,21 +438,27 @@ fn metric_spec_to_v2(metric: &Value) -> Value {
         }
         "Object" => {
             let source = &metric["object"];
-            let target = if source["averageValue"].is_null() {
-                json!({"type": "Value", "value": source["targetValue"]})
+            let kind = if source["averageValue"].is_null() {
+                "Value"
             } else {
-                json!({"type": "AverageValue", "value": source["targetValue"], "averageValue": source["averageValue"]})
+                "AverageValue"
             };
+            let mut target = json!({"type": kind});
+            put(&mut target, "value", &source["targetValue"]);
+            put(&mut target, "averageValue", &source["averageValue"]);
             out["object"] = json!({"describedObject": source["target"],
                 "metric": identifier(&source["metricName"], &source["selector"]), "target": target});
         }
         "External" => {
             let source = &metric["external"];
-            let target = if source["targetValue"].is_null() {
-                json!({"type": "AverageValue", "averageValue": source["targetAverageValue"]})
+            let kind = if source["targetValue"].is_null() {
+                "AverageValue"
             } else {
-                json!({"type": "Value", "value": source["targetValue"]})
+                "Value"
             };
+            let mut target = json!({"type": kind});
+            put(&mut target, "value", &source["targetValue"]);
+            put(&mut target, "averageValue", &source["targetAverageValue"]);
             out["external"] = json!({"metric": identifier(&source["metricName"], &source["metricSelector"]),
                 "target": target});
         }
@@ -643,11 +655,11 @@ mod tests {
             "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
                 "minReplicas": 1, "maxReplicas": 5,
                 "metrics": [
-                    {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}},
                     {"type": "Resource", "resource": {"name": "memory", "target": {"type": "AverageValue", "averageValue": "100Mi"}}},
                     {"type": "Pods", "pods": {"metric": {"name": "qps"}, "target": {"type": "AverageValue", "averageValue": "10"}}},
                     {"type": "External", "external": {"metric": {"name": "queue", "selector": {"matchLabels": {"q": "a"}}},
-                        "target": {"type": "Value", "value": "30"}}}],
+                        "target": {"type": "Value", "value": "30"}}},
+                    {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}}],
                 "behavior": {"scaleDown": {"stabilizationWindowSeconds": 60, "selectPolicy": "Max",
                     "policies": [{"type": "Percent", "value": 50, "periodSeconds": 15}]}}},
             "status": {"currentReplicas": 2, "desiredReplicas": 3,

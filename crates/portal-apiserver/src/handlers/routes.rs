@@ -550,7 +550,8 @@ async fn serve(
             write::delete(state, &scope, name, &body, &content_type, &query).await
         }
         (&Method::DELETE, None, Target::Part(Part::Main)) if !needs_namespace => {
-            write::delete_collection(state, &scope, &query).await
+            let body = read_body(request.into_body()).await?;
+            write::delete_collection(state, &scope, &body, &content_type, &query).await
         }
         _ => Err(not_allowed(&method, &uri_path)),
     }

@@ -7,7 +7,7 @@ use portal_api::kinds;
 use crate::registry::write::namespace::SYSTEM_NAMESPACES;
 
 /// The parts of `DeleteOptions` that change what a delete does.
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct DeleteOptions {
     #[serde(default)]
@@ -49,9 +49,38 @@ impl DeleteOptions {
         }
         serde_json::from_slice(body).map_err(|e| invalid(&e))
     }
+
+    /// The propagation policy: the body's (`orphanDependents` first), else
+    /// the query's.
+    fn propagation(&self, query: &Query) -> Result<Propagation, Status> {
+        if self.orphan_dependents == Some(true) {
+            return Ok(Propagation::Orphan);
+        }
+        let asked = self
+            .propagation_policy
+            .as_deref()
+            .or(query.get("propagationPolicy"));
+        Propagation::parse(asked).map_err(Status::bad_request)
+    }
+
+    /// The grace period: the body's, else the query's.
+    fn grace(&self, query: &Query) -> Result<Option<i64>, Status> {
+        match (self.grace_period_seconds, query.get("gracePeriodSeconds")) {
+            (Some(seconds), _) => Ok(Some(seconds)),
+            (None, Some(text)) => text
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| Status::bad_request(format!("invalid gracePeriodSeconds {text:?}"))),
+            (None, None) => Ok(None),
+        }
+    }
+
+    fn dry_run(&self, query: &Query) -> bool {
+        dry_run(query) || self.dry_run.iter().any(|d| d == "All")
+    }
 }
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Preconditions {
     uid: Option<String>,
@@ -68,28 +97,10 @@ pub(crate) async fn delete(
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
     let options = DeleteOptions::decode(body, content_type)?;
-    let policy = if options.orphan_dependents == Some(true) {
-        Propagation::Orphan
-    } else {
-        let asked = options
-            .propagation_policy
-            .as_deref()
-            .or(query.get("propagationPolicy"));
-        Propagation::parse(asked).map_err(Status::bad_request)?
-    };
-    let preconditions = options.preconditions.unwrap_or_default();
+    let policy = options.propagation(query)?;
+    let grace = options.grace(query)?;
+    let preconditions = options.preconditions.clone().unwrap_or_default();
     let expected = parse_revision(preconditions.resource_version.as_deref())?;
-    let grace = match (
-        options.grace_period_seconds,
-        query.get("gracePeriodSeconds"),
-    ) {
-        (Some(seconds), _) => Some(seconds),
-        (None, Some(text)) => Some(
-            text.parse::<i64>()
-                .map_err(|_| Status::bad_request(format!("invalid gracePeriodSeconds {text:?}")))?,
-        ),
-        (None, None) => None,
-    };
     if resource.kind() == kinds::namespace::KIND && SYSTEM_NAMESPACES.contains(&name) {
         return Err(Status::forbidden(format!(
             "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
@@ -112,7 +123,7 @@ pub(crate) async fn delete(
                 &old,
             )?;
         }
-        let dry = dry_run(query) || options.dry_run.iter().any(|d| d == "All");
+        let dry = options.dry_run(query);
         // Policies and webhooks have their say on deletes too (an object
         // already being deleted is not asked about again).
         let mut warnings = Vec::new();
@@ -198,27 +209,35 @@ pub(crate) async fn delete(
     Err(Status::conflict(scope.target(), name))
 }
 
-/// DELETE on a collection: every object the selectors match.
+/// DELETE on a collection: every object the selectors match, with the
+/// DeleteOptions of the body (client-go sends them there) or the query.
+/// A dry run answers what it would delete.
 pub(crate) async fn delete_collection(
     state: &ApiState,
     scope: &Scope<'_>,
+    body: &[u8],
+    content_type: &str,
     query: &Query,
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
+    let options = DeleteOptions::decode(body, content_type)?;
+    crate::handlers::list_options::check_list(query)?;
     let filter = Filter::from_query(resource, query)?;
     fresh(state, query).await?;
     let prefix = resource.list_prefix(scope.namespace);
     let (items, _, _) = state.cache.list(resource, &prefix, None, 0, |o| {
         filter.matches(resource, &o.value)
     });
-    let grace = match query.get("gracePeriodSeconds") {
-        Some(text) => Some(
-            text.parse::<i64>()
-                .map_err(|_| Status::bad_request(format!("invalid gracePeriodSeconds {text:?}")))?,
-        ),
-        None => None,
-    };
-    let policy = Propagation::parse(query.get("propagationPolicy")).map_err(Status::bad_request)?;
+    let grace = options.grace(query)?;
+    let policy = options.propagation(query)?;
+    if options.dry_run(query) {
+        let revision = state.store.current_revision().await.map_err(store_error)?;
+        let items = crate::registry::conversion::served_items(state, resource, items).await?;
+        return Ok(json_response(
+            StatusCode::OK,
+            crate::registry::cache::list_body(resource, revision, &items, None, 0),
+        ));
+    }
     let mut deleted = Vec::with_capacity(items.len());
     for item in items {
         for _ in 0..MAX_ATTEMPTS {

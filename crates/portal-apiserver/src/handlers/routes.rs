@@ -550,6 +550,7 @@ async fn serve(
             write::delete(state, &scope, name, &body, &content_type, &query).await
         }
         (&Method::DELETE, None, Target::Part(Part::Main)) if !needs_namespace => {
+            super::list_options::check_list(&query)?;
             let body = read_body(request.into_body()).await?;
             write::delete_collection(state, &scope, &body, &content_type, &query).await
         }

@@ -221,7 +221,6 @@ pub(crate) async fn delete_collection(
 ) -> Result<Response<Body>, Status> {
     let resource = scope.resource;
     let options = DeleteOptions::decode(body, content_type)?;
-    crate::handlers::list_options::check_list(query)?;
     let filter = Filter::from_query(resource, query)?;
     fresh(state, query).await?;
     let prefix = resource.list_prefix(scope.namespace);

@@ -352,11 +352,7 @@ fn metric_spec_to_v1(metric: &Value) -> Value {
     let target = |source: &Value| source["target"].clone();
     match kind {
         "Resource" | "ContainerResource" => {
-            let key = if kind == "Resource" {
-                "resource"
-            } else {
-                "containerResource"
-            };
+            let key = resource_key(kind);
             let source = &metric[key];
             let mut v1 = json!({"name": source["name"]});
             put(&mut v1, "container", &source["container"]);
@@ -409,11 +405,7 @@ fn metric_spec_to_v2(metric: &Value) -> Value {
     let mut out = json!({"type": kind});
     match kind {
         "Resource" | "ContainerResource" => {
-            let key = if kind == "Resource" {
-                "resource"
-            } else {
-                "containerResource"
-            };
+            let key = resource_key(kind);
             let source = &metric[key];
             let kind = if source["targetAverageUtilization"].is_null() {
                 "AverageValue"
@@ -473,11 +465,7 @@ fn metric_status_to_v1(metric: &Value) -> Value {
     let mut out = json!({"type": kind});
     match kind {
         "Resource" | "ContainerResource" => {
-            let key = if kind == "Resource" {
-                "resource"
-            } else {
-                "containerResource"
-            };
+            let key = resource_key(kind);
             let source = &metric[key];
             let mut v1 = json!({"name": source["name"], "currentAverageValue": source["current"]["averageValue"]});
             put(&mut v1, "container", &source["container"]);
@@ -531,11 +519,7 @@ fn metric_status_to_v2(metric: &Value) -> Value {
     };
     match kind {
         "Resource" | "ContainerResource" => {
-            let key = if kind == "Resource" {
-                "resource"
-            } else {
-                "containerResource"
-            };
+            let key = resource_key(kind);
             let source = &metric[key];
             let mut v2 = json!({"name": source["name"], "current": current(&[
                 ("averageUtilization", &source["currentAverageUtilization"]),
@@ -562,6 +546,15 @@ fn metric_status_to_v2(metric: &Value) -> Value {
         _ => {}
     }
     out
+}
+
+/// The field of a (container) resource metric's source or status.
+fn resource_key(kind: &str) -> &'static str {
+    if kind == "Resource" {
+        "resource"
+    } else {
+        "containerResource"
+    }
 }
 
 fn identifier(name: &Value, selector: &Value) -> Value {

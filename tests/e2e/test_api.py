@@ -512,6 +512,13 @@ def streaming_lists(portal, core):
     assert int(bookmark["object"]["metadata"]["resourceVersion"]) >= int(written)
     assert (later["type"], later["object"]["metadata"]["name"]) == ("ADDED", "s3")
 
+    # A plain watch from no position is defaulted to the same: the state,
+    # then (bookmarks allowed) the end bookmark, as upstream's.
+    with get_as(portal, "/api/v1/namespaces/streamed/services?watch=1&allowWatchBookmarks=true", "application/json") as stream:
+        plain = [json.loads(stream.readline()) for _ in range(4)]
+    assert [e["type"] for e in plain] == ["ADDED", "ADDED", "ADDED", "BOOKMARK"], plain
+    assert plain[3]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
     # Without a position, `sendInitialEvents=false`: changes only.
     with get_as(portal, path.replace("sendInitialEvents=true", "sendInitialEvents=false"), "application/json") as stream:
         core.delete_namespaced_service("s1", "streamed")

@@ -236,7 +236,6 @@ impl Sync<'_> {
             })
             .map_or_else(|| update.clone(), |r| (*r).clone());
         let pods = self.claim_pods(selector).await?;
-        self.repair_identities(&pods, &spec).await?;
         let min_ready = self.min_ready_seconds();
         let members: Vec<Member> = pods
             .iter()
@@ -279,6 +278,8 @@ impl Sync<'_> {
             update_revision: update_name.clone(),
             current_replicas: status.current_replicas.unwrap_or(0),
         };
+        let in_range = shape.start..shape.start.saturating_add(replicas);
+        self.repair_identities(&pods, &in_range).await?;
         let (steps, after) = if self.set.metadata.deletion_timestamp.is_some() {
             (Vec::new(), members.clone())
         } else {
@@ -286,7 +287,6 @@ impl Sync<'_> {
         };
         let result = self.carry_out(&steps, &current, &update).await;
         let deleting = self.set.metadata.deletion_timestamp.is_some();
-        let in_range = shape.start..shape.start.saturating_add(replicas);
         if result.is_ok() && !deleting {
             // Claims lost meanwhile are made again for pods still waiting.
             let waiting = members
@@ -371,18 +371,11 @@ impl Sync<'_> {
     async fn repair_identities(
         &self,
         pods: &[Pod],
-        spec: &k8s_openapi::api::apps::v1::StatefulSetSpec,
+        kept: &std::ops::Range<i32>,
     ) -> Result<(), Error> {
         if self.set.metadata.deletion_timestamp.is_some() {
             return Ok(());
         }
-        let start = spec
-            .ordinals
-            .as_ref()
-            .and_then(|o| o.start)
-            .unwrap_or(0)
-            .max(0);
-        let kept = start..start.saturating_add(spec.replicas.unwrap_or(1).max(0));
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
         for pod in pods {
             let name = pod.name_any();
